@@ -1,0 +1,811 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/tether-rl/tether/userspace/httphead"
+	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/upstream"
+)
+
+// conn is one client connection. Its state is explicit (buffer, offsets,
+// parsed head) rather than held in a call stack, so that buffers can be
+// released while it is idle.
+type conn struct {
+	s   *Server
+	c   *net.TCPConn
+	raw syscall.RawConn
+	ip  []byte // client address for X-Forwarded-For
+
+	buf  []byte // client bytes read and not yet consumed: buf[r:w]
+	r, w int
+	out  []byte // outgoing head assembly (both directions)
+	ubuf []byte // upstream read buffer, for one exchange
+
+	req  httphead.Request
+	resp httphead.Response
+
+	idle atomic.Bool // waiting for a request with nothing buffered
+}
+
+func newConn(s *Server, tc *net.TCPConn) *conn {
+	c := &conn{s: s, c: tc}
+	c.raw, _ = tc.SyscallConn()
+	if a, ok := tc.RemoteAddr().(*net.TCPAddr); ok {
+		c.ip = []byte(a.IP.String())
+	}
+	tc.SetNoDelay(true)
+	return c
+}
+
+// wakeIfIdle makes an idle connection's read return so that it sees the
+// server closing.
+func (c *conn) wakeIfIdle() {
+	if c.idle.Load() {
+		c.c.SetReadDeadline(aLongTimeAgo)
+	}
+}
+
+func (c *conn) serve() {
+	defer func() {
+		c.c.Close()
+		if c.buf != nil {
+			putBuf(c.buf)
+			c.buf = nil
+		}
+		c.s.forget(c)
+	}()
+	for c.serveOne() && !c.s.closing.Load() {
+	}
+}
+
+// serveOne handles one request; it reports whether the connection may
+// carry another.
+func (c *conn) serveOne() bool {
+	if err := c.readHead(); err != nil {
+		if e, ok := err.(*httphead.Error); ok {
+			c.s.counters.Rejected.Add(1)
+			c.rejectAndClose(e.Status)
+		}
+		return false
+	}
+	c.s.counters.Requests.Add(1)
+	req := &c.req
+	c.r += req.HeadLen
+
+	if isPath(req.Path, "/health") || c.s.cfg.Local != nil {
+		if h := c.localHandler(); h != nil {
+			c.s.counters.Local.Add(1)
+			return c.serveLocal(h)
+		}
+	}
+	var peek []byte
+	if req.HasBody() {
+		peek = c.peekBody()
+	}
+	dec := c.s.cfg.Router.Route(req, peek)
+	if dec.Done != nil {
+		defer dec.Done()
+	}
+	if dec.Worker == nil {
+		c.s.counters.Rejected.Add(1)
+		// The body was not read: the connection cannot go on after it.
+		keep := req.KeepAlive && !req.HasBody()
+		c.writeClient(errorResponse(dec.Status, !keep))
+		return keep
+	}
+	return c.proxy(dec.Worker)
+}
+
+// peekBody returns the body bytes buffered behind the head, first reading
+// up to Config.PeekBody of them (never beyond the body, never waiting for
+// a client that expects 100 Continue).
+func (c *conn) peekBody() []byte {
+	req := &c.req
+	want := c.s.cfg.PeekBody
+	if req.ContentLength >= 0 && int64(want) > req.ContentLength {
+		want = int(req.ContentLength)
+	}
+	if want > len(c.buf)-c.r {
+		want = len(c.buf) - c.r
+	}
+	if !req.Expect100 && c.w-c.r < want {
+		c.c.SetReadDeadline(time.Now().Add(c.s.cfg.IOTimeout))
+		for c.w-c.r < want {
+			n, err := c.c.Read(c.buf[c.w : c.r+want])
+			c.w += n
+			if err != nil || req.Chunked {
+				break // chunked: what one read brings is enough
+			}
+		}
+	}
+	end := c.w
+	if req.ContentLength >= 0 && int64(end-c.r) > req.ContentLength {
+		end = c.r + int(req.ContentLength)
+	}
+	return c.buf[c.r:end]
+}
+
+func isPath(path []byte, p string) bool {
+	if len(path) < len(p) || string(path[:len(p)]) != p {
+		return false
+	}
+	return len(path) == len(p) || path[len(p)] == '?'
+}
+
+// readHead reads until c.buf[c.r:c.w] starts with a complete request head,
+// parsed into c.req.
+func (c *conn) readHead() error {
+	lim := c.s.cfg.Limits
+	started := false
+	for {
+		if c.w > c.r {
+			err := httphead.ParseRequest(c.buf[c.r:c.w], lim, &c.req)
+			if err != httphead.ErrIncomplete {
+				return err
+			}
+		}
+		if c.buf == nil {
+			c.buf = getBuf()
+		}
+		if c.r > 0 {
+			c.w = copy(c.buf, c.buf[c.r:c.w])
+			c.r = 0
+		}
+		if c.w == len(c.buf) {
+			// A head larger than the pooled buffer: grow up to the limit
+			// (ParseRequest answers 431 beyond it).
+			nb := make([]byte, 2*len(c.buf))
+			copy(nb, c.buf[:c.w])
+			putBuf(c.buf)
+			c.buf = nb
+		}
+		switch {
+		case c.w == 0:
+			c.idle.Store(true)
+			if c.s.closing.Load() {
+				return net.ErrClosed
+			}
+			c.c.SetReadDeadline(time.Now().Add(c.s.cfg.IdleTimeout))
+		case !started:
+			c.c.SetReadDeadline(time.Now().Add(c.s.cfg.HeadTimeout))
+			started = true
+		}
+		n, err := c.c.Read(c.buf[c.w:])
+		c.idle.Store(false)
+		c.w += n
+		if err != nil && n == 0 {
+			if c.w > 0 && isTimeout(err) && !c.s.closing.Load() {
+				// Slow client in the middle of a head.
+				return &httphead.Error{Status: 408, Reason: "head timeout"}
+			}
+			return err
+		}
+	}
+}
+
+// rejectAndClose answers status, then half-closes and drains briefly so
+// the client reads the answer rather than a reset (checklist "Reject").
+func (c *conn) rejectAndClose(status int) {
+	c.c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.c.Write(errorResponse(status, true)); err != nil {
+		return
+	}
+	c.c.CloseWrite()
+	c.c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+	var b [4096]byte
+	for i := 0; i < 64; i++ {
+		if _, err := c.c.Read(b[:]); err != nil {
+			return
+		}
+	}
+}
+
+// writeClient writes p to the client with the I/O timeout.
+func (c *conn) writeClient(p []byte) error {
+	c.c.SetWriteDeadline(time.Now().Add(c.s.cfg.IOTimeout))
+	_, err := c.c.Write(p)
+	return err
+}
+
+// exchange is the state of one proxied request.
+type exchange struct {
+	w        *route.Worker
+	up       *upstream.Conn
+	failed   bool // counts as a worker error
+	sentHead bool // response head written to the client
+	reuse    bool // upstream connection may go back to the pool
+	keep     bool // client connection may carry another request
+}
+
+// proxy forwards the parsed request to w and relays the response.
+func (c *conn) proxy(w *route.Worker) bool {
+	x := exchange{w: w}
+	w.Stats.Begin()
+	keep := c.proxyExchange(&x)
+	w.Stats.End(x.failed)
+	if x.up != nil {
+		if x.reuse && keep {
+			w.Pool.Put(x.up)
+		} else {
+			x.up.Discard()
+		}
+	}
+	if c.ubuf != nil {
+		putBuf(c.ubuf)
+		c.ubuf = nil
+	}
+	// Nothing pipelined: give the buffer back while the client is idle.
+	if c.r == c.w && c.buf != nil {
+		putBuf(c.buf)
+		c.buf, c.r, c.w = nil, 0, 0
+	}
+	return keep
+}
+
+// fail answers status if no response head went out yet; either way the
+// client connection closes.
+func (c *conn) fail(x *exchange, status int) bool {
+	x.failed = true
+	if !x.sentHead {
+		switch status {
+		case 502:
+			c.s.counters.BadGateway.Add(1)
+		case 504:
+			c.s.counters.Timeouts.Add(1)
+		}
+		c.writeClient(errorResponse(status, true))
+	}
+	return false
+}
+
+func (c *conn) proxyExchange(x *exchange) bool {
+	req := &c.req
+	cfg := &c.s.cfg
+	up, err := x.w.Pool.Get(context.Background())
+	if err != nil {
+		return c.fail(x, 502)
+	}
+	x.up = up
+
+	// The rewritten head: origin-form target, HTTP/1.1, hop-by-hop fields
+	// removed, everything else byte-identical, X-Forwarded-For appended.
+	out := c.out[:0]
+	out = append(out, req.Method...)
+	out = append(out, ' ')
+	out = append(out, req.Path...)
+	out = append(out, " HTTP/1.1\r\n"...)
+	for i := range req.Fields {
+		if f := &req.Fields[i]; !f.Drop {
+			out = append(out, f.Line...)
+		}
+	}
+	if req.HostRewritten || req.Host == nil {
+		host := req.Host
+		if host == nil {
+			host = []byte(x.w.Addr)
+		}
+		out = append(out, "Host: "...)
+		out = append(out, host...)
+		out = append(out, "\r\n"...)
+	}
+	out = append(out, "X-Forwarded-For: "...)
+	if len(req.XFF) > 0 {
+		out = append(out, req.XFF...)
+		out = append(out, ", "...)
+	}
+	out = append(out, c.ip...)
+	out = append(out, "\r\n\r\n"...)
+
+	// Body bytes already buffered behind the head go in the same write,
+	// unless the client waits for 100 Continue.
+	waitContinue := req.Expect100 && req.HasBody()
+	var sc httphead.Chunked
+	var sent int64 // Content-Length body bytes sent
+	if !waitContinue {
+		out, sent, err = c.appendBuffered(out, &sc, 0)
+		if err != nil {
+			c.out = out[:0]
+			x.up.Discard()
+			x.up = nil
+			c.s.counters.Rejected.Add(1)
+			c.rejectAndClose(err.(*httphead.Error).Status)
+			return false
+		}
+	}
+	c.out = out[:0]
+	up.SetWriteDeadline(time.Now().Add(cfg.IOTimeout))
+	n, err := up.Write(out)
+	if err != nil && n == 0 && up.Reused() {
+		// The pooled connection died between the liveness check and the
+		// write, and not one request byte went out: the one retry allowed.
+		up.Discard()
+		x.up = nil
+		if up, err = x.w.Pool.Dial(context.Background()); err != nil {
+			return c.fail(x, 502)
+		}
+		x.up = up
+		up.SetWriteDeadline(time.Now().Add(cfg.IOTimeout))
+		n, err = up.Write(out)
+	}
+	x.w.Stats.AddUp(int64(n))
+	if err != nil {
+		return c.fail(x, 502)
+	}
+
+	c.ubuf = getBuf()
+	var uw int // bytes in ubuf
+	sent100 := false
+	if waitContinue {
+		// Wait briefly for the backend's 100 (or a final answer); a backend
+		// that ignores Expect gets the body anyway, as curl does.
+		up.SetReadDeadline(time.Now().Add(time.Second))
+		status, nw, err := c.readResponseHead(x, uw)
+		uw = nw
+		switch {
+		case err == nil && status == 100:
+			sent100 = true
+		case err == nil:
+			// A final answer before the body: relay it, then close (the
+			// client's body was never read).
+			return c.relayResponse(x, uw, false)
+		case !isTimeout(err):
+			return c.fail(x, c.headErrStatus(err))
+		}
+		var nout []byte
+		nout, sent, err = c.appendBuffered(c.out[:0], &sc, 0)
+		if err == nil && len(nout) > 0 {
+			_, err = up.Write(nout)
+			x.w.Stats.AddUp(int64(len(nout)))
+		}
+		c.out = nout[:0]
+		if err != nil {
+			if e, ok := err.(*httphead.Error); ok {
+				c.rejectAndClose(e.Status)
+				return false
+			}
+			return c.fail(x, 502)
+		}
+	}
+
+	// The rest of the request body.
+	if err := c.relayRequestBody(x, &sc, sent); err != nil {
+		if e, ok := err.(*httphead.Error); ok {
+			c.s.counters.Rejected.Add(1)
+			c.rejectAndClose(e.Status)
+			return false
+		}
+		if peerGone(c.raw) {
+			c.s.counters.ClientAborted.Add(1)
+			return false
+		}
+		return c.fail(x, 502)
+	}
+
+	// Watch the client while the backend works: if it leaves, close the
+	// upstream connection at once so the engine cancels the generation.
+	stop := c.watchClient(up)
+	keep := c.awaitAndRelay(x, uw, sent100)
+	if stop() {
+		c.s.counters.ClientAborted.Add(1)
+		keep = false
+	}
+	return keep
+}
+
+func (c *conn) awaitAndRelay(x *exchange, uw int, sent100 bool) bool {
+	x.up.SetReadDeadline(time.Now().Add(c.s.cfg.ResponseTimeout))
+	for {
+		status, nw, err := c.readResponseHead(x, uw)
+		uw = nw
+		if err != nil {
+			return c.fail(x, c.headErrStatus(err))
+		}
+		if status == 100 && sent100 {
+			c.dropHead(&uw)
+			continue // relay exactly one 100
+		}
+		if status >= 200 || status == 100 {
+			if status == 100 {
+				sent100 = true
+			}
+			if status >= 200 {
+				return c.relayResponse(x, uw, true)
+			}
+		}
+	}
+}
+
+// headErrStatus maps a failure before the response head to its status.
+func (c *conn) headErrStatus(err error) int {
+	if isTimeout(err) {
+		return 504
+	}
+	return 502
+}
+
+// dropHead removes the parsed response head from ubuf.
+func (c *conn) dropHead(uw *int) {
+	n := c.resp.HeadLen
+	*uw = copy(c.ubuf, c.ubuf[n:*uw])
+}
+
+// readResponseHead reads until ubuf starts with a response head. Interim
+// 1xx heads other than 100 are relayed to HTTP/1.1 clients and skipped;
+// a 100 is returned to the caller (relayed to the client first when the
+// client asked for it). It returns the status and the bytes in ubuf.
+func (c *conn) readResponseHead(x *exchange, uw int) (int, int, error) {
+	for {
+		if uw > 0 {
+			err := httphead.ParseResponse(c.ubuf[:uw], c.s.cfg.Limits, &c.resp)
+			if err == nil {
+				st := c.resp.Status
+				switch {
+				case st == 101:
+					// tether asked for no upgrade: a 101 is a broken backend.
+					return 0, uw, errBadResponse
+				case st >= 200:
+					return st, uw, nil
+				case st == 100:
+					if c.req.Expect100 {
+						if err := c.writeInterim(x); err != nil {
+							return 0, uw, err
+						}
+						c.dropHead(&uw)
+						return 100, uw, nil
+					}
+					// Unsolicited 100: not for the client.
+					c.dropHead(&uw)
+					continue
+				default:
+					if c.req.Minor == 1 {
+						if err := c.writeInterim(x); err != nil {
+							return 0, uw, err
+						}
+					}
+					c.dropHead(&uw)
+					continue
+				}
+			}
+			if err != httphead.ErrIncomplete {
+				return 0, uw, err
+			}
+			if uw == len(c.ubuf) {
+				nb := make([]byte, 2*len(c.ubuf))
+				copy(nb, c.ubuf[:uw])
+				putBuf(c.ubuf)
+				c.ubuf = nb
+			}
+		}
+		n, err := x.up.Read(c.ubuf[uw:])
+		uw += n
+		x.w.Stats.AddDown(int64(n))
+		if err != nil && n == 0 {
+			return 0, uw, err
+		}
+	}
+}
+
+var errBadResponse = &httphead.Error{Status: 502, Reason: "unexpected 101"}
+
+// writeInterim relays a 1xx head (hop-by-hop fields removed).
+func (c *conn) writeInterim(x *exchange) error {
+	out := c.appendResponseHead(c.out[:0], false, false)
+	c.out = out[:0]
+	return c.writeClient(out)
+}
+
+// appendResponseHead writes the response head for the client: HTTP/1.1,
+// status and reason as received, fields as received minus hop-by-hop ones,
+// Connection: close when the client connection will close.
+func (c *conn) appendResponseHead(out []byte, closing, dropTE bool) []byte {
+	head := c.ubuf[:c.resp.HeadLen]
+	line := head[:bytes.IndexByte(head, '\n')+1]
+	out = append(out, "HTTP/1.1"...)
+	out = append(out, line[8:]...)
+	for i := range c.resp.Fields {
+		f := &c.resp.Fields[i]
+		if f.Drop || dropTE && len(f.Name) == len("Transfer-Encoding") && bytes.EqualFold(f.Name, []byte("Transfer-Encoding")) {
+			continue
+		}
+		out = append(out, f.Line...)
+	}
+	if closing {
+		out = append(out, "Connection: close\r\n"...)
+	}
+	return append(out, "\r\n"...)
+}
+
+// appendBuffered moves request body bytes already in the client buffer
+// into out (Content-Length bytes up to the length; chunked bytes as far as
+// they are valid framing). It returns out and the Content-Length bytes
+// taken so far (sent is the count already sent before).
+func (c *conn) appendBuffered(out []byte, sc *httphead.Chunked, sent int64) ([]byte, int64, error) {
+	req := &c.req
+	avail := c.buf[c.r:c.w]
+	switch {
+	case req.ContentLength > 0:
+		take := req.ContentLength - sent
+		if int64(len(avail)) < take {
+			take = int64(len(avail))
+		}
+		out = append(out, avail[:take]...)
+		c.r += int(take)
+		return out, sent + take, nil
+	case req.Chunked:
+		n, err := sc.Scan(avail)
+		if err != nil {
+			return out, sent, err
+		}
+		out = append(out, avail[:n]...)
+		c.r += n
+	}
+	return out, sent, nil
+}
+
+// relayRequestBody sends what is left of the request body upstream.
+func (c *conn) relayRequestBody(x *exchange, sc *httphead.Chunked, sent int64) error {
+	req := &c.req
+	cfg := &c.s.cfg
+	switch {
+	case req.ContentLength > 0:
+		left := req.ContentLength - sent
+		if left == 0 {
+			return nil
+		}
+		// Everything buffered was taken: the buffer is free as scratch.
+		c.r, c.w = 0, 0
+		if c.buf == nil {
+			c.buf = getBuf()
+		}
+		n, err := copyOrSplice(x.up.TCPConn, c.c, left, c.buf, cfg.SpliceMin, cfg.IOTimeout)
+		x.w.Stats.AddUp(n)
+		return err
+	case req.Chunked:
+		for !sc.Done() {
+			if d := sc.Data(); d >= cfg.SpliceMin && c.r == c.w {
+				n, err := copyOrSplice(x.up.TCPConn, c.c, d, nil, cfg.SpliceMin, cfg.IOTimeout)
+				sc.Skip(n)
+				x.w.Stats.AddUp(n)
+				if err != nil {
+					return err
+				}
+				continue
+			}
+			if c.r == c.w {
+				if c.buf == nil {
+					c.buf = getBuf()
+				}
+				c.r, c.w = 0, 0
+				c.c.SetReadDeadline(time.Now().Add(cfg.IOTimeout))
+				n, err := c.c.Read(c.buf)
+				c.w = n
+				if n == 0 {
+					if err == nil {
+						continue
+					}
+					return err
+				}
+			}
+			avail := c.buf[c.r:c.w]
+			n, err := sc.Scan(avail)
+			if n > 0 {
+				x.up.SetWriteDeadline(time.Now().Add(cfg.IOTimeout))
+				w, werr := x.up.Write(avail[:n])
+				x.w.Stats.AddUp(int64(w))
+				c.r += n
+				if werr != nil {
+					return werr
+				}
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// relayResponse writes the response head and relays its body. bodyRead
+// says whether the request body was consumed (false after a final answer
+// to Expect: 100-continue, which forces the client connection closed).
+func (c *conn) relayResponse(x *exchange, uw int, bodyRead bool) bool {
+	req, resp := &c.req, &c.resp
+	cfg := &c.s.cfg
+	kind := resp.Body(req.IsMethod("HEAD"))
+	dechunk := kind == httphead.BodyChunked && req.Minor == 0
+	keep := req.KeepAlive && bodyRead && kind != httphead.BodyClose && !c.s.closing.Load()
+	x.reuse = !resp.Close && kind != httphead.BodyClose
+
+	out := c.appendResponseHead(c.out[:0], !keep, dechunk)
+	body := c.ubuf[resp.HeadLen:uw]
+	var sc httphead.Chunked
+	var left int64 // Content-Length bytes still to come
+	switch kind {
+	case httphead.BodyNone:
+		if len(body) > 0 {
+			x.reuse = false // a body where none may be: never reuse
+		}
+		body = nil
+	case httphead.BodyLength:
+		left = resp.ContentLength
+		if int64(len(body)) > left {
+			body = body[:left]
+			x.reuse = false // more than Content-Length
+		}
+		left -= int64(len(body))
+	case httphead.BodyChunked:
+		n, err := sc.Scan(body)
+		if err != nil {
+			x.reuse = false
+			c.s.counters.Truncated.Add(1)
+			return c.fail(x, 502)
+		}
+		if n < len(body) {
+			x.reuse = false
+		}
+		body = body[:n]
+		if dechunk {
+			// Re-scan from the start, emitting data only (rare: 1.0 clients).
+			sc = httphead.Chunked{}
+			out, _, _ = appendDechunked(out, &sc, body)
+			body = nil
+		}
+	}
+	out = append(out, body...)
+	c.out = out[:0]
+	if err := c.writeClient(out); err != nil {
+		x.reuse = false
+		return false
+	}
+	x.sentHead = true
+
+	switch kind {
+	case httphead.BodyLength:
+		if left > 0 {
+			n, err := copyOrSplice(c.c, x.up.TCPConn, left, c.ubuf, cfg.SpliceMin, cfg.IOTimeout)
+			x.w.Stats.AddDown(n)
+			if err != nil {
+				return c.bodyFailed(x, err)
+			}
+		}
+	case httphead.BodyChunked:
+		if err := c.relayChunkedResponse(x, &sc, dechunk); err != nil {
+			return c.bodyFailed(x, err)
+		}
+	case httphead.BodyClose:
+		for {
+			n, err := copyOrSplice(c.c, x.up.TCPConn, 1<<62, c.ubuf, 0, cfg.ResponseTimeout)
+			x.w.Stats.AddDown(n)
+			if err == errSrcEOF {
+				break
+			}
+			if err != nil {
+				return c.bodyFailed(x, err)
+			}
+		}
+		return false
+	}
+	return keep
+}
+
+// bodyFailed handles a relay error after the response head went out: the
+// client must see the truncation, so its connection closes.
+func (c *conn) bodyFailed(x *exchange, err error) bool {
+	x.reuse = false
+	if peerGone(c.raw) {
+		c.s.counters.ClientAborted.Add(1)
+		return false
+	}
+	x.failed = true
+	c.s.counters.Truncated.Add(1)
+	return false
+}
+
+// relayChunkedResponse streams a chunked body: every piece the backend
+// writes is forwarded as soon as its framing is validated (SSE events reach
+// the client at once); long chunk data is spliced.
+func (c *conn) relayChunkedResponse(x *exchange, sc *httphead.Chunked, dechunk bool) error {
+	cfg := &c.s.cfg
+	for !sc.Done() {
+		if d := sc.Data(); d >= cfg.SpliceMin && !dechunk {
+			n, err := copyOrSplice(c.c, x.up.TCPConn, d, nil, cfg.SpliceMin, cfg.ResponseTimeout)
+			sc.Skip(n)
+			x.w.Stats.AddDown(n)
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		x.up.SetReadDeadline(time.Now().Add(cfg.ResponseTimeout))
+		n, rerr := x.up.Read(c.ubuf)
+		if n > 0 {
+			x.w.Stats.AddDown(int64(n))
+			p := c.ubuf[:n]
+			var out []byte
+			var m int
+			var serr error
+			if dechunk {
+				out, m, serr = appendDechunked(c.out[:0], sc, p)
+				c.out = out[:0]
+			} else {
+				m, serr = sc.Scan(p)
+				out = p[:m]
+			}
+			if m < n && sc.Done() {
+				x.reuse = false
+			}
+			if len(out) > 0 {
+				if err := c.writeClient(out); err != nil {
+					return err
+				}
+			}
+			if serr != nil {
+				return serr
+			}
+		}
+		if rerr != nil {
+			if sc.Done() {
+				return nil
+			}
+			return rerr
+		}
+	}
+	return nil
+}
+
+// appendDechunked appends only the chunk data of p to out, validating the
+// framing (for HTTP/1.0 clients, which cannot read chunked).
+func appendDechunked(out []byte, sc *httphead.Chunked, p []byte) ([]byte, int, error) {
+	used := 0
+	for used < len(p) && !sc.Done() {
+		if d := sc.Data(); d > 0 {
+			k := int64(len(p) - used)
+			if k > d {
+				k = d
+			}
+			out = append(out, p[used:used+int(k)]...)
+			sc.Skip(k)
+			used += int(k)
+			continue
+		}
+		if _, err := sc.Scan(p[used : used+1]); err != nil {
+			return out, used, err
+		}
+		used++
+	}
+	return out, used, nil
+}
+
+// watchClient waits, without reading, for the client to close or reset
+// while the backend works; then it closes up. stop ends the watch and
+// reports whether the client left.
+func (c *conn) watchClient(up *upstream.Conn) (stop func() bool) {
+	var gone atomic.Bool
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var b [1]byte
+		c.raw.Read(func(fd uintptr) bool {
+			n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+			if err == syscall.EAGAIN {
+				return false // nothing yet: wait for readability
+			}
+			if n == 0 && err == nil || err != nil {
+				gone.Store(true)
+				up.Close()
+			}
+			return true // data (a pipelined request) or gone: stop watching
+		})
+	}()
+	return func() bool {
+		c.c.SetReadDeadline(aLongTimeAgo)
+		<-done
+		return gone.Load()
+	}
+}

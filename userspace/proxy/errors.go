@@ -1,0 +1,65 @@
+package proxy
+
+import (
+	"strconv"
+)
+
+// Error bodies are fixed templates keyed by status: never a Go error
+// string, an address or a path (checklist rule 26).
+var errorText = map[int]string{
+	400: "bad request",
+	404: "unknown session",
+	405: "method not allowed",
+	408: "request timeout",
+	413: "request body too large",
+	414: "request line too long",
+	417: "expectation failed",
+	431: "request header fields too large",
+	500: "internal error",
+	501: "not implemented",
+	502: "bad gateway: the worker could not be reached or failed",
+	503: "no worker available",
+	504: "gateway timeout: the worker did not answer in time",
+}
+
+var statusText = map[int]string{
+	100: "Continue", 200: "OK", 201: "Created", 202: "Accepted", 204: "No Content",
+	400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
+	413: "Content Too Large", 414: "URI Too Long", 417: "Expectation Failed",
+	431: "Request Header Fields Too Large", 500: "Internal Server Error",
+	501: "Not Implemented", 502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout",
+}
+
+// StatusText returns the reason phrase tether uses for code.
+func StatusText(code int) string {
+	if t, ok := statusText[code]; ok {
+		return t
+	}
+	return "Status"
+}
+
+// errorResponses are prebuilt: the error path allocates nothing.
+var errorResponses = func() map[int][2][]byte {
+	m := make(map[int][2][]byte)
+	for code, text := range errorText {
+		body := `{"error":{"code":` + strconv.Itoa(code) + `,"message":"` + text + `"}}` + "\n"
+		head := "HTTP/1.1 " + strconv.Itoa(code) + " " + StatusText(code) + "\r\n" +
+			"Content-Type: application/json\r\n" +
+			"Content-Length: " + strconv.Itoa(len(body)) + "\r\n"
+		m[code] = [2][]byte{[]byte(head + "\r\n" + body), []byte(head + "Connection: close\r\n\r\n" + body)}
+	}
+	return m
+}()
+
+// errorResponse returns the full response for status, with Connection:
+// close when the connection will be closed.
+func errorResponse(status int, closing bool) []byte {
+	r, ok := errorResponses[status]
+	if !ok {
+		r = errorResponses[500]
+	}
+	if closing {
+		return r[1]
+	}
+	return r[0]
+}

@@ -1,0 +1,202 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/tether-rl/tether/userspace/httphead"
+	"github.com/tether-rl/tether/userspace/route"
+)
+
+// MaxLocalBody bounds the body of a request tetherd answers itself (control
+// endpoints take small JSON).
+const MaxLocalBody = 1 << 20
+
+// localHandler returns the handler for a request tetherd answers itself.
+func (c *conn) localHandler() http.Handler {
+	req := &c.req
+	if isPath(req.Path, "/health") {
+		return http.HandlerFunc(c.s.serveHealth)
+	}
+	if c.s.cfg.Local != nil {
+		return c.s.cfg.Local(req.Method, req.Path)
+	}
+	return nil
+}
+
+// HealthBody is the JSON of GET /health.
+type HealthBody struct {
+	Status         string `json:"status"`
+	InstanceID     string `json:"instance_id"`
+	Workers        int    `json:"workers"`
+	HealthyWorkers int    `json:"healthy_workers"`
+}
+
+func (s *Server) serveHealth(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		writeJSONError(w, 405, "method not allowed")
+		return
+	}
+	var n, healthy int
+	for _, wk := range s.cfg.Table.Snapshot() {
+		if wk == nil {
+			continue
+		}
+		n++
+		if wk.State() == route.Healthy {
+			healthy++
+		}
+	}
+	status := "ok"
+	if healthy == 0 {
+		status = "degraded"
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(HealthBody{Status: status, InstanceID: s.cfg.InstanceID, Workers: n, HealthyWorkers: healthy})
+}
+
+func writeJSONError(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{"code": code, "message": msg}})
+}
+
+// localWriter buffers a local handler's (small) response.
+type localWriter struct {
+	h      http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (w *localWriter) Header() http.Header { return w.h }
+func (w *localWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+}
+func (w *localWriter) Write(p []byte) (int, error) {
+	if w.status == 0 {
+		w.status = 200
+	}
+	return w.body.Write(p)
+}
+
+// serveLocal reads the (bounded) body, runs h and writes its answer.
+func (c *conn) serveLocal(h http.Handler) bool {
+	req := &c.req
+	body, err := c.readLocalBody()
+	if err != nil {
+		if e, ok := err.(*httphead.Error); ok {
+			c.rejectAndClose(e.Status)
+		}
+		return false
+	}
+	u, err := url.ParseRequestURI(string(req.Path))
+	if err != nil {
+		c.rejectAndClose(400)
+		return false
+	}
+	hr := &http.Request{
+		Method:        string(req.Method),
+		URL:           u,
+		RequestURI:    string(req.Target),
+		Proto:         "HTTP/1." + strconv.Itoa(req.Minor),
+		ProtoMajor:    1,
+		ProtoMinor:    req.Minor,
+		Header:        make(http.Header, len(req.Fields)),
+		Host:          string(req.Host),
+		RemoteAddr:    c.c.RemoteAddr().String(),
+		ContentLength: int64(len(body)),
+		Body:          io.NopCloser(bytes.NewReader(body)),
+	}
+	for i := range req.Fields {
+		f := &req.Fields[i]
+		hr.Header.Add(string(f.Name), string(f.Value))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.s.cfg.ResponseTimeout)
+	defer cancel()
+	hr = hr.WithContext(ctx)
+	lw := &localWriter{h: make(http.Header)}
+	h.ServeHTTP(lw, hr)
+	if lw.status == 0 {
+		lw.status = 200
+	}
+	keep := req.KeepAlive && !c.s.closing.Load()
+	var out bytes.Buffer
+	out.WriteString("HTTP/1.1 " + strconv.Itoa(lw.status) + " " + StatusText(lw.status) + "\r\n")
+	lw.h.Del("Content-Length")
+	lw.h.Del("Connection")
+	lw.h.Del("Transfer-Encoding")
+	lw.h.Write(&out)
+	out.WriteString("Content-Length: " + strconv.Itoa(lw.body.Len()) + "\r\n")
+	if !keep {
+		out.WriteString("Connection: close\r\n")
+	}
+	out.WriteString("\r\n")
+	if !req.IsMethod("HEAD") {
+		out.Write(lw.body.Bytes())
+	}
+	if err := c.writeClient(out.Bytes()); err != nil {
+		return false
+	}
+	return keep
+}
+
+// readLocalBody reads a local request's whole body (at most MaxLocalBody).
+func (c *conn) readLocalBody() ([]byte, error) {
+	req := &c.req
+	if req.Expect100 && req.HasBody() {
+		if err := c.writeClient([]byte("HTTP/1.1 100 Continue\r\n\r\n")); err != nil {
+			return nil, err
+		}
+	}
+	deadline := time.Now().Add(c.s.cfg.IOTimeout)
+	c.c.SetReadDeadline(deadline)
+	switch {
+	case req.ContentLength > MaxLocalBody:
+		return nil, &httphead.Error{Status: 413, Reason: "local body too large"}
+	case req.ContentLength > 0:
+		body := make([]byte, req.ContentLength)
+		n := copy(body, c.buf[c.r:c.w])
+		c.r += n
+		if _, err := io.ReadFull(c.c, body[n:]); err != nil {
+			return nil, err
+		}
+		return body, nil
+	case req.Chunked:
+		var sc httphead.Chunked
+		var body []byte
+		for !sc.Done() {
+			if c.r == c.w {
+				if c.buf == nil {
+					c.buf = getBuf()
+				}
+				c.r = 0
+				n, err := c.c.Read(c.buf)
+				c.w = n
+				if n == 0 {
+					return nil, err
+				}
+			}
+			var used int
+			var err error
+			body, used, err = appendDechunked(body, &sc, c.buf[c.r:c.w])
+			c.r += used
+			if err != nil {
+				return nil, err
+			}
+			if len(body) > MaxLocalBody {
+				return nil, &httphead.Error{Status: 413, Reason: "local body too large"}
+			}
+		}
+		return body, nil
+	}
+	return nil, nil
+}

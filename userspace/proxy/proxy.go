@@ -1,0 +1,321 @@
+// Package proxy is tether's HTTP/1.1 data plane. A connection's goroutine
+// reads a request head into its buffer, parses it (httphead), asks the
+// router for a worker, writes the rewritten head to a pooled upstream
+// connection, and moves the bodies with splice(2) (TCPConn.ReadFrom on a
+// LimitedReader) once the bytes already buffered behind the head are
+// written. Chunked bodies are validated as they stream and forwarded
+// unchanged. Nothing ever holds a whole body.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/tether-rl/tether/userspace/httphead"
+	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/stats"
+)
+
+// Config configures a Server. Zero durations take the defaults.
+type Config struct {
+	Router Router
+	Table  *route.Table // the workers, for /health
+	Limits httphead.Limits
+	// PeekBody: before routing a request with a body, wait until this many
+	// body bytes (or the whole body, if shorter) are buffered, so that the
+	// router can read a key from them. 0: route on the head alone.
+	PeekBody int
+
+	// ResponseTimeout bounds the wait for the first byte of a response
+	// head (504 after it). Agent turns are long: default 30 minutes. It
+	// also bounds each wait for more response body.
+	ResponseTimeout time.Duration
+	// IdleTimeout closes a client keep-alive connection with no request;
+	// default 120s.
+	IdleTimeout time.Duration
+	// HeadTimeout bounds reading a request head once its first byte came;
+	// default 30s.
+	HeadTimeout time.Duration
+	// IOTimeout bounds every body read or write that makes no progress;
+	// default 120s.
+	IOTimeout time.Duration
+	// SpliceMin: body remainders of at least this many bytes move with
+	// splice(2); smaller ones are copied through the buffer. Default 16 KiB
+	// (see docs/ARCHITECTURE.md for the measurement).
+	SpliceMin int64
+
+	// InstanceID is reported by /health; stable for the process.
+	InstanceID string
+	// Local returns the handler for tetherd's own endpoints on the data
+	// port (abort fan-out, admin when allowed), or nil to proxy.
+	Local func(method, path []byte) http.Handler
+
+	Log *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.ResponseTimeout <= 0 {
+		c.ResponseTimeout = 30 * time.Minute
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = 120 * time.Second
+	}
+	if c.HeadTimeout <= 0 {
+		c.HeadTimeout = 30 * time.Second
+	}
+	if c.IOTimeout <= 0 {
+		c.IOTimeout = 120 * time.Second
+	}
+	if c.SpliceMin <= 0 {
+		c.SpliceMin = 16 << 10
+	}
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
+}
+
+// Router picks a worker for a request; body is the start of the request
+// body that is already buffered (see Config.PeekBody).
+type Router interface {
+	Route(req *httphead.Request, body []byte) route.Decision
+}
+
+// Server runs the data plane on any number of listeners.
+type Server struct {
+	cfg Config
+
+	mu        sync.Mutex
+	conns     map[*conn]struct{}
+	listeners map[net.Listener]struct{}
+	wg        sync.WaitGroup
+	closing   atomic.Bool
+
+	counters Counters
+}
+
+// Counters are the data plane's own event counts (the per-worker ones live
+// in stats.Worker).
+type Counters struct {
+	Accepted      atomic.Uint64
+	Requests      atomic.Uint64 // requests read from clients
+	Local         atomic.Uint64 // answered by tetherd itself
+	Rejected      atomic.Uint64 // malformed or refused requests (4xx from tether)
+	BadGateway    atomic.Uint64 // 502
+	Timeouts      atomic.Uint64 // 504
+	Truncated     atomic.Uint64 // response cut short by the backend
+	ClientAborted atomic.Uint64 // client left before the response ended
+}
+
+// New returns a server.
+func New(cfg Config) *Server {
+	cfg.setDefaults()
+	return &Server{cfg: cfg, conns: make(map[*conn]struct{}), listeners: make(map[net.Listener]struct{})}
+}
+
+// Counters returns the server's counters.
+func (s *Server) Counters() *Counters { return &s.counters }
+
+var noSlot = new(stats.Slot)
+
+// Serve accepts connections on ln until it is closed, counting them in
+// slot (which may be nil). It returns nil when ln was closed.
+func (s *Server) Serve(ln net.Listener, slot *stats.Slot) error {
+	if slot == nil {
+		slot = noSlot
+	}
+	s.mu.Lock()
+	if s.closing.Load() {
+		s.mu.Unlock()
+		return nil
+	}
+	s.listeners[ln] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.listeners, ln)
+		s.mu.Unlock()
+	}()
+	var backoff time.Duration
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) || s.closing.Load() {
+				return nil
+			}
+			// EMFILE and friends: back off instead of spinning.
+			if backoff == 0 {
+				backoff = 5 * time.Millisecond
+			} else if backoff < time.Second {
+				backoff *= 2
+			}
+			s.cfg.Log.Warn("accept failed", "err", err, "retry_in", backoff)
+			time.Sleep(backoff)
+			continue
+		}
+		backoff = 0
+		tc, ok := nc.(*net.TCPConn)
+		if !ok {
+			nc.Close()
+			continue
+		}
+		s.counters.Accepted.Add(1)
+		slot.Opened()
+		c := newConn(s, tc)
+		s.mu.Lock()
+		s.conns[c] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go func() {
+			defer slot.Finished()
+			c.serve()
+		}()
+	}
+}
+
+func (s *Server) forget(c *conn) {
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+	s.wg.Done()
+}
+
+// Shutdown stops accepting, closes idle connections, lets every request in
+// progress finish (answering it with Connection: close), and waits for
+// them until ctx ends; then it closes what is left.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.closing.Store(true)
+	s.mu.Lock()
+	for ln := range s.listeners {
+		ln.Close()
+	}
+	for c := range s.conns {
+		c.wakeIfIdle()
+	}
+	s.mu.Unlock()
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return nil
+		case <-ctx.Done():
+			s.Close()
+			<-done
+			return ctx.Err()
+		case <-t.C:
+			// A connection that went idle after the first pass.
+			s.mu.Lock()
+			for c := range s.conns {
+				c.wakeIfIdle()
+			}
+			s.mu.Unlock()
+		}
+	}
+}
+
+// Close closes every listener and connection at once.
+func (s *Server) Close() {
+	s.closing.Store(true)
+	s.mu.Lock()
+	for ln := range s.listeners {
+		ln.Close()
+	}
+	for c := range s.conns {
+		c.c.Close()
+	}
+	s.mu.Unlock()
+}
+
+// Buffers: one size class, pooled, held only while a connection is in a
+// request (a connection idle with nothing buffered returns its buffer).
+const bufSize = 16 << 10
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, bufSize); return &b }}
+
+func getBuf() []byte { return *(bufPool.Get().(*[]byte)) }
+
+func putBuf(b []byte) {
+	if cap(b) == bufSize {
+		b = b[:bufSize]
+		bufPool.Put(&b)
+	}
+}
+
+var aLongTimeAgo = time.Unix(1, 0)
+
+// isTimeout reports a deadline expiry.
+func isTimeout(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }
+
+// peerGone reports, without blocking, whether the peer of raw closed or
+// reset the connection.
+func peerGone(raw syscall.RawConn) bool {
+	gone := false
+	var b [1]byte
+	raw.Read(func(fd uintptr) bool {
+		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		gone = n == 0 && err == nil || err != nil && err != syscall.EAGAIN
+		return true
+	})
+	return gone
+}
+
+// copyOrSplice moves exactly n bytes from src to dst: splice(2) for large
+// remainders, a copy through scratch for small ones. Deadlines are renewed
+// for every step, so a transfer may take as long as it keeps moving. It
+// reports how many bytes moved and which side failed: errSrcEOF when src
+// ended early.
+func copyOrSplice(dst, src *net.TCPConn, n int64, scratch []byte, spliceMin int64, timeout time.Duration) (int64, error) {
+	const step = 4 << 20
+	var moved int64
+	for moved < n {
+		left := n - moved
+		now := time.Now()
+		src.SetReadDeadline(now.Add(timeout))
+		dst.SetWriteDeadline(now.Add(timeout))
+		if left >= spliceMin {
+			if left > step {
+				left = step
+			}
+			k, err := dst.ReadFrom(&io.LimitedReader{R: src, N: left})
+			moved += k
+			if err != nil {
+				return moved, err
+			}
+			if k < left {
+				return moved, errSrcEOF
+			}
+			continue
+		}
+		if int64(len(scratch)) < left {
+			left = int64(len(scratch))
+		}
+		k, rerr := src.Read(scratch[:left])
+		if k > 0 {
+			w, werr := dst.Write(scratch[:k])
+			moved += int64(w)
+			if werr != nil {
+				return moved, werr
+			}
+		}
+		if rerr != nil {
+			if rerr == io.EOF {
+				return moved, errSrcEOF
+			}
+			return moved, rerr
+		}
+	}
+	return moved, nil
+}
+
+var errSrcEOF = errors.New("source ended early")

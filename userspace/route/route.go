@@ -1,0 +1,282 @@
+// Package route decides which backend worker gets a request. Workers sit in
+// stable slots: the <idx> of a w<idx>-<rest> session id is the slot, so a
+// session's turns always reach the worker that holds its state. Requests
+// that name no session spread to the least-loaded worker.
+//
+// The worker set is a copy-on-write snapshot: the hot path reads it with
+// one atomic load and never takes a lock.
+package route
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/tether-rl/tether/userspace/httphead"
+	"github.com/tether-rl/tether/userspace/stats"
+	"github.com/tether-rl/tether/userspace/upstream"
+)
+
+// State of a worker.
+type State int32
+
+const (
+	Healthy   State = iota // routable
+	Unhealthy              // failing health checks: no new sessions or keys
+	Draining               // no new sessions or keys; existing sessions still reach it
+)
+
+func (s State) String() string {
+	switch s {
+	case Healthy:
+		return "healthy"
+	case Unhealthy:
+		return "unhealthy"
+	case Draining:
+		return "draining"
+	}
+	return "unknown"
+}
+
+// Worker is one backend in its slot.
+type Worker struct {
+	Slot  int
+	URL   string // as configured, e.g. http://10.0.0.5:30001
+	Addr  string // host:port to dial
+	Pool  *upstream.Pool
+	Stats *stats.Worker
+	state atomic.Int32
+}
+
+// State returns the worker's state.
+func (w *Worker) State() State { return State(w.state.Load()) }
+
+// SetState changes the worker's state and returns the previous one.
+func (w *Worker) SetState(s State) State { return State(w.state.Swap(int32(s))) }
+
+// Table holds the workers by slot.
+type Table struct {
+	mu    sync.Mutex // serializes writers
+	slots atomic.Pointer[[]*Worker]
+}
+
+// NewTable returns an empty table.
+func NewTable() *Table {
+	t := &Table{}
+	empty := []*Worker{}
+	t.slots.Store(&empty)
+	return t
+}
+
+// Snapshot returns the workers indexed by slot; nil entries are empty
+// slots. The slice must not be modified.
+func (t *Table) Snapshot() []*Worker { return *t.slots.Load() }
+
+// Get returns the worker in slot i, or nil.
+func (t *Table) Get(i int) *Worker {
+	s := t.Snapshot()
+	if i < 0 || i >= len(s) {
+		return nil
+	}
+	return s[i]
+}
+
+// Put places w in slot w.Slot, replacing whatever was there.
+func (t *Table) Put(w *Worker) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old := t.Snapshot()
+	n := len(old)
+	if w.Slot >= n {
+		n = w.Slot + 1
+	}
+	next := make([]*Worker, n)
+	copy(next, old)
+	next[w.Slot] = w
+	t.slots.Store(&next)
+}
+
+// Remove empties slot i and returns the worker that was there.
+func (t *Table) Remove(i int) *Worker {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old := t.Snapshot()
+	if i < 0 || i >= len(old) || old[i] == nil {
+		return nil
+	}
+	next := make([]*Worker, len(old))
+	copy(next, old)
+	w := next[i]
+	next[i] = nil
+	for len(next) > 0 && next[len(next)-1] == nil {
+		next = next[:len(next)-1]
+	}
+	t.slots.Store(&next)
+	return w
+}
+
+// FreeSlot returns the first empty slot below max, or -1.
+func (t *Table) FreeSlot(max int) int {
+	s := t.Snapshot()
+	for i, w := range s {
+		if w == nil {
+			return i
+		}
+	}
+	if len(s) < max {
+		return len(s)
+	}
+	return -1
+}
+
+// BadSession says what to do with a session id that names no worker.
+type BadSession int
+
+const (
+	BadSessionSpread BadSession = iota // route like a request without a session
+	BadSessionReject                   // 404
+)
+
+// Reason says why a request went where it did; it labels counters.
+type Reason int
+
+const (
+	ReasonSession          Reason = iota // w<idx>- prefix named a worker
+	ReasonSpread                         // no session: least in flight
+	ReasonBadSessionSpread               // bad session id, spread
+	ReasonBadSessionReject               // bad session id, rejected
+	ReasonNoWorker                       // nothing to route to
+	ReasonPanic                          // every worker unhealthy: routed anyway
+	NumReasons
+)
+
+var reasonNames = [NumReasons]string{"session", "spread", "bad_session_spread", "bad_session_reject", "no_worker", "panic"}
+
+func (r Reason) String() string { return reasonNames[r] }
+
+// Router applies the routing rules to a table.
+type Router struct {
+	Table      *Table
+	BadSession BadSession
+
+	rr      atomic.Uint64
+	reasons [NumReasons]atomic.Uint64
+}
+
+// Count returns how many requests were routed for reason r.
+func (rt *Router) Count(r Reason) uint64 { return rt.reasons[r].Load() }
+
+// Decision is the result of routing.
+type Decision struct {
+	Worker *Worker // nil: answer Status locally
+	Status int     // 404 (bad session, reject) or 503 (no worker)
+	Reason Reason
+	// Done, when set, is called once the exchange with Worker ended
+	// (whatever the outcome): policies that track requests in flight by
+	// id release them here.
+	Done func()
+}
+
+// Route picks the worker for a request. body holds the first bytes of the
+// request body that were buffered with the head (possibly none).
+func (rt *Router) Route(req *httphead.Request, body []byte) Decision {
+	if id, ok := SessionID(req.Path); ok {
+		if slot, ok := SessionSlot(id); ok {
+			if w := rt.Table.Get(slot); w != nil {
+				rt.reasons[ReasonSession].Add(1)
+				return Decision{Worker: w, Reason: ReasonSession}
+			}
+		}
+		if rt.BadSession == BadSessionReject {
+			rt.reasons[ReasonBadSessionReject].Add(1)
+			return Decision{Status: 404, Reason: ReasonBadSessionReject}
+		}
+		rt.reasons[ReasonBadSessionSpread].Add(1)
+		return rt.spread(ReasonBadSessionSpread)
+	}
+	return rt.spread(ReasonSpread)
+}
+
+// spread picks the routable worker with the fewest requests in flight,
+// starting at a rotating slot so that ties rotate instead of always
+// falling on the lowest slot. With every worker unhealthy it routes among
+// all of them (Envoy's panic threshold) rather than answer 503 to all.
+func (rt *Router) spread(reason Reason) Decision {
+	ws := rt.Table.Snapshot()
+	if w := LeastLoaded(ws, rt.rr.Add(1), func(w *Worker) bool { return w.State() == Healthy }); w != nil {
+		if reason == ReasonSpread {
+			rt.reasons[ReasonSpread].Add(1)
+		}
+		return Decision{Worker: w, Reason: reason}
+	}
+	if w := LeastLoaded(ws, rt.rr.Add(1), func(w *Worker) bool { return w.State() != Draining }); w != nil {
+		rt.reasons[ReasonPanic].Add(1)
+		return Decision{Worker: w, Reason: ReasonPanic}
+	}
+	rt.reasons[ReasonNoWorker].Add(1)
+	return Decision{Status: 503, Reason: ReasonNoWorker}
+}
+
+// LeastLoaded returns the worker with the fewest requests in flight among
+// those ok accepts, scanning from slot start mod len(ws), or nil.
+func LeastLoaded(ws []*Worker, start uint64, ok func(*Worker) bool) *Worker {
+	n := len(ws)
+	if n == 0 {
+		return nil
+	}
+	var best *Worker
+	var bestLoad uint64
+	i := int(start % uint64(n))
+	for k := 0; k < n; k++ {
+		w := ws[i]
+		if i++; i == n {
+			i = 0
+		}
+		if w == nil || !ok(w) {
+			continue
+		}
+		if load := w.Stats.Pending(); best == nil || load < bestLoad {
+			best, bestLoad = w, load
+		}
+	}
+	return best
+}
+
+// SessionID extracts {id} from /sessions/{id} or /sessions/{id}/...
+// (the query, if any, is not part of it).
+func SessionID(path []byte) ([]byte, bool) {
+	const prefix = "/sessions/"
+	if len(path) <= len(prefix) || string(path[:len(prefix)]) != prefix {
+		return nil, false
+	}
+	rest := path[len(prefix):]
+	for i, c := range rest {
+		if c == '/' || c == '?' {
+			rest = rest[:i]
+			break
+		}
+	}
+	return rest, len(rest) > 0
+}
+
+// SessionSlot parses the worker slot of a w<idx>-<rest> session id: a
+// decimal idx without sign or leading zeros, and a non-empty rest.
+func SessionSlot(id []byte) (int, bool) {
+	if len(id) < 4 || id[0] != 'w' {
+		return 0, false
+	}
+	n, i := 0, 1
+	for ; i < len(id) && id[i] >= '0' && id[i] <= '9'; i++ {
+		if i-1 >= 6 { // more than 6 digits: beyond any slot
+			return 0, false
+		}
+		n = n*10 + int(id[i]-'0')
+	}
+	digits := i - 1
+	if digits == 0 || digits > 1 && id[1] == '0' {
+		return 0, false
+	}
+	if i >= len(id)-1 || id[i] != '-' {
+		return 0, false
+	}
+	return n, true
+}

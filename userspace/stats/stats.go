@@ -1,0 +1,171 @@
+// Package stats holds tether's live counters: per listener slot and per
+// backend worker. The memory is either an ordinary Go allocation (no BPF) or
+// the mmap of a BPF_F_MMAPABLE array map pinned in bpffs, so that the data
+// plane, every tetherd process, tetherctl and the Prometheus collector read
+// and write one copy. Writers use atomic adds on the shared memory: no
+// syscall on the hot path.
+//
+// The layouts mirror struct tether_slot_load and struct tether_worker_stats
+// in headers/tether.h; TestLayout keeps them in step.
+package stats
+
+import (
+	"fmt"
+	"sync/atomic"
+	"unsafe"
+)
+
+// Sizes mirrored from headers/tether.h.
+const (
+	MaxSlots   = 64   // TETHER_MAX_SLOTS
+	MaxWorkers = 1024 // TETHER_MAX_WORKERS
+)
+
+// Slot mirrors struct tether_slot_load: one listener's load.
+type Slot struct {
+	Active   uint64
+	Accepted uint64
+	Closed   uint64
+	_        [5]uint64
+}
+
+// Worker mirrors struct tether_worker_stats: one backend's counters.
+type Worker struct {
+	InFlight  uint64
+	Requests  uint64
+	Errors    uint64
+	BytesUp   uint64
+	BytesDown uint64
+	Retries   uint64
+	Conns     uint64
+	_         uint64
+}
+
+// Table is the counters memory for all slots and workers.
+type Table struct {
+	slots   []Slot
+	workers []Worker
+	shared  bool
+}
+
+// NewHeap returns counters kept in this process only (no BPF).
+func NewHeap() *Table {
+	return &Table{slots: make([]Slot, MaxSlots), workers: make([]Worker, MaxWorkers)}
+}
+
+// FromMemory returns counters backed by the given memory, typically the
+// mmap of the slot_load and worker_stats BPF arrays. The slices must hold
+// exactly MaxSlots and MaxWorkers entries, stay mapped for the life of the
+// Table, and be 8-byte aligned (mmap memory is page aligned).
+func FromMemory(slotMem, workerMem []byte) (*Table, error) {
+	slots, err := view[Slot](slotMem, MaxSlots)
+	if err != nil {
+		return nil, fmt.Errorf("slot load memory: %w", err)
+	}
+	workers, err := view[Worker](workerMem, MaxWorkers)
+	if err != nil {
+		return nil, fmt.Errorf("worker stats memory: %w", err)
+	}
+	return &Table{slots: slots, workers: workers, shared: true}, nil
+}
+
+func view[T any](mem []byte, n int) ([]T, error) {
+	var zero T
+	size := int(unsafe.Sizeof(zero))
+	if len(mem) < n*size {
+		return nil, fmt.Errorf("have %d bytes, need %d", len(mem), n*size)
+	}
+	if uintptr(unsafe.Pointer(unsafe.SliceData(mem)))%8 != 0 {
+		return nil, fmt.Errorf("memory not 8-byte aligned")
+	}
+	return unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(mem))), n), nil
+}
+
+// Shared reports whether the counters live in BPF maps (visible to other
+// processes) rather than in this process only.
+func (t *Table) Shared() bool { return t.shared }
+
+// Slot returns listener slot i's counters; i must be in [0, MaxSlots).
+func (t *Table) Slot(i int) *Slot { return &t.slots[i] }
+
+// Worker returns worker slot i's counters; i must be in [0, MaxWorkers).
+func (t *Table) Worker(i int) *Worker { return &t.workers[i] }
+
+// Opened counts an accepted connection.
+func (s *Slot) Opened() {
+	atomic.AddUint64(&s.Accepted, 1)
+	atomic.AddUint64(&s.Active, 1)
+}
+
+// Finished counts a closed connection.
+func (s *Slot) Finished() {
+	atomic.AddUint64(&s.Closed, 1)
+	atomic.AddUint64(&s.Active, ^uint64(0))
+}
+
+// SlotSnapshot is a consistent-enough copy of a Slot for reporting.
+type SlotSnapshot struct{ Active, Accepted, Closed uint64 }
+
+// Load reads the slot's counters.
+func (s *Slot) Load() SlotSnapshot {
+	return SlotSnapshot{
+		Active:   atomic.LoadUint64(&s.Active),
+		Accepted: atomic.LoadUint64(&s.Accepted),
+		Closed:   atomic.LoadUint64(&s.Closed),
+	}
+}
+
+// Begin counts a request routed to the worker and now in flight.
+func (w *Worker) Begin() {
+	atomic.AddUint64(&w.Requests, 1)
+	atomic.AddUint64(&w.InFlight, 1)
+}
+
+// End counts the end of a request begun with Begin.
+func (w *Worker) End(failed bool) {
+	atomic.AddUint64(&w.InFlight, ^uint64(0))
+	if failed {
+		atomic.AddUint64(&w.Errors, 1)
+	}
+}
+
+// Pending is the number of requests in flight to the worker.
+func (w *Worker) Pending() uint64 { return atomic.LoadUint64(&w.InFlight) }
+
+// AddUp counts bytes relayed towards the worker.
+func (w *Worker) AddUp(n int64) { atomic.AddUint64(&w.BytesUp, uint64(n)) }
+
+// AddDown counts bytes relayed from the worker.
+func (w *Worker) AddDown(n int64) { atomic.AddUint64(&w.BytesDown, uint64(n)) }
+
+// Retried counts one retry (failed connect or dead pooled connection).
+func (w *Worker) Retried() { atomic.AddUint64(&w.Retries, 1) }
+
+// ConnOpened and ConnClosed track open upstream connections.
+func (w *Worker) ConnOpened() { atomic.AddUint64(&w.Conns, 1) }
+func (w *Worker) ConnClosed() { atomic.AddUint64(&w.Conns, ^uint64(0)) }
+
+// WorkerSnapshot is a copy of a Worker for reporting.
+type WorkerSnapshot struct {
+	InFlight, Requests, Errors, BytesUp, BytesDown, Retries, Conns uint64
+}
+
+// Load reads the worker's counters.
+func (w *Worker) Load() WorkerSnapshot {
+	return WorkerSnapshot{
+		InFlight:  atomic.LoadUint64(&w.InFlight),
+		Requests:  atomic.LoadUint64(&w.Requests),
+		Errors:    atomic.LoadUint64(&w.Errors),
+		BytesUp:   atomic.LoadUint64(&w.BytesUp),
+		BytesDown: atomic.LoadUint64(&w.BytesDown),
+		Retries:   atomic.LoadUint64(&w.Retries),
+		Conns:     atomic.LoadUint64(&w.Conns),
+	}
+}
+
+// Reset zeroes a worker slot's counters (a new worker took the slot).
+func (w *Worker) Reset() {
+	for _, p := range []*uint64{&w.InFlight, &w.Requests, &w.Errors, &w.BytesUp, &w.BytesDown, &w.Retries, &w.Conns} {
+		atomic.StoreUint64(p, 0)
+	}
+}

@@ -1,0 +1,258 @@
+// Package upstream keeps the keep-alive connections to one backend worker:
+// a LIFO pool of idle connections with a size limit and an idle timeout,
+// checked for liveness before reuse, and dialing with one retry on a failed
+// connect. It never retries a request: that decision belongs to the proxy,
+// which knows whether a request byte went out.
+package upstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tether-rl/tether/userspace/stats"
+)
+
+// Options configure a Pool. Zero values take the defaults.
+type Options struct {
+	MaxIdle     int           // idle connections kept; default 64
+	IdleTimeout time.Duration // an idle connection older than this is closed; default 60s
+	DialTimeout time.Duration // default 5s
+}
+
+func (o Options) withDefaults() Options {
+	if o.MaxIdle <= 0 {
+		o.MaxIdle = 64
+	}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = 60 * time.Second
+	}
+	if o.DialTimeout <= 0 {
+		o.DialTimeout = 5 * time.Second
+	}
+	return o
+}
+
+// Conn is one connection to the backend.
+type Conn struct {
+	*net.TCPConn
+	raw   syscall.RawConn
+	idle  time.Time // when it was put back
+	pool  *Pool
+	fresh bool // dialed for this request, never used before
+}
+
+// Reused reports whether the connection served an earlier request.
+func (c *Conn) Reused() bool { return !c.fresh }
+
+// Retry reasons counted by the pool.
+const (
+	RetryConnect    = iota // a connect failed and was tried again
+	RetryDeadPooled        // a pooled connection was found closed before use
+	RetryReasons
+)
+
+// Pool is the connection pool of one backend.
+type Pool struct {
+	addr   string
+	opts   Options
+	stats  *stats.Worker
+	dialer net.Dialer
+
+	mu     sync.Mutex
+	idle   []*Conn // LIFO: the most recently used on top
+	closed bool
+
+	retries [RetryReasons]atomic.Uint64
+	stop    chan struct{}
+}
+
+// ErrClosed is returned by Get after Close.
+var ErrClosed = errors.New("upstream pool closed")
+
+// New returns a pool dialing addr (host:port). Counters go to w.
+func New(addr string, w *stats.Worker, opts Options) *Pool {
+	opts = opts.withDefaults()
+	p := &Pool{addr: addr, opts: opts, stats: w, stop: make(chan struct{})}
+	p.dialer.Timeout = opts.DialTimeout
+	p.dialer.SetMultipathTCP(false)
+	go p.janitor()
+	return p
+}
+
+// Addr is the backend address.
+func (p *Pool) Addr() string { return p.addr }
+
+// Retries returns how many retries of the given reason happened.
+func (p *Pool) Retries(reason int) uint64 { return p.retries[reason].Load() }
+
+// Get returns a live connection: an idle one that passed the liveness
+// check, or a new one (a failed connect is tried once more).
+func (p *Pool) Get(ctx context.Context) (*Conn, error) {
+	for {
+		c := p.pop()
+		if c == nil {
+			break
+		}
+		if c.alive() {
+			return c, nil
+		}
+		p.retries[RetryDeadPooled].Add(1)
+		p.stats.Retried()
+		c.discard()
+	}
+	c, err := p.dial(ctx)
+	if err == nil {
+		return c, nil
+	}
+	if ctx.Err() != nil {
+		return nil, err
+	}
+	p.retries[RetryConnect].Add(1)
+	p.stats.Retried()
+	return p.dial(ctx)
+}
+
+// Dial returns a new connection, for the one retry the proxy may make when
+// a reused connection took no byte of the request.
+func (p *Pool) Dial(ctx context.Context) (*Conn, error) {
+	p.retries[RetryDeadPooled].Add(1)
+	p.stats.Retried()
+	return p.dial(ctx)
+}
+
+func (p *Pool) dial(ctx context.Context) (*Conn, error) {
+	nc, err := p.dialer.DialContext(ctx, "tcp", p.addr)
+	if err != nil {
+		return nil, fmt.Errorf("connect %s: %w", p.addr, err)
+	}
+	tc := nc.(*net.TCPConn)
+	raw, err := tc.SyscallConn()
+	if err != nil {
+		tc.Close()
+		return nil, fmt.Errorf("connect %s: %w", p.addr, err)
+	}
+	p.stats.ConnOpened()
+	return &Conn{TCPConn: tc, raw: raw, pool: p, fresh: true}, nil
+}
+
+func (p *Pool) pop() *Conn {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := len(p.idle)
+	if n == 0 {
+		return nil
+	}
+	c := p.idle[n-1]
+	p.idle[n-1] = nil
+	p.idle = p.idle[:n-1]
+	return c
+}
+
+// Put returns a connection whose last exchange ended exactly at a message
+// boundary. The caller must not use it afterwards.
+func (p *Pool) Put(c *Conn) {
+	c.fresh = false
+	c.idle = time.Now()
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		c.discard()
+		return
+	}
+	var evict *Conn
+	if len(p.idle) >= p.opts.MaxIdle {
+		evict = p.idle[0]
+		copy(p.idle, p.idle[1:])
+		p.idle = p.idle[:len(p.idle)-1]
+	}
+	p.idle = append(p.idle, c)
+	p.mu.Unlock()
+	if evict != nil {
+		evict.discard()
+	}
+}
+
+// Discard closes a connection that must not be reused.
+func (c *Conn) Discard() { c.discard() }
+
+func (c *Conn) discard() {
+	c.TCPConn.Close()
+	c.pool.stats.ConnClosed()
+}
+
+// alive checks, without blocking or consuming, that the backend has not
+// closed the connection (EOF), reset it, or sent unsolicited bytes.
+func (c *Conn) alive() bool {
+	if time.Since(c.idle) > c.pool.opts.IdleTimeout {
+		return false
+	}
+	var b [1]byte
+	ok := false
+	err := c.raw.Read(func(fd uintptr) bool {
+		n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		ok = n < 0 && (err == unix.EAGAIN || err == unix.EWOULDBLOCK)
+		return true
+	})
+	return err == nil && ok
+}
+
+// Idle returns the number of idle connections.
+func (p *Pool) Idle() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.idle)
+}
+
+// Close closes the idle connections; connections in use are closed by
+// their users (Put after Close discards).
+func (p *Pool) Close() {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.closed = true
+	idle := p.idle
+	p.idle = nil
+	p.mu.Unlock()
+	close(p.stop)
+	for _, c := range idle {
+		c.discard()
+	}
+}
+
+// janitor closes connections idle for longer than the idle timeout, oldest
+// first (the bottom of the stack), so a quiet backend holds no sockets.
+func (p *Pool) janitor() {
+	t := time.NewTicker(p.opts.IdleTimeout / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case now := <-t.C:
+			var stale []*Conn
+			p.mu.Lock()
+			i := 0
+			for i < len(p.idle) && now.Sub(p.idle[i].idle) > p.opts.IdleTimeout {
+				i++
+			}
+			if i > 0 {
+				stale = append(stale, p.idle[:i]...)
+				p.idle = append(p.idle[:0], p.idle[i:]...)
+			}
+			p.mu.Unlock()
+			for _, c := range stale {
+				c.discard()
+			}
+		}
+	}
+}
