@@ -7,6 +7,8 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/http"
+	_ "net/http/pprof"
 	"os"
 	"os/signal"
 	"strings"
@@ -40,6 +42,7 @@ func run(args []string) error {
 	fs.IntVar(&opts.Listeners, "listeners", 1, "listener sockets in the SO_REUSEPORT group")
 	grace := fs.Duration("shutdown-grace", 30*time.Second, "on SIGTERM, time given to requests in progress")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	pprofAddr := fs.String("pprof", "", "serve net/http/pprof on this address (debugging; keep it on loopback)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -53,6 +56,9 @@ func run(args []string) error {
 	opts.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	opts.Workers = workers
 
+	if *pprofAddr != "" {
+		go func() { opts.Log.Error("pprof stopped", "err", http.ListenAndServe(*pprofAddr, nil)) }()
+	}
 	d, err := daemon.New(opts)
 	if err != nil {
 		return err

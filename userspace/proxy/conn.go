@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -31,6 +32,12 @@ type conn struct {
 	resp httphead.Response
 
 	idle atomic.Bool // waiting for a request with nothing buffered
+
+	// Client watch during an exchange (see watchClient).
+	watchTimer *time.Timer
+	watchWG    sync.WaitGroup
+	watchUp    *upstream.Conn
+	watchGone  atomic.Bool
 }
 
 func newConn(s *Server, tc *net.TCPConn) *conn {
@@ -53,6 +60,9 @@ func (c *conn) wakeIfIdle() {
 
 func (c *conn) serve() {
 	defer func() {
+		if c.watchTimer != nil {
+			c.watchTimer.Stop()
+		}
 		c.c.Close()
 		if c.buf != nil {
 			putBuf(c.buf)
@@ -782,30 +792,51 @@ func appendDechunked(out []byte, sc *httphead.Chunked, p []byte) ([]byte, int, e
 	return out, used, nil
 }
 
-// watchClient waits, without reading, for the client to close or reset
-// while the backend works; then it closes up. stop ends the watch and
-// reports whether the client left.
+// watchDelay: the client watch starts only for exchanges still running
+// after this long, so quick ones pay nothing for it.
+const watchDelay = 2 * time.Millisecond
+
+// watchClient arranges that, if the backend is still working after
+// watchDelay, a goroutine waits (without reading) for the client to close
+// or reset; then it closes up at once, so the engine cancels the
+// generation. stop ends the watch and reports whether the client left.
 func (c *conn) watchClient(up *upstream.Conn) (stop func() bool) {
-	var gone atomic.Bool
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		var b [1]byte
-		c.raw.Read(func(fd uintptr) bool {
-			n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-			if err == syscall.EAGAIN {
-				return false // nothing yet: wait for readability
-			}
-			if n == 0 && err == nil || err != nil {
-				gone.Store(true)
-				up.Close()
-			}
-			return true // data (a pipelined request) or gone: stop watching
-		})
-	}()
-	return func() bool {
-		c.c.SetReadDeadline(aLongTimeAgo)
-		<-done
-		return gone.Load()
+	c.watchUp = up
+	c.watchGone.Store(false)
+	c.watchWG.Add(1)
+	if c.watchTimer == nil {
+		c.watchTimer = time.AfterFunc(watchDelay, c.watch)
+	} else {
+		c.watchTimer.Reset(watchDelay)
 	}
+	return c.stopWatch
+}
+
+func (c *conn) stopWatch() bool {
+	if c.watchTimer.Stop() {
+		c.watchWG.Done() // never started
+		return false
+	}
+	// Running or ran: wake it (a deadline in the past ends its wait, even
+	// one it has not begun yet) and wait for it.
+	c.c.SetReadDeadline(aLongTimeAgo)
+	c.watchWG.Wait()
+	return c.watchGone.Load()
+}
+
+// watch runs in the timer's goroutine.
+func (c *conn) watch() {
+	defer c.watchWG.Done()
+	var b [1]byte
+	c.raw.Read(func(fd uintptr) bool {
+		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		if err == syscall.EAGAIN {
+			return false // nothing yet: wait for readability
+		}
+		if n == 0 && err == nil || err != nil {
+			c.watchGone.Store(true)
+			c.watchUp.Close()
+		}
+		return true // data (a pipelined request) or gone: stop watching
+	})
 }

@@ -1,0 +1,50 @@
+# tether: the two commands a fresh machine needs are `make run` and `make test`.
+GO      ?= go
+BIN     := bin
+LISTEN  ?= 127.0.0.1:8080
+DEMO    ?= 4
+FUZZTIME ?= 30s
+
+.PHONY: all build run test vet check-generate generate bench fuzz clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+# Run tetherd on the embedded default: DEMO built-in session workers on
+# loopback, the data plane on LISTEN.
+run: build
+	./$(BIN)/tetherd --demo $(DEMO) --listen $(LISTEN)
+
+# Everything CI runs (.ci/run calls exactly this). Tests that need root or
+# BPF run when root (CI is root) and otherwise skip loudly.
+test: vet check-generate
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+vet:
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
+	$(GO) vet ./...
+
+# Regenerate the committed bpf2go output (needs clang, libbpf-dev).
+generate:
+	$(GO) generate ./bpf
+
+# Where clang is present, the committed BPF object must match its source.
+check-generate:
+	@if command -v clang >/dev/null 2>&1 && [ -f /usr/include/bpf/bpf_helpers.h ]; then \
+		$(GO) generate ./bpf && git diff --exit-code --stat -- bpf/ \
+		|| { echo "bpf/: committed bpf2go output is stale: run 'make generate' and commit"; exit 1; }; \
+	else echo "check-generate: clang or libbpf-dev missing, not checking bpf/ output"; fi
+
+# Benchmarks against a direct backend, nginx and HAProxy in one run.
+bench:
+	$(GO) run ./cmd/tether-bench
+
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzParseRequest$$' -fuzztime $(FUZZTIME) ./userspace/httphead/
+	$(GO) test -run '^$$' -fuzz '^FuzzChunked$$' -fuzztime $(FUZZTIME) ./userspace/httphead/
+
+clean:
+	rm -rf $(BIN)
