@@ -20,17 +20,24 @@ type Chunked struct {
 type chunkState uint8
 
 const (
-	csSize        chunkState = iota // hex digits
-	csSizeWS                        // BWS after the size, before ';'
-	csExt                           // chunk extension, until CR
-	csSizeLF                        // LF ending the size line
-	csData                          // chunk data
-	csDataCR                        // CR after data
-	csDataLF                        // LF after data
-	csTrailer                       // start of a trailer line (or the final CRLF)
-	csTrailerLine                   // inside a trailer line
-	csTrailerLF                     // LF ending a trailer line
-	csEndLF                         // LF of the final CRLF
+	csSize          chunkState = iota // hex digits
+	csSizeWS                          // BWS after the size or an extension value, before ';'
+	csExt                             // after ';': BWS, then an extension name
+	csExtName                         // chunk-ext-name
+	csExtNameWS                       // BWS after the name, before '=' or ';'
+	csExtVal                          // after '=': BWS, then a token or quoted-string
+	csExtToken                        // token value
+	csExtQuoted                       // inside a quoted-string value
+	csExtQuotedPair                   // after '\\' in a quoted-string
+	csExtQuoteEnd                     // after the closing quote
+	csSizeLF                          // LF ending the size line
+	csData                            // chunk data
+	csDataCR                          // CR after data
+	csDataLF                          // LF after data
+	csTrailer                         // start of a trailer line (or the final CRLF)
+	csTrailerLine                     // inside a trailer line
+	csTrailerLF                       // LF ending a trailer line
+	csEndLF                           // LF of the final CRLF
 	csDone
 )
 
@@ -61,6 +68,9 @@ func (c *Chunked) Data() int64 {
 
 // Skip records n bytes of chunk data moved without Scan; n <= Data().
 func (c *Chunked) Skip(n int64) {
+	if c.state != csData {
+		return // Skip(0) outside chunk data must not touch the state
+	}
 	c.size -= n
 	if c.size == 0 {
 		c.state = csDataCR
@@ -75,6 +85,14 @@ func (c *Chunked) Scan(p []byte) (int, error) {
 	i := 0
 	for i < len(p) {
 		b := p[i]
+		if c.state >= csSizeWS && c.state <= csExtQuoteEnd && b != '\r' {
+			// Every byte of the size line after the size counts against
+			// the cap, BWS included.
+			c.extBytes++
+			if c.extBytes > MaxChunkExtBytes {
+				return i, chunkErr(400, "chunk extensions too long")
+			}
+		}
 		switch c.state {
 		case csSize:
 			switch {
@@ -88,10 +106,15 @@ func (c *Chunked) Scan(p []byte) (int, error) {
 				return i, chunkErr(400, "bad chunk size")
 			case b == '\r':
 				c.state = csSizeLF
-			case b == ';':
-				c.state = csExt
-			case b == ' ' || b == '\t':
+			case b == ';' || b == ' ' || b == '\t':
+				c.extBytes++
+				if c.extBytes > MaxChunkExtBytes {
+					return i, chunkErr(400, "chunk extensions too long")
+				}
 				c.state = csSizeWS
+				if b == ';' {
+					c.state = csExt
+				}
 			default:
 				return i, chunkErr(400, "bad chunk size")
 			}
@@ -103,20 +126,69 @@ func (c *Chunked) Scan(p []byte) (int, error) {
 			default:
 				return i, chunkErr(400, "whitespace in chunk size line")
 			}
+		// chunk-ext = *( BWS ";" BWS chunk-ext-name [ BWS "=" BWS chunk-ext-val ] )
+		// (RFC 9112 §7.1.1), parsed strictly: a bare LF or CR inside an
+		// extension is the Kestrel CVE-2025-55315 smuggling vector.
 		case csExt:
-			// chunk-ext: printable ASCII, tab and obs-text; a bare LF or CR
-			// inside it is the Kestrel CVE-2025-55315 smuggling vector.
-			if b == '\r' {
-				c.state = csSizeLF
-				break
+			switch {
+			case b == ' ' || b == '\t':
+			case tchar[b]:
+				c.state = csExtName
+			default:
+				return i, chunkErr(400, "bad chunk extension")
 			}
+		case csExtName, csExtToken, csExtQuoteEnd:
+			switch {
+			case b == '\r':
+				c.state = csSizeLF
+			case b == ';':
+				c.state = csExt
+			case b == ' ' || b == '\t':
+				if c.state == csExtName {
+					c.state = csExtNameWS
+				} else {
+					c.state = csSizeWS
+				}
+			case b == '=' && c.state == csExtName:
+				c.state = csExtVal
+			case tchar[b] && c.state != csExtQuoteEnd:
+			default:
+				return i, chunkErr(400, "bad chunk extension")
+			}
+		case csExtNameWS:
+			switch b {
+			case ' ', '\t':
+			case ';':
+				c.state = csExt
+			case '=':
+				c.state = csExtVal
+			default:
+				return i, chunkErr(400, "bad chunk extension")
+			}
+		case csExtVal:
+			switch {
+			case b == ' ' || b == '\t':
+			case b == '"':
+				c.state = csExtQuoted
+			case tchar[b]:
+				c.state = csExtToken
+			default:
+				return i, chunkErr(400, "bad chunk extension")
+			}
+		case csExtQuoted:
+			switch {
+			case b == '"':
+				c.state = csExtQuoteEnd
+			case b == '\\':
+				c.state = csExtQuotedPair
+			case b < ' ' && b != '\t' || b == 0x7f:
+				return i, chunkErr(400, "bad byte in chunk extension")
+			}
+		case csExtQuotedPair:
 			if b < ' ' && b != '\t' || b == 0x7f {
 				return i, chunkErr(400, "bad byte in chunk extension")
 			}
-			c.extBytes++
-			if c.extBytes > MaxChunkExtBytes {
-				return i, chunkErr(400, "chunk extensions too long")
-			}
+			c.state = csExtQuoted
 		case csSizeLF:
 			if b != '\n' {
 				return i, chunkErr(400, "bare CR in chunk size line")

@@ -215,7 +215,9 @@ func ParseRequest(buf []byte, lim Limits, req *Request) error {
 	it := lineIter{buf: buf, pos: start}
 	line, _, err := it.next()
 	if err == ErrIncomplete {
-		if len(buf)-start > lim.RequestLine {
+		// A final CR may be the start of the CRLF ending a line of
+		// exactly RequestLine octets.
+		if n := len(buf) - start; n > lim.RequestLine && !(n == lim.RequestLine+1 && buf[len(buf)-1] == '\r') {
 			return reject(414, "request line too long")
 		}
 		if len(buf) >= lim.Head {
@@ -407,7 +409,7 @@ func validHost(h []byte) bool {
 	}
 	for _, c := range host {
 		// unreserved / pct-encoded / sub-delims
-		if !(tchar[c] && c != '|' && c != '^' && c != '`' || c == '(' || c == ')' || c == ',' || c == ';' || c == '=' || c == '%') {
+		if !(tchar[c] && c != '|' && c != '^' && c != '`' && c != '#' || c == '(' || c == ')' || c == ',' || c == ';' || c == '=' || c == '%') {
 			return false
 		}
 	}

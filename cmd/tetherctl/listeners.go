@@ -1,0 +1,55 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+
+	"github.com/tether-rl/tether/bpf"
+)
+
+func cmdListeners(args []string, stdout io.Writer) error {
+	if len(args) == 0 || args[0] != "drain" {
+		return usagef("want: listeners drain N")
+	}
+	fs, pinDir := newFlags("listeners drain")
+	pos, err := parse(fs, args[1:])
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usagef("want one slot number")
+	}
+	slot, err := strconv.Atoi(pos[0])
+	if err != nil || slot < 0 || slot >= bpf.MaxSlots {
+		return usagef("slot %q: want a number in [0, %d)", pos[0], bpf.MaxSlots)
+	}
+	return drainListener(stdout, *pinDir, slot)
+}
+
+// drainListener marks slot draining in the pinned slot_table: the program
+// stops sending it new connections at once, and tetherd's watcher closes
+// the listener once its accept queue is empty (what is queued migrates).
+func drainListener(w io.Writer, pinDir string, slot int) error {
+	s, err := openPins(pinDir, false)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	state, weight, err := s.Slot(slot)
+	if err != nil {
+		return err
+	}
+	switch state {
+	case bpf.SlotEmpty:
+		return fmt.Errorf("slot %d has no listener", slot)
+	case bpf.SlotDraining:
+		fmt.Fprintf(w, "slot %d is already draining\n", slot)
+		return nil
+	}
+	if err := s.SetSlotState(slot, bpf.SlotDraining, weight); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "slot %d marked draining: no new connections; tetherd closes it once its accept queue is empty\n", slot)
+	return nil
+}

@@ -1,0 +1,359 @@
+// Package listener opens tether's K listening sockets in one SO_REUSEPORT
+// group, puts them under the BPF steering program when it can, and retires
+// them one at a time (Drain) without a client seeing a reset.
+//
+// Slot i of the group is listener i, listener_sockets[i], slot_table[i] and
+// slot_load[i]. The proxy serves each listener and counts its connections
+// with Stats().Slot(i).Opened/Finished; that count is the load the program
+// balances on.
+package listener
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tether-rl/tether/bpf"
+	"github.com/tether-rl/tether/userspace/stats"
+)
+
+// Defaults for the options.
+const (
+	DefaultDrainTimeout = 2 * time.Second
+	DefaultPollInterval = 200 * time.Millisecond
+)
+
+type config struct {
+	pinDir       string
+	drainTimeout time.Duration
+	pollInterval time.Duration
+}
+
+// Option tunes Listen.
+type Option func(*config)
+
+// WithPinDir pins the BPF maps in dir instead of bpf.DefaultPinDir.
+func WithPinDir(dir string) Option { return func(c *config) { c.pinDir = dir } }
+
+// WithDrainTimeout bounds how long Drain waits for a draining listener's
+// accept queue to empty before it closes the listener (what is still queued
+// then migrates to another listener).
+func WithDrainTimeout(d time.Duration) Option { return func(c *config) { c.drainTimeout = d } }
+
+// WithPollInterval sets how often the group looks for slots that tetherctl
+// marked draining.
+func WithPollInterval(d time.Duration) Option { return func(c *config) { c.pollInterval = d } }
+
+// Group is the K listeners of one address.
+type Group struct {
+	cfg      config
+	log      *slog.Logger
+	lns      []*net.TCPListener
+	steering *bpf.Steering // nil without BPF
+	stats    *stats.Table
+
+	mu     sync.Mutex
+	drains map[int]*drain // slots being or done draining
+
+	stop      chan struct{}
+	watcher   sync.WaitGroup
+	closeOnce sync.Once
+}
+
+type drain struct {
+	done chan struct{}
+	err  error
+}
+
+// Listen opens k listeners on addr (":0" picks one port for all of them).
+//
+// mode auto uses BPF steering when it can (root or CAP_BPF, bpffs mounted at
+// the pin directory, a kernel that loads the program) and otherwise logs one
+// warning and runs on the kernel's reuseport hash, with the counters in this
+// process; required returns the error instead; off never tries.
+func Listen(addr string, k int, mode bpf.Mode, log *slog.Logger, opts ...Option) (*Group, error) {
+	if k < 1 || k > bpf.MaxSlots {
+		return nil, fmt.Errorf("listeners: %d, want 1..%d", k, bpf.MaxSlots)
+	}
+	if _, err := bpf.ParseMode(string(mode)); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	g := &Group{
+		cfg:    config{pinDir: bpf.DefaultPinDir, drainTimeout: DefaultDrainTimeout, pollInterval: DefaultPollInterval},
+		log:    log,
+		drains: map[int]*drain{},
+		stop:   make(chan struct{}),
+	}
+	for _, o := range opts {
+		o(&g.cfg)
+	}
+	if err := g.listen(addr, k); err != nil {
+		return nil, err
+	}
+	if mode != bpf.ModeOff {
+		err := g.steer()
+		if err != nil && mode == bpf.ModeRequired {
+			g.closeListeners()
+			return nil, fmt.Errorf("bpf steering required: %w", err)
+		}
+		if err != nil {
+			log.Warn("BPF steering unavailable: listeners balanced by the kernel's SO_REUSEPORT hash, counters kept in this process only (tetherctl sees nothing)",
+				"err", err, "pin_dir", g.cfg.pinDir)
+		}
+	}
+	if g.steering == nil {
+		g.stats = stats.NewHeap()
+	} else {
+		g.stats = g.steering.Stats()
+		g.watcher.Add(1)
+		go g.watch()
+	}
+	return g, nil
+}
+
+// listen binds the first listener, then the others to its port.
+func (g *Group) listen(addr string, k int) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("listen address %q: %w", addr, err)
+	}
+	lc := net.ListenConfig{Control: reusePort}
+	// Since Go 1.24 listeners are MPTCP by default when the kernel has it;
+	// a REUSEPORT_SOCKARRAY refuses MPTCP sockets (EOPNOTSUPP).
+	lc.SetMultipathTCP(false)
+	for i := range k {
+		a := addr
+		if i > 0 {
+			a = net.JoinHostPort(host, fmt.Sprint(g.lns[0].Addr().(*net.TCPAddr).Port))
+		}
+		ln, err := lc.Listen(context.Background(), "tcp", a)
+		if err != nil {
+			g.closeListeners()
+			return fmt.Errorf("listener %d on %s: %w", i, a, err)
+		}
+		g.lns = append(g.lns, ln.(*net.TCPListener))
+	}
+	return nil
+}
+
+func reusePort(_, _ string, c syscall.RawConn) error {
+	var serr error
+	err := c.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+	})
+	if err != nil {
+		return err
+	}
+	return serr
+}
+
+// steer loads the program, inserts every listener into its slot, empties
+// the slots this group does not own (left by an earlier tetherd with more
+// listeners) and attaches the program to the group.
+func (g *Group) steer() error {
+	s, err := bpf.Open(g.cfg.pinDir)
+	if err != nil {
+		return err
+	}
+	err = func() error {
+		for i, ln := range g.lns {
+			if err := s.Insert(i, ln); err != nil {
+				return err
+			}
+		}
+		for i := len(g.lns); i < bpf.MaxSlots; i++ {
+			if err := s.SetSlotState(i, bpf.SlotEmpty, 0); err != nil {
+				return err
+			}
+		}
+		return s.Attach(g.lns[0])
+	}()
+	if err != nil {
+		for i := range g.lns {
+			_ = s.SetSlotState(i, bpf.SlotEmpty, 0)
+		}
+		s.Close()
+		return err
+	}
+	g.steering = s
+	return nil
+}
+
+// Listeners returns the listeners, index = slot. A drained slot's listener
+// is closed.
+func (g *Group) Listeners() []net.Listener {
+	out := make([]net.Listener, len(g.lns))
+	for i, ln := range g.lns {
+		out[i] = ln
+	}
+	return out
+}
+
+// Stats returns the counters: in the BPF maps (shared with tetherctl) or in
+// this process.
+func (g *Group) Stats() *stats.Table { return g.stats }
+
+// Steering returns the BPF steering, nil when running on the kernel hash.
+func (g *Group) Steering() *bpf.Steering { return g.steering }
+
+// Drain retires a listener: the slot is marked draining so the program
+// stops sending it new connections, Drain waits (at most the drain timeout)
+// until its accept queue is empty, then closes it. Whatever is still queued
+// at close, including handshakes under way, migrates through the program to
+// an active listener: no client sees a reset. The slot ends up empty.
+//
+// Without BPF nothing stops the kernel hash from choosing the listener and
+// queued connections are reset at close unless net.ipv4.tcp_migrate_req=1.
+//
+// Draining a slot twice waits for the first drain and returns its result.
+func (g *Group) Drain(slot int) error {
+	if slot < 0 || slot >= len(g.lns) {
+		return fmt.Errorf("drain slot %d: the group has slots 0..%d", slot, len(g.lns)-1)
+	}
+	g.mu.Lock()
+	d, ok := g.drains[slot]
+	if !ok {
+		d = &drain{done: make(chan struct{})}
+		g.drains[slot] = d
+	}
+	g.mu.Unlock()
+	if ok {
+		<-d.done
+		return d.err
+	}
+	d.err = g.drain(slot)
+	close(d.done)
+	return d.err
+}
+
+func (g *Group) drain(slot int) error {
+	ln := g.lns[slot]
+	if s := g.steering; s != nil {
+		_, weight, err := s.Slot(slot)
+		if err != nil {
+			return err
+		}
+		if err := s.SetSlotState(slot, bpf.SlotDraining, weight); err != nil {
+			return err
+		}
+	}
+	start := time.Now()
+	queued, err := acceptQueue(ln)
+	for err == nil && queued > 0 && time.Since(start) < g.cfg.drainTimeout {
+		time.Sleep(5 * time.Millisecond)
+		queued, err = acceptQueue(ln)
+	}
+	if err != nil {
+		// Closed already (by Close, or the listener failed): nothing to wait for.
+		queued = 0
+	}
+	g.log.Info("listener drained", "slot", slot, "waited", time.Since(start).Round(time.Millisecond), "migrating", queued)
+	cerr := ln.Close()
+	if errors.Is(cerr, net.ErrClosed) {
+		cerr = nil
+	}
+	if s := g.steering; s != nil {
+		if err := s.SetSlotState(slot, bpf.SlotEmpty, 0); err != nil && cerr == nil {
+			cerr = err
+		}
+	}
+	return cerr
+}
+
+// acceptQueue returns how many connections wait in ln's accept queue: for a
+// listening socket tcpi_unacked is the current accept backlog.
+func acceptQueue(ln *net.TCPListener) (int, error) {
+	rc, err := ln.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var (
+		info *unix.TCPInfo
+		ierr error
+	)
+	if err := rc.Control(func(fd uintptr) { info, ierr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); err != nil {
+		return 0, err
+	}
+	if ierr != nil {
+		return 0, ierr
+	}
+	return int(info.Unacked), nil
+}
+
+// watch drains the slots that someone else (tetherctl listeners drain)
+// marked draining in slot_table.
+func (g *Group) watch() {
+	defer g.watcher.Done()
+	t := time.NewTicker(g.cfg.pollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-g.stop:
+			return
+		case <-t.C:
+		}
+		for slot := range g.lns {
+			g.mu.Lock()
+			_, started := g.drains[slot]
+			g.mu.Unlock()
+			if started {
+				continue
+			}
+			state, _, err := g.steering.Slot(slot)
+			if err != nil || state != bpf.SlotDraining {
+				continue
+			}
+			g.log.Info("slot marked draining in slot_table: draining its listener", "slot", slot)
+			g.watcher.Add(1)
+			go func() {
+				defer g.watcher.Done()
+				if err := g.Drain(slot); err != nil {
+					g.log.Error("drain listener", "slot", slot, "err", err)
+				}
+			}()
+		}
+	}
+}
+
+// Close stops the watcher, empties the group's slots and closes the
+// listeners and the steering descriptors (the pinned maps stay, and so does
+// the counters memory: connections still finishing may count).
+func (g *Group) Close() error {
+	var err error
+	g.closeOnce.Do(func() {
+		close(g.stop)
+		if s := g.steering; s != nil {
+			for i := range g.lns {
+				_ = s.SetSlotState(i, bpf.SlotEmpty, 0)
+			}
+		}
+		err = g.closeListeners()
+		g.watcher.Wait()
+		if s := g.steering; s != nil {
+			if cerr := s.Close(); cerr != nil && err == nil {
+				err = cerr
+			}
+		}
+	})
+	return err
+}
+
+func (g *Group) closeListeners() error {
+	var errs []error
+	for _, ln := range g.lns {
+		if err := ln.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
