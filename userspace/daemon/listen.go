@@ -1,43 +1,30 @@
 package daemon
 
 import (
-	"context"
 	"fmt"
-	"log/slog"
-	"net"
-	"syscall"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/tether-rl/tether/userspace/stats"
+	"github.com/tether-rl/tether/bpf"
+	"github.com/tether-rl/tether/userspace/listener"
 )
 
-// openListeners opens k listeners in one SO_REUSEPORT group on addr.
-func openListeners(addr string, k int, log *slog.Logger) ([]net.Listener, *stats.Table, error) {
-	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
-		var serr error
-		err := c.Control(func(fd uintptr) {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
-		})
-		if err != nil {
-			return err
-		}
-		return serr
-	}}
-	lc.SetMultipathTCP(false)
-	var lns []net.Listener
-	for i := 0; i < k; i++ {
-		ln, err := lc.Listen(context.Background(), "tcp", addr)
-		if err != nil {
-			for _, l := range lns {
-				l.Close()
-			}
-			return nil, nil, fmt.Errorf("listen %s: %w", addr, err)
-		}
-		if i == 0 {
-			addr = ln.Addr().String()
-		}
-		lns = append(lns, ln)
+// openListeners opens the SO_REUSEPORT group of opts.Listeners sockets,
+// steered by the BPF program when opts.BPF allows and it loads.
+func openListeners(opts Options) (*listener.Group, error) {
+	m := opts.BPF
+	if m == "" {
+		m = string(bpf.ModeAuto)
 	}
-	return lns, stats.NewHeap(), nil
+	mode, err := bpf.ParseMode(m)
+	if err != nil {
+		return nil, fmt.Errorf("--bpf: %w", err)
+	}
+	var lopts []listener.Option
+	if opts.PinDir != "" {
+		lopts = append(lopts, listener.WithPinDir(opts.PinDir))
+	}
+	g, err := listener.Listen(opts.Listen, opts.Listeners, mode, opts.Log, lopts...)
+	if err != nil {
+		return nil, err
+	}
+	return g, nil
 }

@@ -146,10 +146,21 @@ const (
 	ReasonBadSessionReject               // bad session id, rejected
 	ReasonNoWorker                       // nothing to route to
 	ReasonPanic                          // every worker unhealthy: routed anyway
+	// Policy reasons (policy*.go).
+	ReasonTarget       // X-SMG-Target-Worker named the worker
+	ReasonBadTarget    // X-SMG-Target-Worker named no worker: 400
+	ReasonHash         // key: its ring owner
+	ReasonHashOverflow // key: owner above the load bound, a ring successor
+	ReasonHashFailover // key: owner unhealthy or draining, a ring successor
+	ReasonSticky       // key: its sticky owner
+	ReasonStickyNew    // key: first seen (or owner lost), least loaded
+	ReasonPrefix       // no key, --keyless=prefix: body prefix on the ring
+	ReasonRid          // request id already in flight: its owner
 	NumReasons
 )
 
-var reasonNames = [NumReasons]string{"session", "spread", "bad_session_spread", "bad_session_reject", "no_worker", "panic"}
+var reasonNames = [NumReasons]string{"session", "spread", "bad_session_spread", "bad_session_reject", "no_worker", "panic",
+	"target", "bad_target", "hash", "hash_overflow", "hash_failover", "sticky", "sticky_new", "prefix", "rid"}
 
 func (r Reason) String() string { return reasonNames[r] }
 
@@ -157,13 +168,32 @@ func (r Reason) String() string { return reasonNames[r] }
 type Router struct {
 	Table      *Table
 	BadSession BadSession
+	// Policy routes the requests that name no session (policy.go); nil:
+	// least in flight (spread). SetPolicy replaces it in use.
+	Policy *Policy
+	policy atomic.Pointer[Policy] // set by SetPolicy: overrides Policy
 
 	rr      atomic.Uint64
 	reasons [NumReasons]atomic.Uint64
+	// badSession, when non-zero, is BadSession+1 set by SetBadSession: it
+	// overrides the field so that a reload can change the mode while
+	// requests are being routed.
+	badSession atomic.Int32
 }
 
 // Count returns how many requests were routed for reason r.
 func (rt *Router) Count(r Reason) uint64 { return rt.reasons[r].Load() }
+
+// SetBadSession changes the bad-session mode of a router in use (SIGHUP).
+func (rt *Router) SetBadSession(b BadSession) { rt.badSession.Store(int32(b) + 1) }
+
+// BadSessionMode returns the bad-session mode in effect.
+func (rt *Router) BadSessionMode() BadSession {
+	if v := rt.badSession.Load(); v != 0 {
+		return BadSession(v - 1)
+	}
+	return rt.BadSession
+}
 
 // Decision is the result of routing.
 type Decision struct {
@@ -186,12 +216,15 @@ func (rt *Router) Route(req *httphead.Request, body []byte) Decision {
 				return Decision{Worker: w, Reason: ReasonSession}
 			}
 		}
-		if rt.BadSession == BadSessionReject {
+		if rt.BadSessionMode() == BadSessionReject {
 			rt.reasons[ReasonBadSessionReject].Add(1)
 			return Decision{Status: 404, Reason: ReasonBadSessionReject}
 		}
 		rt.reasons[ReasonBadSessionSpread].Add(1)
 		return rt.spread(ReasonBadSessionSpread)
+	}
+	if p := rt.CurrentPolicy(); p != nil {
+		return p.route(rt, req, body)
 	}
 	return rt.spread(ReasonSpread)
 }

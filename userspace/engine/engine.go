@@ -1,0 +1,646 @@
+// Package engine serves tetherd's inference-engine endpoints on the data
+// port (through proxy Config.Local): aborts that reach the worker owning a
+// request, and fan-outs to every worker. It also tracks which worker serves
+// each request id in flight (Owners, Tracker).
+//
+//	POST /abort_request      SGLang form {"rid": "..."} or {"abort_all": true}:
+//	                         to the owner of rid when known, else to every worker
+//	POST /abort_requests     vLLM form {"request_ids": [...]}: grouped per owner,
+//	                         unknown ids to every worker
+//	POST /abort_until_idle?timeout_s=T
+//	                         abort_all in waves until tetherd has nothing in
+//	                         flight to any worker, or T seconds (default 30) pass
+//	POST /flush_cache        to every worker (GET accepted too)
+//	GET  /get_loads          every worker's GET /get_load
+//	POST /finish_session?session_id=ID
+//	                         forget a sticky routing key (best effort)
+//
+// Fan-out answers list per-worker results:
+//
+//	{"successful":[{"worker":0,"status":200,"response":{...}}],
+//	 "failed":[{"worker":2,"error":"connect failed"}]}
+//
+// with status 200, or 502 when every call failed, or 503 without workers.
+// Malformed requests are answered 400 with {"error":{"code":400,"message":...}}
+// and nothing is sent to any worker. Error texts are fixed (never a Go
+// error string or an address); the details go to the log.
+package engine
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/tether-rl/tether/userspace/route"
+)
+
+// Config configures an Engine. Zero values take the defaults.
+type Config struct {
+	Table  *route.Table
+	Owners *Owners // nil: every abort by id goes to every worker
+	// FinishSession forgets a routing key (route.Policy.FinishSession);
+	// nil: /finish_session answers "finished": false.
+	FinishSession func(key string) bool
+	// Timeout bounds each call to a worker; default 5s.
+	Timeout time.Duration
+	// WaveInterval is the pause between abort waves of
+	// /abort_until_idle; default 250ms.
+	WaveInterval time.Duration
+	// MaxIdleTimeout caps timeout_s of /abort_until_idle; default 1h.
+	MaxIdleTimeout time.Duration
+	Log            *slog.Logger
+}
+
+// Engine serves the endpoints.
+type Engine struct {
+	cfg    Config
+	client *http.Client
+	tr     *http.Transport
+}
+
+// New returns an Engine.
+func New(cfg Config) *Engine {
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 5 * time.Second
+	}
+	if cfg.WaveInterval <= 0 {
+		cfg.WaveInterval = 250 * time.Millisecond
+	}
+	if cfg.MaxIdleTimeout <= 0 {
+		cfg.MaxIdleTimeout = time.Hour
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	tr := &http.Transport{
+		Proxy:               nil, // never an environment proxy: workers are direct
+		DialContext:         (&net.Dialer{Timeout: cfg.Timeout, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: 4,
+		IdleConnTimeout:     60 * time.Second,
+		DisableCompression:  true,
+	}
+	return &Engine{cfg: cfg, tr: tr, client: &http.Client{Transport: tr}}
+}
+
+// Close releases idle connections to the workers.
+func (e *Engine) Close() { e.tr.CloseIdleConnections() }
+
+// Endpoint paths.
+const (
+	PathAbortRequest   = "/abort_request"
+	PathAbortRequests  = "/abort_requests"
+	PathAbortUntilIdle = "/abort_until_idle"
+	PathFlushCache     = "/flush_cache"
+	PathGetLoads       = "/get_loads"
+	PathFinishSession  = "/finish_session"
+)
+
+// Local is the proxy Config.Local hook: the handler of an engine endpoint,
+// or nil to proxy the request. It allocates nothing for other paths.
+func (e *Engine) Local(method, path []byte) http.Handler {
+	if i := bytes.IndexByte(path, '?'); i >= 0 {
+		path = path[:i]
+	}
+	switch string(path) {
+	case PathAbortRequest:
+		return http.HandlerFunc(e.abortRequest)
+	case PathAbortRequests:
+		return http.HandlerFunc(e.abortRequests)
+	case PathAbortUntilIdle:
+		return http.HandlerFunc(e.abortUntilIdle)
+	case PathFlushCache:
+		return http.HandlerFunc(e.flushCache)
+	case PathGetLoads:
+		return e.GetLoadsHandler()
+	case PathFinishSession:
+		return http.HandlerFunc(e.finishSession)
+	}
+	return nil
+}
+
+// Handler serves every endpoint (404 for other paths), for use outside the
+// proxy.
+func (e *Engine) Handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if h := e.Local([]byte(r.Method), []byte(r.URL.Path)); h != nil {
+			h.ServeHTTP(w, r)
+			return
+		}
+		writeError(w, http.StatusNotFound, "not found")
+	})
+}
+
+// GetLoadsHandler fans GET /get_load out to every worker (the data-port
+// /get_loads; the admin listener serves tetherd's own counts).
+func (e *Engine) GetLoadsHandler() http.Handler { return http.HandlerFunc(e.getLoads) }
+
+// Result is one worker's answer.
+type Result struct {
+	Worker     int             `json:"worker"`
+	Status     int             `json:"status,omitempty"`
+	RequestIDs []string        `json:"request_ids,omitempty"`
+	InFlight   *uint64         `json:"in_flight,omitempty"` // tetherd's count (get_loads)
+	Response   json.RawMessage `json:"response,omitempty"`
+	Error      string          `json:"error,omitempty"`
+}
+
+// Results are the per-worker outcomes of a fan-out, by slot.
+type Results struct {
+	Successful []Result `json:"successful"`
+	Failed     []Result `json:"failed"`
+}
+
+type call struct {
+	w      *route.Worker
+	method string
+	path   string
+	body   []byte
+	rids   []string
+}
+
+// maxWorkerResponse bounds a worker's answer kept in a result.
+const maxWorkerResponse = 64 << 10
+
+// fanout runs the calls concurrently, each bounded by the Timeout.
+func (e *Engine) fanout(ctx context.Context, calls []call) Results {
+	out := make([]Result, len(calls))
+	var wg sync.WaitGroup
+	for i := range calls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[i] = e.do(ctx, &calls[i])
+		}()
+	}
+	wg.Wait()
+	res := Results{Successful: []Result{}, Failed: []Result{}}
+	for _, r := range out {
+		if r.Error == "" {
+			res.Successful = append(res.Successful, r)
+		} else {
+			res.Failed = append(res.Failed, r)
+		}
+	}
+	bySlot := func(a, b Result) int { return a.Worker - b.Worker }
+	slices.SortFunc(res.Successful, bySlot)
+	slices.SortFunc(res.Failed, bySlot)
+	return res
+}
+
+func (e *Engine) do(ctx context.Context, c *call) Result {
+	r := Result{Worker: c.w.Slot, RequestIDs: c.rids}
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
+	defer cancel()
+	var body io.Reader
+	if c.body != nil {
+		body = bytes.NewReader(c.body)
+	}
+	req, err := http.NewRequestWithContext(ctx, c.method, c.w.URL+c.path, body)
+	if err != nil {
+		e.cfg.Log.Warn("engine fan-out: bad request", "worker", c.w.Slot, "path", c.path, "err", err)
+		r.Error = "bad worker url"
+		return r
+	}
+	if c.body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := e.client.Do(req)
+	if err != nil {
+		e.cfg.Log.Warn("engine fan-out: call failed", "worker", c.w.Slot, "path", c.path, "err", err)
+		var op *net.OpError
+		switch {
+		case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded):
+			r.Error = "timeout"
+		case ctx.Err() != nil:
+			r.Error = "cancelled"
+		case errors.As(err, &op) && op.Op == "dial":
+			r.Error = "connect failed"
+		default:
+			r.Error = "connection failed"
+		}
+		return r
+	}
+	defer resp.Body.Close()
+	r.Status = resp.StatusCode
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxWorkerResponse))
+	if err != nil {
+		r.Error = "response cut short"
+		return r
+	}
+	if b = bytes.TrimSpace(b); len(b) > 0 && json.Valid(b) {
+		r.Response = b
+	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		r.Error = "worker answered " + strconv.Itoa(resp.StatusCode)
+	}
+	return r
+}
+
+// workers returns every worker in the table, whatever its state: an
+// unhealthy worker may still run requests worth aborting.
+func (e *Engine) workers() []*route.Worker {
+	var out []*route.Worker
+	for _, w := range e.cfg.Table.Snapshot() {
+		if w != nil {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	enc.Encode(v)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	w.Write(buf.Bytes())
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	writeJSON(w, code, map[string]any{"error": map[string]any{"code": code, "message": msg}})
+}
+
+func allowMethods(w http.ResponseWriter, r *http.Request, methods ...string) bool {
+	if slices.Contains(methods, r.Method) {
+		return true
+	}
+	w.Header().Set("Allow", joinComma(methods))
+	writeError(w, http.StatusMethodNotAllowed, "method not allowed: use "+joinComma(methods))
+	return false
+}
+
+func joinComma(s []string) string {
+	var b []byte
+	for i, m := range s {
+		if i > 0 {
+			b = append(b, ", "...)
+		}
+		b = append(b, m...)
+	}
+	return string(b)
+}
+
+// fanoutStatus is the status of a fan-out answer.
+func fanoutStatus(res Results) int {
+	switch {
+	case len(res.Successful) == 0 && len(res.Failed) == 0:
+		return http.StatusServiceUnavailable
+	case len(res.Successful) == 0:
+		return http.StatusBadGateway
+	}
+	return http.StatusOK
+}
+
+// readObject reads a JSON object body; it answers 400 itself.
+func readObject(w http.ResponseWriter, r *http.Request) (map[string]json.RawMessage, bool) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "could not read the body")
+		return nil, false
+	}
+	body = bytes.TrimSpace(body)
+	if len(body) == 0 || body[0] != '{' {
+		writeError(w, http.StatusBadRequest, "body must be a JSON object")
+		return nil, false
+	}
+	var m map[string]json.RawMessage
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(&m); err != nil {
+		writeError(w, http.StatusBadRequest, "body is not valid JSON")
+		return nil, false
+	}
+	if dec.More() {
+		writeError(w, http.StatusBadRequest, "trailing data after the JSON object")
+		return nil, false
+	}
+	return m, true
+}
+
+// jsonKind names the JSON type of a raw value for error messages.
+func jsonKind(raw json.RawMessage) string {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 {
+		return "nothing"
+	}
+	switch raw[0] {
+	case '"':
+		return "a string"
+	case '[':
+		return "a list"
+	case '{':
+		return "an object"
+	case 't', 'f':
+		return "a boolean"
+	case 'n':
+		return "null"
+	}
+	return "a number"
+}
+
+// --- /abort_request ---
+
+// AbortAnswer is the answer of /abort_request and /abort_requests.
+type AbortAnswer struct {
+	Rid        string   `json:"rid,omitempty"`
+	RequestIDs int      `json:"request_ids,omitempty"` // how many were asked
+	Routed     string   `json:"routed"`                // "owner", "owners" or "all"
+	Successful []Result `json:"successful"`
+	Failed     []Result `json:"failed"`
+}
+
+func (e *Engine) abortRequest(w http.ResponseWriter, r *http.Request) {
+	if !allowMethods(w, r, http.MethodPost) {
+		return
+	}
+	m, ok := readObject(w, r)
+	if !ok {
+		return
+	}
+	var rid string
+	var all bool
+	if raw, ok := m["rid"]; ok {
+		if err := json.Unmarshal(raw, &rid); err != nil || jsonKind(raw) != "a string" {
+			writeError(w, http.StatusBadRequest, `"rid" must be a string, not `+jsonKind(raw))
+			return
+		}
+	}
+	if raw, ok := m["abort_all"]; ok {
+		if err := json.Unmarshal(raw, &all); err != nil || jsonKind(raw) != "a boolean" {
+			writeError(w, http.StatusBadRequest, `"abort_all" must be a boolean, not `+jsonKind(raw))
+			return
+		}
+	}
+	if rid == "" && !all {
+		writeError(w, http.StatusBadRequest, `give "rid" (a non-empty string) or "abort_all": true`)
+		return
+	}
+	body, _ := json.Marshal(m) // the client's fields, forwarded
+	targets := e.workers()
+	routed := "all"
+	if !all && e.cfg.Owners != nil {
+		if slot, ok := e.cfg.Owners.Owner([]byte(rid)); ok {
+			if wk := e.cfg.Table.Get(slot); wk != nil {
+				targets, routed = []*route.Worker{wk}, "owner"
+			}
+		}
+	}
+	calls := make([]call, len(targets))
+	for i, wk := range targets {
+		calls[i] = call{w: wk, method: http.MethodPost, path: PathAbortRequest, body: body}
+	}
+	res := e.fanout(r.Context(), calls)
+	writeJSON(w, fanoutStatus(res), AbortAnswer{Rid: rid, Routed: routed, Successful: res.Successful, Failed: res.Failed})
+}
+
+// --- /abort_requests ---
+
+func (e *Engine) abortRequests(w http.ResponseWriter, r *http.Request) {
+	if !allowMethods(w, r, http.MethodPost) {
+		return
+	}
+	m, ok := readObject(w, r)
+	if !ok {
+		return
+	}
+	raw, ok := m["request_ids"]
+	if !ok {
+		writeError(w, http.StatusBadRequest, `missing "request_ids" (a list of strings)`)
+		return
+	}
+	if k := jsonKind(raw); k != "a list" {
+		writeError(w, http.StatusBadRequest, `"request_ids" must be a list of strings, not `+k)
+		return
+	}
+	var items []json.RawMessage
+	if err := json.Unmarshal(raw, &items); err != nil {
+		writeError(w, http.StatusBadRequest, `"request_ids" must be a list of strings`)
+		return
+	}
+	if len(items) == 0 {
+		writeError(w, http.StatusBadRequest, `"request_ids" is empty`)
+		return
+	}
+	ids := make([]string, 0, len(items))
+	for i, it := range items {
+		var s string
+		if jsonKind(it) != "a string" || json.Unmarshal(it, &s) != nil || s == "" {
+			writeError(w, http.StatusBadRequest, `"request_ids"[`+strconv.Itoa(i)+`] must be a non-empty string, not `+jsonKind(it))
+			return
+		}
+		ids = append(ids, s)
+	}
+	ids = dedupe(ids)
+
+	// Group by owner; unknown ids go to every worker.
+	known := map[int][]string{}
+	var unknown []string
+	for _, id := range ids {
+		if e.cfg.Owners != nil {
+			if slot, ok := e.cfg.Owners.Owner([]byte(id)); ok && e.cfg.Table.Get(slot) != nil {
+				known[slot] = append(known[slot], id)
+				continue
+			}
+		}
+		unknown = append(unknown, id)
+	}
+	var calls []call
+	for _, wk := range e.workers() {
+		send := append(slices.Clone(known[wk.Slot]), unknown...)
+		if len(send) == 0 {
+			continue
+		}
+		mm := make(map[string]json.RawMessage, len(m))
+		for k, v := range m {
+			mm[k] = v
+		}
+		mm["request_ids"], _ = json.Marshal(send)
+		body, _ := json.Marshal(mm)
+		calls = append(calls, call{w: wk, method: http.MethodPost, path: PathAbortRequests, body: body, rids: send})
+	}
+	routed := "owners"
+	if len(unknown) > 0 {
+		routed = "all"
+	}
+	res := e.fanout(r.Context(), calls)
+	writeJSON(w, fanoutStatus(res), AbortAnswer{RequestIDs: len(ids), Routed: routed, Successful: res.Successful, Failed: res.Failed})
+}
+
+func dedupe(s []string) []string {
+	seen := make(map[string]bool, len(s))
+	out := s[:0]
+	for _, v := range s {
+		if !seen[v] {
+			seen[v] = true
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// --- /abort_until_idle ---
+
+// Running is what a worker still has in flight.
+type Running struct {
+	Worker   int      `json:"worker"`
+	InFlight uint64   `json:"in_flight"`      // tetherd's count
+	Rids     []string `json:"rids,omitempty"` // tracked ids (at most 100)
+}
+
+// IdleAnswer is the answer of /abort_until_idle.
+type IdleAnswer struct {
+	Idle         bool      `json:"idle"`
+	Waves        int       `json:"waves"`
+	ElapsedS     float64   `json:"elapsed_s"`
+	StillRunning []Running `json:"still_running"`
+	Failed       []Result  `json:"failed"` // abort calls that failed in the last wave
+}
+
+func (e *Engine) busy() []*route.Worker {
+	var out []*route.Worker
+	for _, w := range e.workers() {
+		if w.Stats.Pending() > 0 {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+func (e *Engine) abortUntilIdle(w http.ResponseWriter, r *http.Request) {
+	if !allowMethods(w, r, http.MethodPost) {
+		return
+	}
+	timeout := 30 * time.Second
+	if v := r.URL.Query().Get("timeout_s"); v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || math.IsNaN(f) || f < 0 || f > e.cfg.MaxIdleTimeout.Seconds() {
+			writeError(w, http.StatusBadRequest, "timeout_s must be a number of seconds from 0 to "+strconv.FormatFloat(e.cfg.MaxIdleTimeout.Seconds(), 'f', -1, 64))
+			return
+		}
+		timeout = time.Duration(f * float64(time.Second))
+	}
+	start := time.Now()
+	deadline := start.Add(timeout)
+	ctx, cancel := context.WithDeadline(r.Context(), deadline)
+	defer cancel()
+	body := []byte(`{"abort_all":true}`)
+	var ans IdleAnswer
+	ans.Failed = []Result{}
+	var lastWave time.Time
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		busy := e.busy()
+		if len(busy) == 0 {
+			ans.Idle = true
+			break
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		if ans.Waves == 0 || time.Since(lastWave) >= e.cfg.WaveInterval {
+			calls := make([]call, len(busy))
+			for i, wk := range busy {
+				calls[i] = call{w: wk, method: http.MethodPost, path: PathAbortRequest, body: body}
+			}
+			res := e.fanout(ctx, calls)
+			ans.Failed = res.Failed
+			ans.Waves++
+			lastWave = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+		case <-tick.C:
+		}
+	}
+	ans.ElapsedS = math.Round(time.Since(start).Seconds()*1000) / 1000
+	ans.StillRunning = []Running{}
+	for _, wk := range e.busy() {
+		run := Running{Worker: wk.Slot, InFlight: wk.Stats.Pending()}
+		if e.cfg.Owners != nil {
+			run.Rids = e.cfg.Owners.OnWorker(wk.Slot, 100)
+			slices.Sort(run.Rids)
+		}
+		ans.StillRunning = append(ans.StillRunning, run)
+	}
+	ans.Idle = len(ans.StillRunning) == 0
+	writeJSON(w, http.StatusOK, ans)
+}
+
+// --- /flush_cache, /get_loads ---
+
+func (e *Engine) all(r *http.Request, method, path string) Results {
+	ws := e.workers()
+	calls := make([]call, len(ws))
+	for i, wk := range ws {
+		calls[i] = call{w: wk, method: method, path: path}
+	}
+	return e.fanout(r.Context(), calls)
+}
+
+func (e *Engine) flushCache(w http.ResponseWriter, r *http.Request) {
+	if !allowMethods(w, r, http.MethodPost, http.MethodGet) {
+		return
+	}
+	res := e.all(r, http.MethodPost, PathFlushCache)
+	writeJSON(w, fanoutStatus(res), res)
+}
+
+func (e *Engine) getLoads(w http.ResponseWriter, r *http.Request) {
+	if !allowMethods(w, r, http.MethodGet) {
+		return
+	}
+	res := e.all(r, http.MethodGet, "/get_load")
+	for _, list := range [][]Result{res.Successful, res.Failed} {
+		for i := range list {
+			if wk := e.cfg.Table.Get(list[i].Worker); wk != nil {
+				n := wk.Stats.Pending()
+				list[i].InFlight = &n
+			}
+		}
+	}
+	writeJSON(w, fanoutStatus(res), res)
+}
+
+// --- /finish_session ---
+
+func (e *Engine) finishSession(w http.ResponseWriter, r *http.Request) {
+	if !allowMethods(w, r, http.MethodPost) {
+		return
+	}
+	id := r.URL.Query().Get("session_id")
+	if id == "" {
+		// Also accepted: {"session_id": "..."}.
+		if body, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20)); len(bytes.TrimSpace(body)) > 0 {
+			var v struct {
+				SessionID string `json:"session_id"`
+			}
+			if json.Unmarshal(body, &v) != nil {
+				writeError(w, http.StatusBadRequest, `give ?session_id= or a JSON body {"session_id": "..."}`)
+				return
+			}
+			id = v.SessionID
+		}
+	}
+	if id == "" {
+		writeError(w, http.StatusBadRequest, "missing session_id")
+		return
+	}
+	finished := false
+	if e.cfg.FinishSession != nil {
+		finished = e.cfg.FinishSession(id)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"session_id": id, "finished": finished})
+}

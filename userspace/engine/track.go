@@ -1,0 +1,204 @@
+package engine
+
+import (
+	"bytes"
+	"encoding/json"
+
+	"github.com/tether-rl/tether/userspace/httphead"
+	"github.com/tether-rl/tether/userspace/route"
+)
+
+// RequestIDHeader carries a request id (vLLM's X-Request-Id).
+const RequestIDHeader = "X-Request-ID"
+
+// Tracker is the data plane's router when request ids are tracked: it
+// routes with Router, then records the worker serving the request's id in
+// Owners until the exchange ends (route.Decision.Done). A request whose id
+// is already in flight (a client retry) goes to the worker serving it, so
+// that the engine sees the duplicate instead of generating twice, and an
+// abort reaches both; session paths and X-SMG-Target-Worker keep
+// precedence. Requests without an id cost one scan of the peeked body and
+// allocate nothing.
+type Tracker struct {
+	Router *route.Router
+	Owners *Owners
+}
+
+// Route implements proxy.Router.
+func (t *Tracker) Route(req *httphead.Request, body []byte) route.Decision {
+	rid := RequestID(req, body)
+	if rid == nil {
+		return t.Router.Route(req, body)
+	}
+	var d route.Decision
+	pinned := false
+	if slot, ok := t.Owners.Owner(rid); ok {
+		if _, session := route.SessionID(req.Path); !session {
+			if _, target := req.Lookup(route.TargetWorkerHeader); !target {
+				d, pinned = t.Router.Pin(slot, route.ReasonRid)
+			}
+		}
+	}
+	if !pinned {
+		d = t.Router.Route(req, body)
+	}
+	if d.Worker == nil {
+		return d
+	}
+	release := t.Owners.Acquire(ridString(rid), d.Worker.Slot)
+	if prev := d.Done; prev != nil {
+		d.Done = func() { prev(); release() }
+	} else {
+		d.Done = release
+	}
+	return d
+}
+
+// ridString returns the id, unescaping a JSON string body when needed.
+func ridString(rid []byte) string {
+	for _, c := range rid {
+		if c == '\\' {
+			var s string
+			if json.Unmarshal(append(append([]byte{'"'}, rid...), '"'), &s) == nil {
+				return s
+			}
+			break
+		}
+	}
+	return string(rid)
+}
+
+// RequestID returns the request id of a request: the string "rid" of the
+// top-level JSON object of the body (SGLang /generate and chat), when it is
+// within the peeked bytes, else the X-Request-ID header; nil when there is
+// none. The body form is returned as in the JSON text (still escaped).
+func RequestID(req *httphead.Request, body []byte) []byte {
+	if body = route.PeekedBody(req, body); len(body) > 0 {
+		if rid := bodyRID(body); len(rid) > 0 {
+			return rid
+		}
+	}
+	for i := range req.Fields {
+		f := &req.Fields[i]
+		if len(f.Value) > 0 && len(f.Name) == len(RequestIDHeader) && equalFold(f.Name, RequestIDHeader) {
+			return f.Value
+		}
+	}
+	return nil
+}
+
+func equalFold(b []byte, s string) bool {
+	for i := 0; i < len(b); i++ {
+		c, d := b[i]|0x20, s[i]|0x20
+		if c != d {
+			return false
+		}
+	}
+	return true
+}
+
+// bodyRID scans the top-level object of a (possibly truncated) JSON body
+// for the key "rid" with a string value, without allocating.
+func bodyRID(b []byte) []byte {
+	i := skipWS(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return nil
+	}
+	i++
+	for {
+		i = skipWS(b, i)
+		if i >= len(b) || b[i] != '"' {
+			return nil
+		}
+		ke, ok := scanString(b, i)
+		if !ok {
+			return nil
+		}
+		key := b[i+1 : ke-1]
+		i = skipWS(b, ke)
+		if i >= len(b) || b[i] != ':' {
+			return nil
+		}
+		i = skipWS(b, i+1)
+		if string(key) == "rid" {
+			if i < len(b) && b[i] == '"' {
+				if ve, ok := scanString(b, i); ok {
+					return b[i+1 : ve-1]
+				}
+			}
+			return nil // a list (batch) or another type: not tracked
+		}
+		if i, ok = skipValue(b, i); !ok {
+			return nil
+		}
+		i = skipWS(b, i)
+		if i >= len(b) || b[i] != ',' {
+			return nil
+		}
+		i++
+	}
+}
+
+func skipWS(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// scanString returns the index after the string starting at b[i] == '"'.
+func scanString(b []byte, i int) (int, bool) {
+	j := i + 1
+	for {
+		k := bytes.IndexByte(b[j:], '"')
+		if k < 0 {
+			return 0, false
+		}
+		j += k
+		n := 0 // backslashes before the quote
+		for p := j - 1; p > i && b[p] == '\\'; p-- {
+			n++
+		}
+		if n%2 == 0 {
+			return j + 1, true
+		}
+		j++
+	}
+}
+
+// skipValue returns the index after the JSON value starting at b[i].
+func skipValue(b []byte, i int) (int, bool) {
+	if i >= len(b) {
+		return 0, false
+	}
+	switch b[i] {
+	case '"':
+		return scanString(b, i)
+	case '{', '[':
+		depth := 0
+		for j := i; j < len(b); j++ {
+			switch b[j] {
+			case '"':
+				e, ok := scanString(b, j)
+				if !ok {
+					return 0, false
+				}
+				j = e - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return j + 1, true
+				}
+			}
+		}
+		return 0, false
+	}
+	for j := i; j < len(b); j++ {
+		switch b[j] {
+		case ',', '}', ']', ' ', '\t', '\n', '\r':
+			return j, true
+		}
+	}
+	return 0, false
+}

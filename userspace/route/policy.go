@@ -1,0 +1,470 @@
+package route
+
+// Routing policies for the requests that name no session (/sessions/w<idx>-
+// paths keep their rule, see Route). RL trainers that talk to inference
+// engines directly (SGLang, vLLM) want every turn of a trajectory on one
+// engine so that its prefix cache stays warm; they name the trajectory in a
+// header (SkyRL: X-Session-ID, slime: X-SMG-Routing-Key).
+//
+// Order of the rules:
+//
+//  1. X-SMG-Target-Worker: <slot> (or the worker's URL) pins the request;
+//     400 when there is no such worker. The pin holds whatever the worker's
+//     state: the client asked for it.
+//  2. The routing key: the first non-empty value among KeyHeaders, in the
+//     order given, names matched case-insensitively.
+//     - hash (default): consistent hashing with bounded loads. The key's
+//     ring position (KeyHash) picks an owner among VirtualNodes points per
+//     worker; an owner at or above ceil(c × (in flight + 1) / healthy
+//     workers) passes the request on to its ring successor, and so does an
+//     unhealthy or draining owner (until it recovers: nothing is stored).
+//     Adding or removing one of N workers moves about 1/N of the keys.
+//     - sticky: the first request of a key goes to the least loaded
+//     healthy worker (rotating tie-break), later ones to the same worker,
+//     kept in a sticky.Table (the BPF LRU map shared by every tetherd, or an
+//     in-process LRU) for StickyTTL after the last refresh, or until
+//     POST /finish_session. An unhealthy or draining owner gets its keys
+//     reassigned.
+//  3. No key: the less loaded of two random healthy workers (power of two
+//     choices); with Keyless = prefix, the first PrefixBytes of the body
+//     (rid and request_id values left out) are hashed on the ring like a
+//     key, so that the samples of one GRPO group share a prefix cache.
+//
+// Routing is a pure function of (key, workers, loads): every tetherd
+// process, on any host, given the same workers, routes a key the same way.
+// The only state is the sticky table.
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tether-rl/tether/userspace/httphead"
+	"github.com/tether-rl/tether/userspace/sticky"
+)
+
+// PolicyKind selects how keyed requests are placed.
+type PolicyKind int
+
+const (
+	PolicyHash   PolicyKind = iota // consistent hashing with bounded load
+	PolicySticky                   // sticky least loaded
+)
+
+func (k PolicyKind) String() string {
+	if k == PolicySticky {
+		return "sticky"
+	}
+	return "hash"
+}
+
+// ParsePolicy parses a --policy value.
+func ParsePolicy(s string) (PolicyKind, error) {
+	switch s {
+	case "", "hash":
+		return PolicyHash, nil
+	case "sticky":
+		return PolicySticky, nil
+	}
+	return 0, fmt.Errorf("--policy %q: want hash or sticky", s)
+}
+
+// KeylessMode selects how requests without a key are placed.
+type KeylessMode int
+
+const (
+	KeylessP2C    KeylessMode = iota // power of two choices
+	KeylessPrefix                    // hash the start of the body, bounded load
+)
+
+func (m KeylessMode) String() string {
+	if m == KeylessPrefix {
+		return "prefix"
+	}
+	return "p2c"
+}
+
+// ParseKeyless parses a --keyless value.
+func ParseKeyless(s string) (KeylessMode, error) {
+	switch s {
+	case "", "p2c":
+		return KeylessP2C, nil
+	case "prefix":
+		return KeylessPrefix, nil
+	}
+	return 0, fmt.Errorf("--keyless %q: want p2c or prefix", s)
+}
+
+// TargetWorkerHeader pins a request to a worker slot.
+const TargetWorkerHeader = "X-SMG-Target-Worker"
+
+// Defaults.
+const (
+	DefaultLoadFactor    = 1.25
+	DefaultStickyTTL     = 30 * time.Minute
+	DefaultStickyRefresh = 5 * time.Second
+	DefaultPrefixBytes   = 4096
+)
+
+// DefaultKeyHeaders are the routing key headers, in order.
+var DefaultKeyHeaders = []string{"X-Session-ID", "X-SMG-Routing-Key"}
+
+// PolicyConfig configures a Policy. Zero values take the defaults.
+type PolicyConfig struct {
+	Kind       PolicyKind
+	KeyHeaders []string // routing key headers in order; nil: DefaultKeyHeaders
+	LoadFactor float64  // c of the bounded load, >= 1; 0: DefaultLoadFactor
+	Keyless    KeylessMode
+	// PrefixBytes bounds the body bytes hashed by KeylessPrefix; the proxy
+	// must peek at least as many (proxy Config.PeekBody).
+	PrefixBytes int
+	// Sticky holds the sticky assignments; required for PolicySticky.
+	Sticky    sticky.Table
+	StickyTTL time.Duration
+	// StickyRefresh: a used entry's TTL is pushed back (one table write)
+	// at most this often. Default min(DefaultStickyRefresh, StickyTTL/4).
+	StickyRefresh time.Duration
+	// Now is the clock of sticky expiries (CLOCK_MONOTONIC ns); tests set
+	// it. Default sticky.Now.
+	Now func() int64
+}
+
+// Policy routes the requests that name no session. It is safe for
+// concurrent use.
+type Policy struct {
+	cfg     PolicyConfig
+	ttl     int64
+	refresh int64
+
+	ringMu sync.Mutex
+	ring   atomic.Pointer[ring]
+}
+
+// NewPolicy validates cfg and returns the policy.
+func NewPolicy(cfg PolicyConfig) (*Policy, error) {
+	if cfg.KeyHeaders == nil {
+		cfg.KeyHeaders = DefaultKeyHeaders
+	}
+	hs := make([]string, 0, len(cfg.KeyHeaders))
+	for _, h := range cfg.KeyHeaders {
+		h = strings.TrimSpace(h)
+		if h == "" {
+			continue
+		}
+		if !validFieldName(h) {
+			return nil, fmt.Errorf("key header %q: not a valid header name", h)
+		}
+		hs = append(hs, h)
+	}
+	cfg.KeyHeaders = hs
+	if cfg.LoadFactor == 0 {
+		cfg.LoadFactor = DefaultLoadFactor
+	}
+	if !(cfg.LoadFactor >= 1 && cfg.LoadFactor <= 100) {
+		return nil, fmt.Errorf("hash load factor %v: want 1 <= c <= 100", cfg.LoadFactor)
+	}
+	if cfg.PrefixBytes == 0 {
+		cfg.PrefixBytes = DefaultPrefixBytes
+	}
+	if cfg.PrefixBytes < 0 {
+		return nil, fmt.Errorf("prefix bytes %d: want > 0", cfg.PrefixBytes)
+	}
+	if cfg.StickyTTL == 0 {
+		cfg.StickyTTL = DefaultStickyTTL
+	}
+	if cfg.StickyTTL < time.Second {
+		return nil, fmt.Errorf("sticky ttl %v: want at least 1s", cfg.StickyTTL)
+	}
+	if cfg.StickyRefresh <= 0 {
+		cfg.StickyRefresh = min(DefaultStickyRefresh, cfg.StickyTTL/4)
+	}
+	if cfg.Kind == PolicySticky && cfg.Sticky == nil {
+		return nil, errors.New("sticky policy without a sticky table")
+	}
+	if cfg.Now == nil {
+		cfg.Now = sticky.Now
+	}
+	return &Policy{cfg: cfg, ttl: int64(cfg.StickyTTL), refresh: int64(cfg.StickyRefresh)}, nil
+}
+
+// Config returns the policy's settings, defaults applied.
+func (p *Policy) Config() PolicyConfig { return p.cfg }
+
+func validFieldName(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// equalFoldASCII compares a received header name with an ASCII name.
+func equalFoldASCII(b []byte, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	for i := 0; i < len(b); i++ {
+		c, d := b[i], s[i]
+		if c == d {
+			continue
+		}
+		if c|0x20 != d|0x20 || c|0x20 < 'a' || c|0x20 > 'z' {
+			return false
+		}
+	}
+	return true
+}
+
+// fieldValue returns the first non-empty value of the fields named name.
+func fieldValue(req *httphead.Request, name string) []byte {
+	for i := range req.Fields {
+		f := &req.Fields[i]
+		if len(f.Value) > 0 && equalFoldASCII(f.Name, name) {
+			return f.Value
+		}
+	}
+	return nil
+}
+
+// RoutingKey returns the request's routing key: the first non-empty value
+// of the key headers, in their order; nil when there is none.
+func (p *Policy) RoutingKey(req *httphead.Request) []byte {
+	for _, name := range p.cfg.KeyHeaders {
+		if v := fieldValue(req, name); v != nil {
+			return v
+		}
+	}
+	return nil
+}
+
+// FinishSession forgets the sticky assignment of a routing key (POST
+// /finish_session). It reports whether there was one; with the hash policy
+// there is nothing to forget.
+func (p *Policy) FinishSession(key string) bool {
+	if p.cfg.Kind != PolicySticky {
+		return false
+	}
+	return p.cfg.Sticky.Delete(KeyHashString(key))
+}
+
+// route places a request that names no session.
+func (p *Policy) route(rt *Router, req *httphead.Request, body []byte) Decision {
+	ws := rt.Table.Snapshot()
+	if v := fieldValue(req, TargetWorkerHeader); v != nil {
+		return routeTarget(rt, ws, v)
+	}
+	if key := p.RoutingKey(req); key != nil {
+		h := KeyHash(key)
+		if p.cfg.Kind == PolicySticky {
+			return p.routeSticky(rt, ws, h)
+		}
+		return p.routeRing(rt, ws, h, false)
+	}
+	if p.cfg.Keyless == KeylessPrefix && len(body) > 0 {
+		if body = PeekedBody(req, body); len(body) > 0 {
+			if len(body) > p.cfg.PrefixBytes {
+				body = body[:p.cfg.PrefixBytes]
+			}
+			return p.routeRing(rt, ws, PrefixHash(body), true)
+		}
+	}
+	return p2c(rt, ws)
+}
+
+// PeekedBody returns the body data at the start of the peeked bytes: for a
+// chunked body, the data of the first chunk (as much as was peeked), without
+// the chunk framing; nil when the framing is cut or malformed.
+func PeekedBody(req *httphead.Request, body []byte) []byte {
+	if !req.Chunked {
+		return body
+	}
+	n, i := 0, 0
+	for ; i < len(body) && i < 16; i++ {
+		c := body[i]
+		var d int
+		switch {
+		case c >= '0' && c <= '9':
+			d = int(c - '0')
+		case c|0x20 >= 'a' && c|0x20 <= 'f':
+			d = int(c|0x20-'a') + 10
+		default:
+			d = -1
+		}
+		if d < 0 {
+			break
+		}
+		n = n<<4 | d
+	}
+	if i == 0 {
+		return nil
+	}
+	// Skip chunk extensions up to the CRLF.
+	j := bytes.IndexByte(body[i:], '\n')
+	if j < 0 {
+		return nil
+	}
+	data := body[i+j+1:]
+	if len(data) > n {
+		data = data[:n]
+	}
+	return data
+}
+
+// routeTarget honours X-SMG-Target-Worker: a slot number or a worker URL.
+func routeTarget(rt *Router, ws []*Worker, v []byte) Decision {
+	var w *Worker
+	if slot, ok := parseSlot(v); ok {
+		if slot < len(ws) {
+			w = ws[slot]
+		}
+	} else {
+		for _, c := range ws {
+			if c != nil && c.URL == string(v) {
+				w = c
+				break
+			}
+		}
+	}
+	if w == nil {
+		rt.reasons[ReasonBadTarget].Add(1)
+		return Decision{Status: 400, Reason: ReasonBadTarget}
+	}
+	rt.reasons[ReasonTarget].Add(1)
+	return Decision{Worker: w, Reason: ReasonTarget}
+}
+
+// parseSlot parses a decimal slot without sign (at most 6 digits).
+func parseSlot(b []byte) (int, bool) {
+	if len(b) == 0 || len(b) > 6 {
+		return 0, false
+	}
+	n := 0
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n, true
+}
+
+// p2c routes a request without a key: of two distinct random slots, the
+// healthy one with fewer requests in flight. When the draw finds no healthy
+// worker it falls back to the scan of spread (panic rule, 503).
+func p2c(rt *Router, ws []*Worker) Decision {
+	n := len(ws)
+	var a, b *Worker
+	switch {
+	case n == 1:
+		a = ws[0]
+	case n > 1:
+		i := rand.IntN(n)
+		j := rand.IntN(n - 1)
+		if j >= i {
+			j++
+		}
+		a, b = ws[i], ws[j]
+	}
+	if a == nil || a.State() != Healthy {
+		a = nil
+	}
+	if b != nil && b.State() == Healthy && (a == nil || b.Stats.Pending() < a.Stats.Pending()) {
+		a = b
+	}
+	if a == nil {
+		return rt.spread(ReasonSpread)
+	}
+	rt.reasons[ReasonSpread].Add(1)
+	return Decision{Worker: a, Reason: ReasonSpread}
+}
+
+// PrefixHash hashes the start of a request body for --keyless=prefix: the
+// samples of a GRPO group share their prompt but not their request id, so
+// the string values of the first "rid" and "request_id" keys are left out.
+func PrefixHash(body []byte) uint64 {
+	h := uint64(fnvOffset)
+	var skip [2][2]int
+	ns := 0
+	for _, k := range [...]string{`"rid"`, `"request_id"`} {
+		if s, e, ok := stringValueOf(body, k); ok {
+			skip[ns] = [2]int{s, e}
+			ns++
+		}
+	}
+	if ns == 2 && skip[1][0] < skip[0][0] {
+		skip[0], skip[1] = skip[1], skip[0]
+	}
+	at := 0
+	for i := 0; i < ns; i++ {
+		if skip[i][0] < at {
+			continue
+		}
+		h = fnv1a(h, body[at:skip[i][0]])
+		at = skip[i][1]
+	}
+	return fmix64(fnv1a(h, body[at:]))
+}
+
+// stringValueOf finds the first occurrence of the quoted key k followed by
+// a colon and a string, and returns the span of that string (quotes
+// included). A heuristic, not a JSON parser: good enough to ignore ids.
+func stringValueOf(b []byte, k string) (int, int, bool) {
+	i := bytes.Index(b, []byte(k))
+	if i < 0 {
+		return 0, 0, false
+	}
+	j := skipSpace(b, i+len(k))
+	if j >= len(b) || b[j] != ':' {
+		return 0, 0, false
+	}
+	j = skipSpace(b, j+1)
+	if j >= len(b) || b[j] != '"' {
+		return 0, 0, false
+	}
+	for e := j + 1; e < len(b); e++ {
+		switch b[e] {
+		case '\\':
+			e++
+		case '"':
+			return j, e + 1, true
+		}
+	}
+	return j, len(b), true // cut by the peek: skip to the end
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// SetPolicy replaces the policy of a router in use (a reload).
+func (rt *Router) SetPolicy(p *Policy) { rt.policy.Store(p) }
+
+// CurrentPolicy returns the policy in effect (nil: spread).
+func (rt *Router) CurrentPolicy() *Policy {
+	if p := rt.policy.Load(); p != nil {
+		return p
+	}
+	return rt.Policy
+}
+
+// Pin routes to the worker in slot when it exists and is healthy, counting
+// reason (for callers that know better than the policy, such as the
+// request id owners of package engine).
+func (rt *Router) Pin(slot int, reason Reason) (Decision, bool) {
+	w := rt.Table.Get(slot)
+	if w == nil || w.State() != Healthy {
+		return Decision{}, false
+	}
+	rt.reasons[reason].Add(1)
+	return Decision{Worker: w, Reason: reason}, true
+}
