@@ -36,6 +36,11 @@ func seedRequests(f *testing.F) {
 		}
 	}
 	f.Add([]byte(benchHead+"0123456789"), false)
+	// The documented net/http disagreement (malformed percent-encoding).
+	f.Add([]byte(head("GET /%zz?%q HTTP/1.1", "Host: a")), false)
+	f.Add([]byte(head("GET http://a%41:8/x HTTP/1.1")), false)
+	f.Add([]byte(head("GET http://[::1]:/?#x HTTP/1.1")), false)
+	f.Add([]byte(head("GET / HTTP/1.1", "Host: [::1]", "Connection: x, close", "Connection: keep-alive")), false)
 	f.Add([]byte(head("POST / HTTP/1.1", "Host: a", "Transfer-Encoding: chunked")+"5\r\nhello\r\n0\r\n\r\n"), false)
 }
 
@@ -290,11 +295,22 @@ func FuzzRequestVsNetHTTP(f *testing.F) {
 		if hr.ProtoMajor != 1 || hr.ProtoMinor != req.Minor {
 			t.Fatalf("version %s vs minor %d", hr.Proto, req.Minor)
 		}
-		if hr.Host != string(req.Host) {
+		wantHost := string(req.Host)
+		if req.HostRewritten && bytes.IndexByte(req.Host, '%') >= 0 {
+			// Justified: for an absolute-form target net/http's url package
+			// percent-decodes the authority ("http://a%80/" gives Host
+			// "a\x80"); tether forwards it as received, as the Host field,
+			// which a backend reads without decoding (pct-encoded is legal
+			// in a reg-name, RFC 3986 §3.2.2).
+			if dec, err := url.PathUnescape(wantHost); err == nil {
+				wantHost = dec
+			}
+		}
+		if hr.Host != wantHost {
 			t.Fatalf("host %q vs %q", hr.Host, req.Host)
 		}
-		if !validHostHeader(hr.Host) {
-			t.Fatalf("tether accepts Host %q, net/http's server rejects it", hr.Host)
+		if !validHostHeader(string(req.Host)) {
+			t.Fatalf("tether accepts Host %q, net/http's server rejects it", req.Host)
 		}
 		if req.HostRewritten {
 			// The origin-form tether forwards is what net/http understood.

@@ -11,6 +11,7 @@ package httphead
 import (
 	"bytes"
 	"errors"
+	"net/netip"
 )
 
 // ErrIncomplete means the buffer does not yet hold a whole head: read more.
@@ -391,6 +392,9 @@ func validHost(h []byte) bool {
 			if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F' || c == ':' || c == '.') {
 				return false
 			}
+		}
+		if a, err := netip.ParseAddr(string(h[1:end])); err != nil || !a.Is6() {
+			return false // "[]", "[1]", "[:::]", "[1.2.3.4]"
 		}
 		host = h[end+1:]
 		if len(host) == 0 {
