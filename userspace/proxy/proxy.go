@@ -23,6 +23,7 @@ import (
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/stats"
+	"github.com/tether-rl/tether/userspace/upstream"
 )
 
 // Config configures a Server. Zero durations take the defaults.
@@ -58,6 +59,12 @@ type Config struct {
 	// Local returns the handler for tetherd's own endpoints on the data
 	// port (abort fan-out, admin when allowed), or nil to proxy.
 	Local func(method, path []byte) http.Handler
+	// Observe, when set, is called once per proxied request at its end
+	// with the worker slot, the response status class (status/100; 0 when
+	// no status was relayed: the client left or the request was refused
+	// mid-body) and the time since routing. It runs on the data path: it
+	// must not block or allocate (metrics.Metrics.Observe).
+	Observe func(worker int, codeClass int, d time.Duration)
 
 	Log *slog.Logger
 }
@@ -241,14 +248,14 @@ func (s *Server) Close() {
 // request (a connection idle with nothing buffered returns its buffer).
 const bufSize = 16 << 10
 
-var bufPool = sync.Pool{New: func() any { b := make([]byte, bufSize); return &b }}
+var bufPool = sync.Pool{New: func() any { return new([bufSize]byte) }}
 
-func getBuf() []byte { return *(bufPool.Get().(*[]byte)) }
+func getBuf() []byte { return bufPool.Get().(*[bufSize]byte)[:] }
 
+// putBuf returns a buffer from getBuf (grown ones are left to the GC).
 func putBuf(b []byte) {
 	if cap(b) == bufSize {
-		b = b[:bufSize]
-		bufPool.Put(&b)
+		bufPool.Put((*[bufSize]byte)(b[:bufSize]))
 	}
 }
 
@@ -261,10 +268,8 @@ func isTimeout(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }
 // reset the connection.
 func peerGone(raw syscall.RawConn) bool {
 	gone := false
-	var b [1]byte
 	raw.Read(func(fd uintptr) bool {
-		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		gone = n == 0 && err == nil || err != nil && err != syscall.EAGAIN
+		gone = upstream.Peek(fd) == upstream.PeekClosed
 		return true
 	})
 	return gone

@@ -15,8 +15,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/tether-rl/tether/userspace/stats"
 )
 
@@ -47,6 +45,9 @@ type Conn struct {
 	idle  time.Time // when it was put back
 	pool  *Pool
 	fresh bool // dialed for this request, never used before
+
+	peekFn func(uintptr) bool
+	peeked PeekState
 }
 
 // Reused reports whether the connection served an earlier request.
@@ -140,7 +141,9 @@ func (p *Pool) dial(ctx context.Context) (*Conn, error) {
 		return nil, fmt.Errorf("connect %s: %w", p.addr, err)
 	}
 	p.stats.ConnOpened()
-	return &Conn{TCPConn: tc, raw: raw, pool: p, fresh: true}, nil
+	c := &Conn{TCPConn: tc, raw: raw, pool: p, fresh: true}
+	c.peekFn = c.peek
+	return c, nil
 }
 
 func (p *Pool) pop() *Conn {
@@ -194,14 +197,15 @@ func (c *Conn) alive() bool {
 	if time.Since(c.idle) > c.pool.opts.IdleTimeout {
 		return false
 	}
-	var b [1]byte
-	ok := false
-	err := c.raw.Read(func(fd uintptr) bool {
-		n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		ok = n < 0 && (err == unix.EAGAIN || err == unix.EWOULDBLOCK)
-		return true
-	})
-	return err == nil && ok
+	err := c.raw.Read(c.peekFn)
+	return err == nil && c.peeked == PeekEmpty
+}
+
+// peek is the RawConn.Read callback of alive, bound once per connection
+// (a closure per call would allocate).
+func (c *Conn) peek(fd uintptr) bool {
+	c.peeked = Peek(fd)
+	return true
 }
 
 // Idle returns the number of idle connections.
