@@ -1,0 +1,181 @@
+package upstream
+
+import (
+	"context"
+	"io"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tether-rl/tether/userspace/stats"
+)
+
+// backend accepts connections and hands them to fn; it counts accepts.
+func backend(t *testing.T, fn func(net.Conn)) (string, *atomic.Int64) {
+	t.Helper()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var n atomic.Int64
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			n.Add(1)
+			go fn(c)
+		}
+	}()
+	return ln.Addr().String(), &n
+}
+
+func hold(c net.Conn) { io.Copy(io.Discard, c); c.Close() }
+
+func TestReuseAndLIFO(t *testing.T) {
+	addr, _ := backend(t, hold)
+	w := new(stats.Worker)
+	p := New(addr, w, Options{})
+	defer p.Close()
+	a, err := p.Get(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := p.Get(context.Background())
+	if a.Reused() || b.Reused() {
+		t.Fatal("fresh connections report reused")
+	}
+	p.Put(a)
+	p.Put(b)
+	c, _ := p.Get(context.Background())
+	if c != b || !c.Reused() {
+		t.Fatal("pool is not LIFO or Reused is wrong")
+	}
+	if w.Load().Conns != 2 {
+		t.Fatalf("conns %d, want 2", w.Load().Conns)
+	}
+	c.Discard()
+	if w.Load().Conns != 1 {
+		t.Fatalf("conns after discard %d", w.Load().Conns)
+	}
+}
+
+func TestDeadPooledConnectionIsReplaced(t *testing.T) {
+	closeNow := make(chan net.Conn, 4)
+	addr, accepts := backend(t, func(c net.Conn) { closeNow <- c })
+	w := new(stats.Worker)
+	p := New(addr, w, Options{})
+	defer p.Close()
+	a, err := p.Get(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Put(a)
+	(<-closeNow).Close() // the backend closes the idle connection
+	time.Sleep(50 * time.Millisecond)
+	b, err := p.Get(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b == a || b.Reused() {
+		t.Fatal("dead pooled connection was handed out")
+	}
+	if p.Retries(RetryDeadPooled) != 1 || accepts.Load() != 2 {
+		t.Fatalf("dead-pooled retries %d accepts %d", p.Retries(RetryDeadPooled), accepts.Load())
+	}
+	b.Discard()
+}
+
+func TestUnsolicitedBytesDiscard(t *testing.T) {
+	addr, _ := backend(t, func(c net.Conn) { c.Write([]byte("HTTP/1.1 200 OK\r\n")); hold(c) })
+	p := New(addr, new(stats.Worker), Options{})
+	defer p.Close()
+	a, _ := p.Get(context.Background())
+	p.Put(a)
+	time.Sleep(50 * time.Millisecond)
+	b, err := p.Get(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b == a {
+		t.Fatal("connection with unsolicited bytes was reused")
+	}
+	b.Discard()
+}
+
+func TestIdleLimitAndTimeout(t *testing.T) {
+	addr, _ := backend(t, hold)
+	w := new(stats.Worker)
+	p := New(addr, w, Options{MaxIdle: 2, IdleTimeout: 100 * time.Millisecond})
+	defer p.Close()
+	var cs []*Conn
+	for i := 0; i < 3; i++ {
+		c, err := p.Get(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs = append(cs, c)
+	}
+	for _, c := range cs {
+		p.Put(c)
+	}
+	if p.Idle() != 2 || w.Load().Conns != 2 {
+		t.Fatalf("idle %d conns %d, want 2 (oldest evicted)", p.Idle(), w.Load().Conns)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for p.Idle() > 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if p.Idle() != 0 || w.Load().Conns != 0 {
+		t.Fatalf("idle %d conns %d after the idle timeout", p.Idle(), w.Load().Conns)
+	}
+}
+
+func TestConnectRetriedOnce(t *testing.T) {
+	ln, _ := net.Listen("tcp4", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	w := new(stats.Worker)
+	p := New(addr, w, Options{DialTimeout: time.Second})
+	defer p.Close()
+	if _, err := p.Get(context.Background()); err == nil {
+		t.Fatal("connect to a closed port succeeded")
+	}
+	if p.Retries(RetryConnect) != 1 || w.Load().Retries != 1 {
+		t.Fatalf("connect retries %d (worker %d), want exactly 1", p.Retries(RetryConnect), w.Load().Retries)
+	}
+}
+
+func TestPeek(t *testing.T) {
+	addr, _ := backend(t, func(c net.Conn) {
+		c.Write([]byte("x"))
+		time.Sleep(100 * time.Millisecond)
+		c.Close()
+	})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	raw, _ := c.(*net.TCPConn).SyscallConn()
+	peek := func() (s PeekState) {
+		raw.Read(func(fd uintptr) bool { s = Peek(fd); return true })
+		return s
+	}
+	time.Sleep(30 * time.Millisecond)
+	if s := peek(); s != PeekData {
+		t.Fatalf("peek with a byte waiting = %v", s)
+	}
+	var b [1]byte
+	c.Read(b[:])
+	if s := peek(); s != PeekEmpty {
+		t.Fatalf("peek on a quiet socket = %v", s)
+	}
+	time.Sleep(150 * time.Millisecond)
+	if s := peek(); s != PeekClosed {
+		t.Fatalf("peek after the peer closed = %v", s)
+	}
+}
