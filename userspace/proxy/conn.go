@@ -38,6 +38,7 @@ type conn struct {
 	watchWG    sync.WaitGroup
 	watchUp    *upstream.Conn
 	watchGone  atomic.Bool
+	watchFn    func(uintptr) bool
 }
 
 func newConn(s *Server, tc *net.TCPConn) *conn {
@@ -231,14 +232,27 @@ type exchange struct {
 	sentHead bool // response head written to the client
 	reuse    bool // upstream connection may go back to the pool
 	keep     bool // client connection may carry another request
+	sent100  bool // a 100 Continue went to the client (never a second)
+	status   int  // status tether answered itself (fail), for Config.Observe
 }
 
 // proxy forwards the parsed request to w and relays the response.
 func (c *conn) proxy(w *route.Worker) bool {
 	x := exchange{w: w}
+	var start time.Time
+	if c.s.cfg.Observe != nil {
+		start = time.Now()
+	}
 	w.Stats.Begin()
 	keep := c.proxyExchange(&x)
 	w.Stats.End(x.failed)
+	if obs := c.s.cfg.Observe; obs != nil {
+		st := x.status
+		if x.sentHead {
+			st = c.resp.Status
+		}
+		obs(w.Slot, st/100, time.Since(start))
+	}
 	if x.up != nil {
 		if x.reuse && keep {
 			w.Pool.Put(x.up)
@@ -263,6 +277,7 @@ func (c *conn) proxy(w *route.Worker) bool {
 func (c *conn) fail(x *exchange, status int) bool {
 	x.failed = true
 	if !x.sentHead {
+		x.status = status
 		switch status {
 		case 502:
 			c.s.counters.BadGateway.Add(1)
@@ -350,7 +365,6 @@ func (c *conn) proxyExchange(x *exchange) bool {
 
 	c.ubuf = getBuf()
 	var uw int // bytes in ubuf
-	sent100 := false
 	if waitContinue {
 		// Wait briefly for the backend's 100 (or a final answer); a backend
 		// that ignores Expect gets the body anyway, as curl does.
@@ -359,7 +373,7 @@ func (c *conn) proxyExchange(x *exchange) bool {
 		uw = nw
 		switch {
 		case err == nil && status == 100:
-			sent100 = true
+			// Relayed to the client (once) by readResponseHead.
 		case err == nil:
 			// A final answer before the body: relay it, then close (the
 			// client's body was never read).
@@ -399,16 +413,16 @@ func (c *conn) proxyExchange(x *exchange) bool {
 
 	// Watch the client while the backend works: if it leaves, close the
 	// upstream connection at once so the engine cancels the generation.
-	stop := c.watchClient(up)
-	keep := c.awaitAndRelay(x, uw, sent100)
-	if stop() {
+	c.watchClient(up)
+	keep := c.awaitAndRelay(x, uw)
+	if c.stopWatch() {
 		c.s.counters.ClientAborted.Add(1)
 		keep = false
 	}
 	return keep
 }
 
-func (c *conn) awaitAndRelay(x *exchange, uw int, sent100 bool) bool {
+func (c *conn) awaitAndRelay(x *exchange, uw int) bool {
 	x.up.SetReadDeadline(time.Now().Add(c.s.cfg.ResponseTimeout))
 	for {
 		status, nw, err := c.readResponseHead(x, uw)
@@ -416,18 +430,11 @@ func (c *conn) awaitAndRelay(x *exchange, uw int, sent100 bool) bool {
 		if err != nil {
 			return c.fail(x, c.headErrStatus(err))
 		}
-		if status == 100 && sent100 {
-			c.dropHead(&uw)
-			continue // relay exactly one 100
+		if status >= 200 {
+			return c.relayResponse(x, uw, true)
 		}
-		if status >= 200 || status == 100 {
-			if status == 100 {
-				sent100 = true
-			}
-			if status >= 200 {
-				return c.relayResponse(x, uw, true)
-			}
-		}
+		// A 100: readResponseHead relayed it (the first one only) and
+		// already removed it from ubuf.
 	}
 }
 
@@ -462,14 +469,15 @@ func (c *conn) readResponseHead(x *exchange, uw int) (int, int, error) {
 				case st >= 200:
 					return st, uw, nil
 				case st == 100:
-					if c.req.Expect100 {
+					if c.req.Expect100 && !x.sent100 {
 						if err := c.writeInterim(x); err != nil {
 							return 0, uw, err
 						}
+						x.sent100 = true
 						c.dropHead(&uw)
 						return 100, uw, nil
 					}
-					// Unsolicited 100: not for the client.
+					// Unsolicited or repeated 100: not for the client.
 					c.dropHead(&uw)
 					continue
 				default:
@@ -708,13 +716,27 @@ func (c *conn) relayResponse(x *exchange, uw int, bodyRead bool) bool {
 // client must see the truncation, so its connection closes.
 func (c *conn) bodyFailed(x *exchange, err error) bool {
 	x.reuse = false
-	if peerGone(c.raw) {
+	if c.clientGone() {
 		c.s.counters.ClientAborted.Add(1)
 		return false
 	}
 	x.failed = true
 	c.s.counters.Truncated.Add(1)
 	return false
+}
+
+// clientGone reports whether the client closed or reset its connection.
+// It ends the client watch first: while the watch waits it holds the read
+// side, and peerGone would block until the client sends or leaves. A
+// departure the watch saw is reported here once (the stopWatch after the
+// exchange then reports false, so it is not counted twice).
+func (c *conn) clientGone() bool {
+	if c.watchTimer != nil && c.stopWatch() {
+		c.watchGone.Store(false)
+		return true
+	}
+	c.c.SetReadDeadline(time.Time{})
+	return peerGone(c.raw)
 }
 
 // relayChunkedResponse streams a chunked body: every piece the backend
@@ -799,8 +821,8 @@ const watchDelay = 2 * time.Millisecond
 // watchClient arranges that, if the backend is still working after
 // watchDelay, a goroutine waits (without reading) for the client to close
 // or reset; then it closes up at once, so the engine cancels the
-// generation. stop ends the watch and reports whether the client left.
-func (c *conn) watchClient(up *upstream.Conn) (stop func() bool) {
+// generation. stopWatch ends the watch and reports whether the client left.
+func (c *conn) watchClient(up *upstream.Conn) {
 	c.watchUp = up
 	c.watchGone.Store(false)
 	c.watchWG.Add(1)
@@ -809,7 +831,6 @@ func (c *conn) watchClient(up *upstream.Conn) (stop func() bool) {
 	} else {
 		c.watchTimer.Reset(watchDelay)
 	}
-	return c.stopWatch
 }
 
 func (c *conn) stopWatch() bool {
@@ -827,16 +848,20 @@ func (c *conn) stopWatch() bool {
 // watch runs in the timer's goroutine.
 func (c *conn) watch() {
 	defer c.watchWG.Done()
-	var b [1]byte
-	c.raw.Read(func(fd uintptr) bool {
-		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		if err == syscall.EAGAIN {
-			return false // nothing yet: wait for readability
-		}
-		if n == 0 && err == nil || err != nil {
-			c.watchGone.Store(true)
-			c.watchUp.Close()
-		}
-		return true // data (a pipelined request) or gone: stop watching
-	})
+	if c.watchFn == nil {
+		c.watchFn = c.watchPeek
+	}
+	c.raw.Read(c.watchFn)
+}
+
+// watchPeek is watch's RawConn.Read callback.
+func (c *conn) watchPeek(fd uintptr) bool {
+	switch upstream.Peek(fd) {
+	case upstream.PeekEmpty:
+		return false // nothing yet: wait for readability
+	case upstream.PeekClosed:
+		c.watchGone.Store(true)
+		c.watchUp.Close()
+	}
+	return true // data (a pipelined request) or gone: stop watching
 }

@@ -1,0 +1,883 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tether-rl/tether/userspace/demo"
+	"github.com/tether-rl/tether/userspace/upstream"
+)
+
+// TestMain fails the package when a test leaves goroutines or file
+// descriptors behind.
+func TestMain(m *testing.M) {
+	// Start the network poller first: its descriptors are not a leak.
+	if ln, err := net.Listen("tcp4", "127.0.0.1:0"); err == nil {
+		ln.Close()
+	}
+	g0, fd0 := runtime.NumGoroutine(), countFDs()
+	code := m.Run()
+	if code == 0 && !noLeaks(g0, fd0) {
+		code = 1
+	}
+	os.Exit(code)
+}
+
+func countFDs() int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return -1
+	}
+	return len(ents)
+}
+
+// noLeaks waits up to 2 s for the goroutines and descriptors to come back
+// to their baseline; it dumps what is left when they do not.
+func noLeaks(g0, fd0 int) bool {
+	const slack = 0 // the steady state is exactly the baseline
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		g, fd := runtime.NumGoroutine(), countFDs()
+		if g <= g0+slack && fd <= fd0 {
+			return true
+		}
+		if time.Now().After(deadline) {
+			fmt.Fprintf(os.Stderr, "LEAK: %d goroutines (baseline %d), %d fds (baseline %d)\n", g, g0, fd, fd0)
+			if ents, err := os.ReadDir("/proc/self/fd"); err == nil {
+				for _, e := range ents {
+					l, _ := os.Readlink("/proc/self/fd/" + e.Name())
+					fmt.Fprintf(os.Stderr, "  fd %s -> %s\n", e.Name(), l)
+				}
+			}
+			pprof.Lookup("goroutine").WriteTo(os.Stderr, 2)
+			return false
+		}
+		// splice(2) keeps its pipes in a sync.Pool, closed by a finalizer
+		// once the pool is dropped: that takes garbage collections.
+		runtime.GC()
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// tbackend is a raw TCP backend that counts connections, records every
+// byte it receives and closes everything when the test ends.
+type tbackend struct {
+	addr    string
+	ln      net.Listener
+	accepts atomic.Int64
+	active  atomic.Int64
+
+	mu    sync.Mutex
+	got   []byte
+	conns map[*net.TCPConn]struct{}
+	wg    sync.WaitGroup
+}
+
+// bconn is one backend connection; reads are recorded.
+type bconn struct {
+	*net.TCPConn
+	b  *tbackend
+	n  int64 // accept number, from 1
+	br *bufio.Reader
+}
+
+func (c *bconn) Read(p []byte) (int, error) {
+	n, err := c.TCPConn.Read(p)
+	if n > 0 {
+		c.b.mu.Lock()
+		c.b.got = append(c.b.got, p[:n]...)
+		c.b.mu.Unlock()
+	}
+	return n, err
+}
+
+func newBackend(t *testing.T, fn func(c *bconn)) *tbackend {
+	t.Helper()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &tbackend{addr: ln.Addr().String(), ln: ln, conns: make(map[*net.TCPConn]struct{})}
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			tc := nc.(*net.TCPConn)
+			n := b.accepts.Add(1)
+			b.active.Add(1)
+			b.mu.Lock()
+			b.conns[tc] = struct{}{}
+			b.mu.Unlock()
+			b.wg.Add(1)
+			go func() {
+				defer b.wg.Done()
+				defer b.active.Add(-1)
+				defer func() {
+					b.mu.Lock()
+					delete(b.conns, tc)
+					b.mu.Unlock()
+					tc.Close()
+				}()
+				tc.SetDeadline(time.Now().Add(10 * time.Second))
+				c := &bconn{TCPConn: tc, b: b, n: n}
+				c.br = bufio.NewReader(c)
+				fn(c)
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		b.mu.Lock()
+		for c := range b.conns {
+			c.Close()
+		}
+		b.mu.Unlock()
+		b.wg.Wait()
+	})
+	return b
+}
+
+func (b *tbackend) received() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]byte(nil), b.got...)
+}
+
+func (b *tbackend) reset() {
+	b.mu.Lock()
+	b.got = nil
+	b.mu.Unlock()
+}
+
+// waitIdle waits until no backend connection is open.
+func (b *tbackend) waitIdle(t *testing.T, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for b.active.Load() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("backend still has %d connections open after %v", b.active.Load(), d)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// readHeadFrom reads one request or response head, CRLFCRLF included.
+func readHeadFrom(br *bufio.Reader) (string, error) {
+	var sb strings.Builder
+	for {
+		line, err := br.ReadString('\n')
+		sb.WriteString(line)
+		if err != nil {
+			return sb.String(), err
+		}
+		if line == "\r\n" {
+			return sb.String(), nil
+		}
+	}
+}
+
+// readRequest reads a whole request (Content-Length or chunked body) and
+// returns its head and its body (de-chunked).
+func (c *bconn) readRequest() (string, []byte, error) {
+	head, err := readHeadFrom(c.br)
+	if err != nil {
+		return head, nil, err
+	}
+	var cl int64
+	chunked := false
+	for _, l := range strings.Split(head, "\r\n") {
+		name, val, ok := strings.Cut(l, ":")
+		if !ok {
+			continue
+		}
+		val = strings.TrimSpace(val)
+		switch strings.ToLower(name) {
+		case "content-length":
+			cl, _ = strconv.ParseInt(val, 10, 64)
+		case "transfer-encoding":
+			chunked = true
+		}
+	}
+	if chunked {
+		body, err := readChunkedBody(c.br)
+		return head, body, err
+	}
+	body := make([]byte, cl)
+	_, err = io.ReadFull(c.br, body)
+	return head, body, err
+}
+
+// readChunk reads one chunk; data is nil for the last one (whose trailer
+// section is consumed too).
+func readChunk(br *bufio.Reader) ([]byte, error) {
+	line, err := br.ReadString('\n')
+	if err != nil {
+		return nil, err
+	}
+	if !strings.HasSuffix(line, "\r\n") {
+		return nil, fmt.Errorf("chunk size line %q", line)
+	}
+	sz, _, _ := strings.Cut(strings.TrimSuffix(line, "\r\n"), ";")
+	n, err := strconv.ParseInt(sz, 16, 64)
+	if err != nil {
+		return nil, fmt.Errorf("chunk size %q", sz)
+	}
+	if n == 0 {
+		for {
+			l, err := br.ReadString('\n')
+			if err != nil {
+				return nil, err
+			}
+			if l == "\r\n" {
+				return nil, nil
+			}
+		}
+	}
+	data := make([]byte, n+2)
+	if _, err := io.ReadFull(br, data); err != nil {
+		return nil, err
+	}
+	if string(data[n:]) != "\r\n" {
+		return nil, fmt.Errorf("no CRLF after chunk data")
+	}
+	return data[:n], nil
+}
+
+func readChunkedBody(br *bufio.Reader) ([]byte, error) {
+	var body []byte
+	for {
+		d, err := readChunk(br)
+		if err != nil {
+			return body, err
+		}
+		if d == nil {
+			return body, nil
+		}
+		body = append(body, d...)
+	}
+}
+
+// readAll reads the client connection until EOF; a timeout is an error
+// (the connection was not closed).
+func readAll(t *testing.T, c net.Conn, br *bufio.Reader) []byte {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	b, err := io.ReadAll(br)
+	if err != nil {
+		t.Fatalf("reading to EOF: %v (got %q)", err, b)
+	}
+	return b
+}
+
+// splitResponse parses a raw response head and returns it with the raw
+// bytes that follow it.
+func splitResponse(t *testing.T, raw []byte, method string) (*http.Response, []byte) {
+	t.Helper()
+	i := bytes.Index(raw, []byte("\r\n\r\n"))
+	if i < 0 {
+		t.Fatalf("no response head in %q", raw)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(raw[:i+4])), &http.Request{Method: method})
+	if err != nil {
+		t.Fatalf("response head %q: %v", raw[:i+4], err)
+	}
+	return resp, raw[i+4:]
+}
+
+// expectClosed checks that the proxy closed the client connection: the
+// next read is EOF (not a timeout) with nothing more.
+func expectClosed(t *testing.T, c net.Conn, br *bufio.Reader) {
+	t.Helper()
+	if rest := readAll(t, c, br); len(rest) > 0 {
+		t.Fatalf("bytes after the response: %q", rest)
+	}
+}
+
+func fixedError(code int) string {
+	return `{"error":{"code":` + strconv.Itoa(code) + `,"message":"` + errorText[code] + `"}}` + "\n"
+}
+
+// --- 7. pipelining ---
+
+func TestPipeliningMixed(t *testing.T) {
+	be := httpBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		w.Header().Set("X-Path", r.URL.Path)
+		switch {
+		case strings.HasPrefix(r.URL.Path, "/nocontent/"):
+			w.WriteHeader(204)
+		case r.Method == "HEAD":
+			w.Header().Set("Content-Length", "1234")
+			w.WriteHeader(200)
+		case len(b) == 0:
+			io.WriteString(w, "get "+r.URL.Path)
+		default:
+			w.Write(b)
+		}
+	}))
+	p := startProxy(t, []string{be}, nil)
+	c, br := p.dial()
+
+	const n, split = 20, 10
+	type want struct {
+		path, method, body string
+		status             int
+	}
+	var wants []want
+	var first, second bytes.Buffer
+	for i := 0; i < n; i++ {
+		out := &first
+		if i > split {
+			out = &second
+		}
+		kinds := []string{"get", "cl", "chunked", "head", "nocontent"}
+		kind := kinds[i%len(kinds)]
+		path := fmt.Sprintf("/%s/%d", kind, i)
+		body := strings.Repeat(fmt.Sprintf("body-%d.", i), i+1)
+		switch {
+		case i == split:
+			// Its body straddles two TCP writes: the rest of it and the
+			// requests after it come later.
+			body = strings.Repeat("0123456789", 3000)
+			fmt.Fprintf(out, "POST %s HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n%s", path, len(body), body[:1000])
+			second.WriteString(body[1000:])
+			wants = append(wants, want{path, "POST", body, 200})
+		case kind == "get":
+			fmt.Fprintf(out, "GET %s HTTP/1.1\r\nHost: a\r\n\r\n", path)
+			wants = append(wants, want{path, "GET", "get " + path, 200})
+		case kind == "cl":
+			fmt.Fprintf(out, "POST %s HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n%s", path, len(body), body)
+			wants = append(wants, want{path, "POST", body, 200})
+		case kind == "chunked":
+			fmt.Fprintf(out, "POST %s HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n1;ext=1\r\n!\r\n0\r\n\r\n", path, len(body), body)
+			wants = append(wants, want{path, "POST", body + "!", 200})
+		case kind == "head":
+			fmt.Fprintf(out, "HEAD %s HTTP/1.1\r\nHost: a\r\n\r\n", path)
+			wants = append(wants, want{path, "HEAD", "", 200})
+		case kind == "nocontent":
+			fmt.Fprintf(out, "GET %s HTTP/1.1\r\nHost: a\r\n\r\n", path)
+			wants = append(wants, want{path, "GET", "", 204})
+		}
+	}
+	if _, err := c.Write(first.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if _, err := c.Write(second.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	for i, w := range wants {
+		resp, body := readResp(t, br, w.method == "HEAD")
+		if resp.StatusCode != w.status || body != w.body || resp.Header.Get("X-Path") != w.path {
+			t.Fatalf("response %d (%s %s): status %d path %q body %.60q", i, w.method, w.path, resp.StatusCode, resp.Header.Get("X-Path"), body)
+		}
+		if w.method == "HEAD" && resp.Header.Get("Content-Length") != "1234" {
+			t.Fatalf("HEAD response lost its Content-Length: %v", resp.Header)
+		}
+	}
+	// Nothing extra: the connection is idle and still open.
+	c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	if b, err := br.ReadByte(); !isTimeout(err) {
+		t.Fatalf("after the last response: %q %v", b, err)
+	}
+}
+
+// --- 5. SSE latency ---
+
+func TestSSELatency(t *testing.T) {
+	const events = 5
+	sent := make(chan time.Time, events)
+	be := newBackend(t, func(c *bconn) {
+		for { // one stream per request, on a keep-alive connection
+			if _, _, err := c.readRequest(); err != nil {
+				return
+			}
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+			for j := 0; j < events; j++ {
+				if j > 0 {
+					time.Sleep(50 * time.Millisecond)
+				}
+				ev := fmt.Sprintf("data: %d\n\n", j)
+				sent <- time.Now()
+				fmt.Fprintf(c, "%x\r\n%s\r\n", len(ev), ev)
+			}
+			io.WriteString(c, "0\r\n\r\n")
+		}
+	})
+	p := startProxy(t, []string{be.addr}, nil)
+	timed(t, func() error {
+		c, br := p.dial()
+		defer c.Close()
+		io.WriteString(c, "POST /sessions/w0-x/v1/chat/completions HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\n{}")
+		if _, err := readHeadFrom(br); err != nil {
+			t.Fatal(err)
+		}
+		var late error
+		for j := 0; j < events; j++ {
+			d, err := readChunk(br)
+			got := time.Now()
+			if err != nil || string(d) != fmt.Sprintf("data: %d\n\n", j) {
+				t.Fatalf("event %d: %q %v", j, d, err)
+			}
+			if lag := got.Sub(<-sent); lag > 20*time.Millisecond && late == nil {
+				late = fmt.Errorf("event %d reached the client %v after the backend wrote it", j, lag)
+			}
+		}
+		if d, err := readChunk(br); d != nil || err != nil {
+			t.Fatalf("last chunk: %q %v", d, err)
+		}
+		return late
+	})
+}
+
+// timed runs a timing check up to three times: the machine may be shared,
+// and one scheduling stall is not a proxy delay, but a proxy that buffers
+// or misses the event fails every attempt.
+func timed(t *testing.T, fn func() error) {
+	t.Helper()
+	var err error
+	for i := 1; i <= 3; i++ {
+		if err = fn(); err == nil {
+			return
+		}
+		t.Logf("attempt %d: %v", i, err)
+	}
+	t.Fatal(err)
+}
+
+// --- 8. Expect: 100-continue ---
+
+func TestExpectContinueNetHTTP(t *testing.T) {
+	be := httpBackend(t, echoHandler())
+	p := startProxy(t, []string{be}, nil)
+	c, br := p.dial()
+	io.WriteString(c, "POST /e HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+	resp, _ := readResp(t, br, false)
+	if resp.Proto != "HTTP/1.1" || resp.Status != "100 Continue" {
+		t.Fatalf("first response %s %s, want HTTP/1.1 100 Continue", resp.Proto, resp.Status)
+	}
+	// The body goes only now; a second 100 would show up as the next response.
+	io.WriteString(c, "hello")
+	resp, body := readResp(t, br, false)
+	if resp.StatusCode != 200 || body != "hello" {
+		t.Fatalf("final response %d %q", resp.StatusCode, body)
+	}
+	// The connection goes on.
+	io.WriteString(c, "GET /after HTTP/1.1\r\nHost: a\r\n\r\n")
+	if resp, _ := readResp(t, br, false); resp.StatusCode != 200 || resp.Header.Get("X-Path") != "/after" {
+		t.Fatalf("next request: %d %v", resp.StatusCode, resp.Header)
+	}
+}
+
+func TestExpectContinueFinalWithout100(t *testing.T) {
+	for _, status := range []int{417, 401} {
+		t.Run(strconv.Itoa(status), func(t *testing.T) {
+			upstreamEOF := make(chan struct{})
+			be := newBackend(t, func(c *bconn) {
+				if _, err := readHeadFrom(c.br); err != nil {
+					return
+				}
+				fmt.Fprintf(c, "HTTP/1.1 %d Nope\r\nContent-Length: 0\r\n\r\n", status)
+				// The body never came: this connection must not be reused.
+				if _, err := c.br.ReadByte(); err == io.EOF {
+					close(upstreamEOF)
+				}
+			})
+			p := startProxy(t, []string{be.addr}, nil)
+			c, br := p.dial()
+			io.WriteString(c, "PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+			resp, _ := readResp(t, br, false)
+			if resp.StatusCode != status || !resp.Close {
+				t.Fatalf("got %d close=%v, want %d with Connection: close", resp.StatusCode, resp.Close, status)
+			}
+			expectClosed(t, c, br)
+			select {
+			case <-upstreamEOF:
+			case <-time.After(2 * time.Second):
+				t.Fatal("upstream connection kept open")
+			}
+		})
+	}
+}
+
+func TestExpectContinueDuplicate100(t *testing.T) {
+	cases := []struct {
+		name string
+		// before: written after the head, before reading the body;
+		// after: written after the body.
+		before, after string
+	}{
+		{"two before body", "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 100 Continue\r\n\r\n", ""},
+		{"one before one after", "HTTP/1.1 100 Continue\r\n\r\n", "HTTP/1.1 100 Continue\r\n\r\n"},
+		{"two after body", "HTTP/1.1 100 Continue\r\n\r\n", "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 100 Continue\r\n\r\n"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			be := newBackend(t, func(c *bconn) {
+				if _, err := readHeadFrom(c.br); err != nil {
+					return
+				}
+				io.WriteString(c, tc.before)
+				body := make([]byte, 5)
+				if _, err := io.ReadFull(c.br, body); err != nil {
+					return
+				}
+				io.WriteString(c, tc.after+"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"+string(body))
+				io.Copy(io.Discard, c)
+			})
+			p := startProxy(t, []string{be.addr}, nil)
+			c, br := p.dial()
+			io.WriteString(c, "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+			resp, _ := readResp(t, br, false)
+			if resp.StatusCode != 100 {
+				t.Fatalf("first response %d, want 100", resp.StatusCode)
+			}
+			io.WriteString(c, "hello")
+			resp, body := readResp(t, br, false)
+			if resp.StatusCode != 200 || body != "hello" {
+				t.Fatalf("after the body: %d %q (a second 100 reached the client?)", resp.StatusCode, body)
+			}
+			c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+			if b, err := br.ReadByte(); !isTimeout(err) {
+				t.Fatalf("after the response: %q %v", b, err)
+			}
+		})
+	}
+}
+
+// --- 9. HTTP/1.0 clients ---
+
+func TestHTTP10Client(t *testing.T) {
+	cases := []struct {
+		name, req string
+		resp      []string // backend writes, in order
+		body      string
+	}{
+		{"chunked is de-chunked", "GET /c HTTP/1.0\r\n\r\n",
+			[]string{"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-A: 1\r\n\r\n5\r\nhello\r\n", "6;x=y\r\n world\r\n0\r\nX-T: 1\r\n\r\n"}, "hello world"},
+		{"chunked in one piece", "GET /c HTTP/1.0\r\nHost: h\r\n\r\n",
+			[]string{"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"}, "hello world"},
+		{"content-length", "GET /l HTTP/1.0\r\n\r\n",
+			[]string{"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"}, "hello"},
+		{"keep-alive asked", "GET /k HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+			[]string{"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"}, "hello"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			heads := make(chan string, 1)
+			be := newBackend(t, func(c *bconn) {
+				h, err := readHeadFrom(c.br)
+				if err != nil {
+					return
+				}
+				heads <- h
+				for i, w := range tc.resp {
+					if i > 0 {
+						time.Sleep(20 * time.Millisecond)
+					}
+					io.WriteString(c, w)
+				}
+				io.Copy(io.Discard, c)
+			})
+			p := startProxy(t, []string{be.addr}, nil)
+			c, br := p.dial()
+			io.WriteString(c, tc.req)
+			raw := readAll(t, c, br) // EOF: the connection was closed
+			resp, body := splitResponse(t, raw, "GET")
+			if resp.StatusCode != 200 || !resp.Close || !bytes.Contains(raw, []byte("\r\nConnection: close\r\n")) {
+				t.Fatalf("response %q, want 200 with Connection: close", raw)
+			}
+			if resp.Header.Get("Transfer-Encoding") != "" || len(resp.TransferEncoding) > 0 {
+				t.Fatalf("Transfer-Encoding sent to an HTTP/1.0 client: %q", raw)
+			}
+			if string(body) != tc.body {
+				t.Fatalf("body %q, want %q", body, tc.body)
+			}
+			if h := <-heads; !strings.Contains(h, " HTTP/1.1\r\n") {
+				t.Fatalf("upstream request not HTTP/1.1: %q", h)
+			}
+		})
+	}
+}
+
+// A large chunked body (chunks longer than the splice threshold) reaches an
+// HTTP/1.0 client de-chunked, byte for byte.
+func TestHTTP10ClientLargeChunked(t *testing.T) {
+	const size, seed = 1 << 20, 7
+	s, err := demo.Start("127.0.0.1:0", demo.Options{Index: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	p := startProxy(t, []string{s.Addr()}, nil)
+	c, br := p.dial()
+	fmt.Fprintf(c, "GET /sessions/w0-a/blob?size=%d&seed=%d&chunked=1 HTTP/1.0\r\n\r\n", size, seed)
+	raw := readAll(t, c, br)
+	resp, body := splitResponse(t, raw, "GET")
+	if resp.StatusCode != 200 || !resp.Close || len(resp.TransferEncoding) > 0 {
+		t.Fatalf("head %d %v", resp.StatusCode, resp.Header)
+	}
+	want, _ := io.ReadAll(demo.Blob(size, seed))
+	if !bytes.Equal(body, want) {
+		t.Fatalf("body of %d bytes differs from the blob of %d", len(body), len(want))
+	}
+}
+
+// --- 10. backend dies in the middle of a body ---
+
+func TestBackendDiesMidBody(t *testing.T) {
+	part := strings.Repeat("x", 100)
+	cases := []struct {
+		name, head, sent string
+		reset            bool
+	}{
+		{"content-length", "HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n", part, false},
+		{"chunked mid-chunk", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", "3e8\r\n" + part, false},
+		{"content-length reset", "HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n", part, true},
+		{"chunked reset", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", "3e8\r\n" + part, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			be := newBackend(t, func(c *bconn) {
+				if _, err := readHeadFrom(c.br); err != nil {
+					return
+				}
+				io.WriteString(c, tc.head+tc.sent)
+				if tc.reset {
+					time.Sleep(50 * time.Millisecond) // the proxy relays what came first
+					c.SetLinger(0)
+				}
+			})
+			p := startProxy(t, []string{be.addr}, nil)
+			for i := 1; i <= 2; i++ {
+				c, br := p.dial()
+				io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+				raw := readAll(t, c, br)
+				resp, body := splitResponse(t, raw, "GET")
+				if resp.StatusCode != 200 || string(body) != tc.sent {
+					t.Fatalf("request %d: status %d body %q, want the %d bytes sent and EOF", i, resp.StatusCode, body, len(tc.sent))
+				}
+				if got := be.accepts.Load(); got != int64(i) {
+					t.Fatalf("request %d: backend accepted %d connections", i, got)
+				}
+				be.waitIdle(t, 2*time.Second)
+			}
+			pool := p.table.Get(0).Pool
+			if r := pool.Retries(upstream.RetryDeadPooled); r != 0 || pool.Idle() != 0 {
+				t.Fatalf("the broken connection went back to the pool (dead pooled %d, idle %d)", r, pool.Idle())
+			}
+		})
+	}
+}
+
+// --- 11. client leaves in the middle of a stream ---
+
+func TestClientAbortClosesUpstream(t *testing.T) {
+	const within = 100 * time.Millisecond
+	t.Run("demo worker", func(t *testing.T) {
+		s, err := demo.Start("127.0.0.1:0", demo.Options{Index: 0})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		p := startProxy(t, []string{s.Addr()}, nil)
+		timed(t, func() error {
+			c, br := p.dial()
+			io.WriteString(c, "POST /sessions/w0-abc/slow?chunks=5&delay_ms=3000 HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n")
+			if _, err := readHeadFrom(br); err != nil {
+				t.Fatal(err)
+			}
+			if d, err := readChunk(br); err != nil || !bytes.Contains(d, []byte(`"seq":0`)) {
+				t.Fatalf("first event %q %v", d, err)
+			}
+			cancelled, aborted := s.Cancelled(), p.srv.Counters().ClientAborted.Load()
+			c.Close()
+			start := time.Now()
+			var took time.Duration
+			for s.Cancelled() == cancelled || p.srv.Counters().ClientAborted.Load() == aborted {
+				if time.Since(start) > 2*time.Second {
+					t.Fatalf("worker cancelled %d, client aborts %d, 2s after the client left", s.Cancelled()-cancelled, p.srv.Counters().ClientAborted.Load()-aborted)
+				}
+				if took == 0 && s.Cancelled() != cancelled {
+					took = time.Since(start)
+				}
+				time.Sleep(time.Millisecond)
+			}
+			if took == 0 {
+				took = time.Since(start)
+			}
+			if n := p.srv.Counters().ClientAborted.Load() - aborted; n != 1 {
+				t.Fatalf("ClientAborted counted %d times", n)
+			}
+			if took > within {
+				return fmt.Errorf("worker cancelled %v after the client left", took)
+			}
+			return nil
+		})
+	})
+	t.Run("raw backend", func(t *testing.T) {
+		gone := make(chan time.Time, 1)
+		be := newBackend(t, func(c *bconn) {
+			if _, err := readHeadFrom(c.br); err != nil {
+				return
+			}
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6\r\ndata:\n\r\n")
+			c.br.ReadByte() // blocks until the proxy closes the connection
+			gone <- time.Now()
+		})
+		p := startProxy(t, []string{be.addr}, nil)
+		timed(t, func() error {
+			c, br := p.dial()
+			io.WriteString(c, "GET /stream HTTP/1.1\r\nHost: a\r\n\r\n")
+			if _, err := readHeadFrom(br); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := readChunk(br); err != nil {
+				t.Fatal(err)
+			}
+			c.Close()
+			start := time.Now()
+			select {
+			case at := <-gone:
+				if d := at.Sub(start); d > within {
+					return fmt.Errorf("upstream closed %v after the client left", d)
+				}
+			case <-time.After(2 * time.Second):
+				t.Fatal("upstream connection still open after the client left")
+			}
+			return nil
+		})
+	})
+}
+
+// --- 12. pooled connections and retries ---
+
+func TestDeadPooledConnDetected(t *testing.T) {
+	be := newBackend(t, func(c *bconn) {
+		if _, _, err := c.readRequest(); err != nil {
+			return
+		}
+		// Answer as if the connection stayed open, then close it while idle
+		// (a backend's idle timeout).
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+	})
+	p := startProxy(t, []string{be.addr}, nil)
+	c, br := p.dial()
+	for i := 1; i <= 2; i++ {
+		io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+		resp, body := readResp(t, br, false)
+		if resp.StatusCode != 200 || body != "ok" {
+			t.Fatalf("request %d: %d %q", i, resp.StatusCode, body)
+		}
+		be.waitIdle(t, 2*time.Second)
+		time.Sleep(10 * time.Millisecond) // the FIN reaches the pooled socket
+	}
+	pool := p.table.Get(0).Pool
+	if r := pool.Retries(upstream.RetryDeadPooled); r != 1 {
+		t.Fatalf("dead pooled retries %d, want 1", r)
+	}
+	if a := be.accepts.Load(); a != 2 {
+		t.Fatalf("backend accepts %d, want 2", a)
+	}
+}
+
+func TestNoRetryAfterRequestWritten(t *testing.T) {
+	cases := []struct {
+		name   string
+		pooled bool // a first request primes the pool
+	}{{"fresh connection", false}, {"pooled connection", true}}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var served atomic.Int64
+			be := newBackend(t, func(c *bconn) {
+				for {
+					if _, _, err := c.readRequest(); err != nil {
+						return
+					}
+					if served.Add(1) == 1 && tc.pooled {
+						io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+						continue
+					}
+					return // the request arrived: close without an answer
+				}
+			})
+			p := startProxy(t, []string{be.addr}, nil)
+			c, br := p.dial()
+			if tc.pooled {
+				io.WriteString(c, "GET /prime HTTP/1.1\r\nHost: a\r\n\r\n")
+				if resp, _ := readResp(t, br, false); resp.StatusCode != 200 {
+					t.Fatalf("priming request: %d", resp.StatusCode)
+				}
+			}
+			io.WriteString(c, "POST /gen HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\n\r\nbody")
+			resp, body := readResp(t, br, false)
+			if resp.StatusCode != 502 || body != fixedError(502) || !resp.Close {
+				t.Fatalf("got %d close=%v %q", resp.StatusCode, resp.Close, body)
+			}
+			expectClosed(t, c, br)
+			time.Sleep(50 * time.Millisecond)
+			pool := p.table.Get(0).Pool
+			if a := be.accepts.Load(); a != 1 {
+				t.Fatalf("backend accepted %d connections: the request was retried", a)
+			}
+			if n := served.Load(); n != map[bool]int64{false: 1, true: 2}[tc.pooled] {
+				t.Fatalf("backend read %d requests", n)
+			}
+			if r := pool.Retries(upstream.RetryConnect) + pool.Retries(upstream.RetryDeadPooled); r != 0 {
+				t.Fatalf("%d retries", r)
+			}
+		})
+	}
+}
+
+// --- 13. response timeout ---
+
+func TestResponseTimeout504(t *testing.T) {
+	upstreamEOF := make(chan struct{})
+	be := newBackend(t, func(c *bconn) {
+		if _, err := readHeadFrom(c.br); err != nil {
+			return
+		}
+		if _, err := c.br.ReadByte(); err == io.EOF { // never answers
+			close(upstreamEOF)
+		}
+	})
+	p := startProxy(t, []string{be.addr}, func(cfg *Config) { cfg.ResponseTimeout = 200 * time.Millisecond })
+	c, br := p.dial()
+	start := time.Now()
+	io.WriteString(c, "GET /never HTTP/1.1\r\nHost: a\r\n\r\n")
+	resp, body := readResp(t, br, false)
+	d := time.Since(start)
+	if resp.StatusCode != 504 || body != fixedError(504) || !resp.Close {
+		t.Fatalf("got %d close=%v %q", resp.StatusCode, resp.Close, body)
+	}
+	if d < 190*time.Millisecond || d > 2*time.Second {
+		t.Fatalf("504 after %v, want about 200ms", d)
+	}
+	expectClosed(t, c, br)
+	select {
+	case <-upstreamEOF:
+	case <-time.After(2 * time.Second):
+		t.Fatal("upstream connection kept open after the timeout")
+	}
+	if n := p.srv.Counters().Timeouts.Load(); n != 1 {
+		t.Fatalf("Timeouts %d", n)
+	}
+}
