@@ -39,8 +39,9 @@ check-generate:
 	else echo "check-generate: clang or libbpf-dev missing, not checking bpf/ output"; fi
 
 # Benchmarks against a direct backend, nginx and HAProxy in one run.
+BENCHFLAGS ?=
 bench:
-	$(GO) run ./cmd/tether-bench
+	$(GO) run ./cmd/tether-bench $(BENCHFLAGS)
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseRequest$$' -fuzztime $(FUZZTIME) ./userspace/httphead/
