@@ -27,6 +27,7 @@ type verb struct {
 var verbs = []verb{
 	{"status", "status [--json] [--pin-dir DIR]      listeners and workers, from the pinned maps", cmdStatus},
 	{"listeners", "listeners drain N [--pin-dir DIR]   retire listener slot N without resetting a client", cmdListeners},
+	{"workers", workersUsage, cmdWorkers},
 }
 
 type usageError struct{ msg string }

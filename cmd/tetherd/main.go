@@ -11,10 +11,12 @@ import (
 	_ "net/http/pprof"
 	"os"
 	"os/signal"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/tether-rl/tether/userspace/config"
 	"github.com/tether-rl/tether/userspace/daemon"
 )
 
@@ -30,34 +32,67 @@ func main() {
 	}
 }
 
-func run(args []string) error {
+// cli is what the command line and the config file say.
+type cli struct {
+	fs       *flag.FlagSet
+	opts     daemon.Options
+	grace    time.Duration
+	logLevel string
+	pprof    string
+}
+
+// parse reads the flags, then the config file (--config) for the flags not
+// on the command line. SIGHUP calls it again on the same arguments.
+func parse(args []string) (*cli, error) {
 	fs := flag.NewFlagSet("tetherd", flag.ContinueOnError)
 	var workers multiFlag
-	opts := daemon.Options{}
+	c := &cli{fs: fs}
+	opts := &c.opts
 	fs.StringVar(&opts.Listen, "listen", "127.0.0.1:8080", "data-plane address")
 	fs.Var(&workers, "worker", "backend worker URL (repeatable; slot = order given)")
 	fs.IntVar(&opts.Demo, "demo", 0, "start N built-in demo session workers on loopback and route to them")
 	fs.StringVar(&opts.BadSession, "bad-session", "spread", "session id naming no worker: spread or reject (404)")
 	fs.DurationVar(&opts.ResponseTimeout, "response-timeout", 30*time.Minute, "wait for the first response byte before 504")
-	fs.IntVar(&opts.Listeners, "listeners", 1, "listener sockets in the SO_REUSEPORT group")
-	grace := fs.Duration("shutdown-grace", 30*time.Second, "on SIGTERM, time given to requests in progress")
-	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	pprofAddr := fs.String("pprof", "", "serve net/http/pprof on this address (debugging; keep it on loopback)")
+	fs.IntVar(&opts.Listeners, "listeners", runtime.NumCPU(), "listener sockets in the SO_REUSEPORT group")
+	fs.StringVar(&opts.BPF, "bpf", "auto", "BPF listener steering: auto (fall back to the kernel hash with one warning), required, or off")
+	fs.StringVar(&opts.PinDir, "bpf-pin-dir", "", "bpffs directory for the pinned maps (default /sys/fs/bpf/tether/v<ABI>)")
+	fs.DurationVar(&c.grace, "shutdown-grace", 30*time.Second, "on SIGTERM, time given to requests in progress")
+	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&c.pprof, "pprof", "", "serve net/http/pprof on this address (debugging; keep it on loopback)")
+	configFile := fs.String("config", "", "JSON file whose fields are these flags' names, e.g. {\"worker\":[URL,...],\"bad-session\":\"reject\"}; the command line wins; SIGHUP reloads the workers and policies")
+	routingDone := routingFlags(fs, &opts.Routing)
+	controlDone := controlFlags(fs, opts)
 	if err := fs.Parse(args); err != nil {
-		return err
+		return nil, err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %q", fs.Args())
+	if *configFile != "" {
+		explicit := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
+		if err := config.Load(fs, *configFile, explicit, "config"); err != nil {
+			return nil, err
+		}
+	}
+	routingDone()
+	if err := controlDone(fs.Args()); err != nil {
+		return nil, err
 	}
 	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {
-		return fmt.Errorf("--log-level: %w", err)
+	if err := lvl.UnmarshalText([]byte(c.logLevel)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
 	}
 	opts.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	opts.Workers = workers
+	return c, nil
+}
 
-	if *pprofAddr != "" {
-		go func() { opts.Log.Error("pprof stopped", "err", http.ListenAndServe(*pprofAddr, nil)) }()
+func run(args []string) error {
+	c, err := parse(args)
+	if err != nil {
+		return err
+	}
+	opts := c.opts
+	if c.pprof != "" {
+		go func() { opts.Log.Error("pprof stopped", "err", http.ListenAndServe(c.pprof, nil)) }()
 	}
 	d, err := daemon.New(opts)
 	if err != nil {
@@ -71,10 +106,41 @@ func run(args []string) error {
 			"  curl -s http://%[2]s/health\n\n", opts.Demo, d.Addr())
 	}
 	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	s := <-sig
-	opts.Log.Info("shutting down", "signal", s.String(), "grace", *grace)
-	ctx, cancel := context.WithTimeout(context.Background(), *grace)
+	for ; s == syscall.SIGHUP; s = <-sig {
+		reload(d, args, c)
+	}
+	opts.Log.Info("shutting down", "signal", s.String(), "grace", c.grace)
+	ctx, cancel := context.WithTimeout(context.Background(), c.grace)
 	defer cancel()
 	return d.Shutdown(ctx)
+}
+
+// reloadable are the flags a SIGHUP applies; the others need a restart.
+// (Routing policies apply when their package registers daemon.OnReload.)
+var reloadable = map[string]bool{"worker": true, "bad-session": true, "config": true}
+
+// reload reads the command line and the config file again and applies the
+// worker list and policies. An invalid configuration changes nothing.
+func reload(d *daemon.Daemon, args []string, running *cli) {
+	log := running.opts.Log
+	n, err := parse(args)
+	if err != nil {
+		log.Error("reload refused: the running configuration is kept", "err", err)
+		return
+	}
+	running.fs.VisitAll(func(f *flag.Flag) {
+		if nf := n.fs.Lookup(f.Name); nf != nil && !reloadable[f.Name] && nf.Value.String() != f.Value.String() {
+			if f.Name == "admin-token" {
+				log.Warn("reload: this change takes effect on restart", "flag", f.Name)
+				return
+			}
+			log.Warn("reload: this change takes effect on restart", "flag", f.Name, "running", f.Value.String(), "new", nf.Value.String())
+		}
+	})
+	n.opts.Log = log
+	if err := d.Reload(n.opts); err != nil {
+		log.Error("reload refused: the running configuration is kept", "err", err)
+	}
 }

@@ -9,17 +9,24 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
-	"net/url"
 	"sync"
 	"time"
 
+	"github.com/tether-rl/tether/userspace/admin"
 	"github.com/tether-rl/tether/userspace/demo"
+	"github.com/tether-rl/tether/userspace/engine"
+	"github.com/tether-rl/tether/userspace/health"
 	"github.com/tether-rl/tether/userspace/httphead"
+	"github.com/tether-rl/tether/userspace/listener"
+	"github.com/tether-rl/tether/userspace/metrics"
 	"github.com/tether-rl/tether/userspace/proxy"
+	"github.com/tether-rl/tether/userspace/registry"
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/stats"
+	"github.com/tether-rl/tether/userspace/supervisor"
 	"github.com/tether-rl/tether/userspace/upstream"
 )
 
@@ -27,6 +34,8 @@ import (
 type Options struct {
 	Listen          string        // data-plane address, e.g. 127.0.0.1:8080
 	Listeners       int           // sockets in the SO_REUSEPORT group; default 1
+	BPF             string        // steering: auto (default), required or off
+	PinDir          string        // bpffs directory of the maps; default bpf.DefaultPinDir
 	Workers         []string      // backend URLs, slot = index
 	Demo            int           // start this many demo workers and route to them
 	BadSession      string        // "spread" (default) or "reject"
@@ -34,6 +43,24 @@ type Options struct {
 	Pool            upstream.Options
 	Limits          httphead.Limits
 	Log             *slog.Logger
+	// Routing: the policy for requests that name no session, and the
+	// engine endpoints (routing.go).
+	Routing RoutingOptions
+
+	// Control plane (control.go). Zero values take the defaults.
+	Admin                string        // admin API address; "" turns it off (cmd/tetherd: DefaultAdmin)
+	AdminOnDataPort      bool          // also serve the admin API on the data port
+	AdminToken           string        // Bearer token the admin API requires, wherever served
+	HealthInterval       time.Duration // active checks; default 5s
+	HealthTimeout        time.Duration // of one check; default 2s
+	HealthFailures       int           // consecutive failures to unhealthy; default 3
+	HealthSuccesses      int           // consecutive successes to healthy; default 2
+	WorkerStartupTimeout time.Duration // wait for a new worker's /health; default 5m
+	RemoveGrace          time.Duration // wait for a removed worker's requests; default 60s
+	Spawn                int           // start this many worker processes in slots 0..Spawn-1
+	SpawnCommand         []string      // their command, with {index} {count} {port} {host} {fd}
+	SpawnGrace           time.Duration // SIGTERM to SIGKILL on stop; default 10s
+	SpawnOutput          io.Writer     // their stdout and stderr; default tetherd's stderr
 }
 
 // Daemon is a running tetherd.
@@ -45,32 +72,28 @@ type Daemon struct {
 	Router     *route.Router
 	Proxy      *proxy.Server
 	Stats      *stats.Table
+	Policy     *route.Policy  // as started; Router.CurrentPolicy() after a SIGHUP
+	Owners     *engine.Owners // request ids in flight -> worker
+	Engine     *engine.Engine // abort and fan-out endpoints (nil: NoEngineEndpoints)
+	routing    *routing
 	demos      []*demo.Server
+	Group      *listener.Group
 	lns        []net.Listener
 	wg         sync.WaitGroup
+
+	// Control plane (control.go).
+	Registry   *registry.Registry
+	Health     *health.Checker
+	Metrics    *metrics.Metrics
+	Admin      *admin.Server
+	Supervisor *supervisor.Supervisor // nil without --spawn
+	ctl        control
 }
 
 // ParseWorkerURL checks a worker URL and returns its dial address.
 func ParseWorkerURL(raw string) (string, error) {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "", fmt.Errorf("worker url %q: %w", raw, err)
-	}
-	switch u.Scheme {
-	case "http":
-	case "https":
-		return "", fmt.Errorf("worker url %q: https backends are not supported (tether speaks plain HTTP/1.1 upstream)", raw)
-	default:
-		return "", fmt.Errorf("worker url %q: scheme must be http", raw)
-	}
-	if u.Host == "" || u.User != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
-		return "", fmt.Errorf("worker url %q: want http://host:port", raw)
-	}
-	host, port := u.Hostname(), u.Port()
-	if port == "" {
-		port = "80"
-	}
-	return net.JoinHostPort(host, port), nil
+	_, addr, err := registry.ParseURL(raw)
+	return addr, err
 }
 
 func badSessionMode(s string) (route.BadSession, error) {
@@ -102,10 +125,13 @@ func New(opts Options) (*Daemon, error) {
 	if opts.Demo < 0 || opts.Demo > 256 {
 		return nil, fmt.Errorf("--demo %d: want 0..256", opts.Demo)
 	}
-	if opts.Demo == 0 && len(opts.Workers) == 0 {
-		return nil, errors.New("no workers: give --worker URL (repeatable) or --demo N")
+	if opts.Spawn < 0 {
+		return nil, fmt.Errorf("--spawn %d: want 0 or more", opts.Spawn)
 	}
-	if len(opts.Workers)+opts.Demo > stats.MaxWorkers {
+	if opts.Demo == 0 && len(opts.Workers) == 0 && opts.Spawn == 0 && opts.Admin == "" && !opts.AdminOnDataPort {
+		return nil, errors.New("no workers: give --worker URL (repeatable), --demo N or --spawn N, or an admin API (--admin) to add them later")
+	}
+	if len(opts.Workers)+opts.Demo+opts.Spawn > stats.MaxWorkers {
 		return nil, fmt.Errorf("too many workers: at most %d", stats.MaxWorkers)
 	}
 	addrs := make([]string, 0, len(opts.Workers))
@@ -127,7 +153,7 @@ func New(opts Options) (*Daemon, error) {
 		}
 	}()
 	for i := 0; i < opts.Demo; i++ {
-		s, err := demo.Start("127.0.0.1:0", demo.Options{Index: len(opts.Workers) + i})
+		s, err := demo.Start("127.0.0.1:0", demo.Options{Index: opts.Spawn + len(addrs)}) // its slot: after --spawn's, and opts.Workers grows below
 		if err != nil {
 			return nil, fmt.Errorf("start demo worker %d: %w", i, err)
 		}
@@ -136,25 +162,35 @@ func New(opts Options) (*Daemon, error) {
 		addrs = append(addrs, s.Addr())
 	}
 
-	lns, tab, err := openListeners(opts.Listen, opts.Listeners, opts.Log)
+	g, err := openListeners(opts)
 	if err != nil {
 		return nil, err
 	}
-	d.lns, d.Stats = lns, tab
+	d.Group, d.lns, d.Stats = g, g.Listeners(), g.Stats()
 
-	for i, u := range opts.Workers {
-		ws := d.Stats.Worker(i)
-		d.Table.Put(&route.Worker{Slot: i, URL: u, Addr: addrs[i], Stats: ws, Pool: upstream.New(addrs[i], ws, opts.Pool)})
+	if err := d.newRegistry(opts, len(d.demos)); err != nil {
+		return nil, err
 	}
 	d.Router = &route.Router{Table: d.Table, BadSession: bad}
+	if d.routing, err = setupRouting(opts, d.Group, d.Router); err != nil {
+		return nil, err
+	}
+	d.OnReload(d.routing.reload)
+	d.Policy, d.Owners, d.Engine = d.routing.policy, d.routing.owners, d.routing.engine
 	d.Proxy = proxy.New(proxy.Config{
-		Router:          d.Router,
+		Router:          d.routing.router,
+		PeekBody:        d.routing.peek,
+		Local:           d.localHook(opts),
+		Observe:         d.observe,
 		Table:           d.Table,
 		Limits:          opts.Limits,
 		ResponseTimeout: opts.ResponseTimeout,
 		InstanceID:      d.InstanceID,
 		Log:             opts.Log,
 	})
+	if err := d.newControl(opts); err != nil {
+		return nil, err
+	}
 	ok = true
 	return d, nil
 }
@@ -176,7 +212,8 @@ func (d *Daemon) Serve() {
 			}
 		}()
 	}
-	d.log.Info("tetherd serving", "listen", d.Addr(), "listeners", len(d.lns), "workers", len(d.opts.Workers), "instance_id", d.InstanceID)
+	d.log.Info("tetherd serving", "listen", d.Addr(), "listeners", len(d.lns), "workers", len(d.Table.Snapshot()), "instance_id", d.InstanceID)
+	d.startControl(d.opts)
 }
 
 // Shutdown stops accepting, finishes requests in progress (bounded by ctx)
@@ -186,6 +223,7 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 	if d.Proxy != nil {
 		err = d.Proxy.Shutdown(ctx)
 	}
+	d.stopControl(ctx)
 	d.wg.Wait()
 	d.Close()
 	return err
@@ -196,9 +234,12 @@ func (d *Daemon) Close() {
 	if d.Proxy != nil {
 		d.Proxy.Close()
 	}
-	for _, ln := range d.lns {
-		ln.Close()
+	if d.Group != nil {
+		d.Group.Close()
 	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // at once: SIGTERM then SIGKILL to the --spawn processes
+	d.stopControl(ctx)
 	for _, w := range d.Table.Snapshot() {
 		if w != nil {
 			w.Pool.Close()
@@ -207,4 +248,5 @@ func (d *Daemon) Close() {
 	for _, s := range d.demos {
 		s.Close()
 	}
+	d.routing.close()
 }

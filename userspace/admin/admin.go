@@ -1,0 +1,384 @@
+// Package admin is tetherd's control API: the worker registry over HTTP,
+// in sglang-router's legacy and REST forms, plus loads and metrics. It is
+// served on its own listener (--admin, loopback by default) and, only with
+// --admin-on-data-port, on the data port through the proxy's Local hook.
+// With --admin-token every endpoint wants "Authorization: Bearer TOKEN".
+//
+//	POST   /add_worker?url=U        (or JSON body {"url":U})  sglang-router legacy
+//	POST   /remove_worker?url=U     (or JSON body {"url":U})
+//	GET    /list_workers            {"urls":[...]}
+//	POST   /workers                 {"url":U}: answers once U passed a health check and routes
+//	GET    /workers                 {"workers":[...],"total":n,"healthy":k,"panic":b}
+//	GET    /workers/{id}            id: slot number, or the url (URL-escaped)
+//	DELETE /workers/{id}
+//	POST   /workers/{id}/drain
+//	GET    /get_loads, /v1/loads    {"workers":[{"worker":url,"load":in_flight}]}
+//	GET    /metrics                 Prometheus
+//	GET    /health                  tetherd's own health (admin listener)
+//
+// Errors are JSON: {"error":{"code":N,"message":"..."}}; bad input is a 4xx
+// and changes nothing.
+package admin
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"github.com/tether-rl/tether/userspace/registry"
+)
+
+// Config configures the admin API.
+type Config struct {
+	Registry *registry.Registry
+	Metrics  http.Handler // GET /metrics; nil: 404
+	Health   http.Handler // GET /health on the admin listener; nil: {"status":"ok"}
+	// Token, when set, is required as "Authorization: Bearer TOKEN" on
+	// every endpoint, wherever it is served.
+	Token string
+	Log   *slog.Logger
+}
+
+// Server is the admin API, an http.Handler.
+type Server struct {
+	cfg   Config
+	mux   *http.ServeMux
+	token []byte
+}
+
+// maxBody bounds a control request's body.
+const maxBody = 1 << 20
+
+// New returns the admin API.
+func New(cfg Config) *Server {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	s := &Server{cfg: cfg, mux: http.NewServeMux()}
+	if cfg.Token != "" {
+		s.token = []byte(cfg.Token)
+	}
+	m := s.mux
+	m.HandleFunc("POST /add_worker", s.legacyAdd)
+	m.HandleFunc("POST /remove_worker", s.legacyRemove)
+	m.HandleFunc("GET /list_workers", s.listURLs)
+	m.HandleFunc("POST /workers", s.create)
+	m.HandleFunc("GET /workers", s.list)
+	m.HandleFunc("GET /workers/{id}", s.get)
+	m.HandleFunc("DELETE /workers/{id}", s.delete)
+	m.HandleFunc("POST /workers/{id}/drain", s.drain)
+	m.HandleFunc("GET /get_loads", s.loads)
+	m.HandleFunc("GET /v1/loads", s.loads)
+	m.HandleFunc("GET /metrics", s.metrics)
+	m.HandleFunc("GET /health", s.health)
+	return s
+}
+
+// ServeHTTP checks the token, then serves the endpoint.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.token != nil && !s.authorized(r) {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="tetherd"`)
+		writeError(w, http.StatusUnauthorized, "missing or wrong admin token (Authorization: Bearer TOKEN)")
+		return
+	}
+	h, pattern := s.mux.Handler(r)
+	if pattern == "" {
+		// The mux's own 404 or 405 (with Allow): answer it in JSON.
+		h.ServeHTTP(&jsonErrorWriter{ResponseWriter: w}, r)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+func (s *Server) authorized(r *http.Request) bool {
+	h := r.Header.Get("Authorization")
+	const prefix = "Bearer "
+	if len(h) <= len(prefix) || !strings.EqualFold(h[:len(prefix)], prefix) {
+		return false
+	}
+	return subtle.ConstantTimeCompare([]byte(strings.TrimSpace(h[len(prefix):])), s.token) == 1
+}
+
+// DataPort is the proxy's Local hook for --admin-on-data-port: it returns
+// the admin API for its paths and nil (proxy it) for every other one. It
+// does not allocate.
+func (s *Server) DataPort(method, path []byte) http.Handler {
+	if IsAdminPath(path) {
+		return s
+	}
+	return nil
+}
+
+// IsAdminPath reports whether path (query included or not) is one of the
+// admin API's paths, /health excepted.
+func IsAdminPath(path []byte) bool {
+	for i, c := range path {
+		if c == '?' {
+			path = path[:i]
+			break
+		}
+	}
+	switch string(path) {
+	case "/add_worker", "/remove_worker", "/list_workers", "/workers", "/get_loads", "/v1/loads", "/metrics":
+		return true
+	}
+	const p = "/workers/"
+	return len(path) > len(p) && string(path[:len(p)]) == p
+}
+
+// jsonErrorWriter turns the mux's plain-text error into a JSON one (and
+// lets anything else, e.g. a redirect to a clean path, through).
+type jsonErrorWriter struct {
+	http.ResponseWriter
+	done, pass bool
+}
+
+func (w *jsonErrorWriter) WriteHeader(code int) {
+	if w.done {
+		return
+	}
+	w.done = true
+	if code < 400 {
+		w.pass = true
+		w.ResponseWriter.WriteHeader(code)
+		return
+	}
+	msg := "no such endpoint"
+	if code == http.StatusMethodNotAllowed {
+		msg = "method not allowed"
+	}
+	w.ResponseWriter.Header().Del("X-Content-Type-Options")
+	writeError(w.ResponseWriter, code, msg)
+}
+
+func (w *jsonErrorWriter) Write(p []byte) (int, error) {
+	if !w.done {
+		w.WriteHeader(http.StatusOK)
+	}
+	if w.pass {
+		return w.ResponseWriter.Write(p)
+	}
+	return len(p), nil
+}
+
+// ErrorBody is the JSON of an error answer.
+type ErrorBody struct {
+	Error struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	var b ErrorBody
+	b.Error.Code, b.Error.Message = code, msg
+	writeJSON(w, code, b)
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Del("Content-Length")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(v)
+}
+
+// statusOf maps a registry error to an HTTP status.
+func statusOf(err error) int {
+	switch {
+	case errors.Is(err, registry.ErrBadURL):
+		return http.StatusBadRequest
+	case errors.Is(err, registry.ErrDuplicate), errors.Is(err, registry.ErrFull), errors.Is(err, registry.ErrManaged):
+		return http.StatusConflict
+	case errors.Is(err, registry.ErrNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, registry.ErrUnavailable), errors.Is(err, registry.ErrClosed):
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusInternalServerError
+}
+
+func (s *Server) fail(w http.ResponseWriter, err error) {
+	writeError(w, statusOf(err), err.Error())
+}
+
+// workerURL reads the url from the query (?url=U) or a JSON body {"url":U}.
+func workerURL(r *http.Request) (string, error) {
+	if u := r.URL.Query().Get("url"); u != "" {
+		return u, nil
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil {
+		return "", errors.New("cannot read the request body: " + err.Error())
+	}
+	if len(body) > maxBody {
+		return "", errors.New("request body too large")
+	}
+	if len(strings.TrimSpace(string(body))) == 0 {
+		return "", errors.New("missing url: give ?url=http://host:port or a JSON body {\"url\":\"http://host:port\"}")
+	}
+	var req struct {
+		URL string `json:"url"`
+	}
+	if err := json.Unmarshal(body, &req); err != nil {
+		return "", errors.New("invalid JSON body: " + err.Error())
+	}
+	if req.URL == "" {
+		return "", errors.New("missing url: the JSON body needs {\"url\":\"http://host:port\"}")
+	}
+	return req.URL, nil
+}
+
+// Answer is the JSON of a worker created or removed: the worker and a
+// human-readable message (sglang-router's legacy answer was that text).
+type Answer struct {
+	registry.Info
+	Message  string `json:"message"`
+	Location string `json:"location,omitempty"`
+}
+
+func (s *Server) add(w http.ResponseWriter, r *http.Request) (registry.Info, bool) {
+	u, err := workerURL(r)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return registry.Info{}, false
+	}
+	info, err := s.cfg.Registry.Add(r.Context(), u, registry.OriginAdmin)
+	if err != nil {
+		s.fail(w, err)
+		return registry.Info{}, false
+	}
+	return info, true
+}
+
+func (s *Server) legacyAdd(w http.ResponseWriter, r *http.Request) {
+	if info, ok := s.add(w, r); ok {
+		writeJSON(w, http.StatusOK, Answer{Info: info, Message: "Successfully added worker: " + info.URL})
+	}
+}
+
+func (s *Server) create(w http.ResponseWriter, r *http.Request) {
+	if info, ok := s.add(w, r); ok {
+		loc := "/workers/" + info.WorkerID
+		w.Header().Set("Location", loc)
+		writeJSON(w, http.StatusOK, Answer{Info: info, Message: "Successfully added worker: " + info.URL, Location: loc})
+	}
+}
+
+func (s *Server) legacyRemove(w http.ResponseWriter, r *http.Request) {
+	u, err := workerURL(r)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if _, _, err := registry.ParseURL(u); err != nil {
+		s.fail(w, err)
+		return
+	}
+	info, err := s.cfg.Registry.Remove(u)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, Answer{Info: info, Message: "Successfully removed worker: " + info.URL})
+}
+
+func (s *Server) listURLs(w http.ResponseWriter, r *http.Request) {
+	urls := s.cfg.Registry.URLs()
+	if urls == nil {
+		urls = []string{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"urls": urls})
+}
+
+// List is the JSON of GET /workers.
+type List struct {
+	Workers []registry.Info `json:"workers"`
+	Total   int             `json:"total"`   // workers in slots
+	Healthy int             `json:"healthy"` // of which healthy
+	Panic   bool            `json:"panic"`   // every routable worker unhealthy
+}
+
+func (s *Server) list(w http.ResponseWriter, r *http.Request) {
+	out := List{Workers: s.cfg.Registry.List(), Panic: s.cfg.Registry.Panic()}
+	for _, in := range out.Workers {
+		if in.State == registry.StatePending || in.State == registry.StateRemoved {
+			continue
+		}
+		out.Total++
+		if in.Healthy {
+			out.Healthy++
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// id returns the {id} path value (unescaped): a slot number or a worker
+// url.
+func id(r *http.Request) string { return r.PathValue("id") }
+
+func (s *Server) get(w http.ResponseWriter, r *http.Request) {
+	info, err := s.cfg.Registry.Get(id(r))
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, info)
+}
+
+func (s *Server) delete(w http.ResponseWriter, r *http.Request) {
+	info, err := s.cfg.Registry.Remove(id(r))
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, Answer{Info: info, Message: "Successfully removed worker: " + info.URL})
+}
+
+func (s *Server) drain(w http.ResponseWriter, r *http.Request) {
+	info, err := s.cfg.Registry.Drain(id(r))
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, info)
+}
+
+// Load is one entry of /get_loads: sglang-router's shape, the load being
+// tetherd's own count of requests in flight to the worker.
+type Load struct {
+	Worker string `json:"worker"`
+	Load   int64  `json:"load"`
+}
+
+func (s *Server) loads(w http.ResponseWriter, r *http.Request) {
+	out := struct {
+		Workers []Load `json:"workers"`
+	}{Workers: []Load{}}
+	for _, in := range s.cfg.Registry.List() {
+		if in.State == registry.StatePending || in.State == registry.StateRemoved {
+			continue
+		}
+		out.Workers = append(out.Workers, Load{Worker: in.URL, Load: int64(in.InFlight)})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Metrics == nil {
+		writeError(w, http.StatusNotFound, "metrics are not enabled")
+		return
+	}
+	s.cfg.Metrics.ServeHTTP(w, r)
+}
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Health != nil {
+		s.cfg.Health.ServeHTTP(w, r)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}

@@ -1,0 +1,288 @@
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tether-rl/tether/userspace/registry"
+	"github.com/tether-rl/tether/userspace/stats"
+)
+
+type env struct {
+	t    *testing.T
+	reg  *registry.Registry
+	srv  *httptest.Server
+	mu   sync.Mutex
+	down map[string]bool
+}
+
+func newEnv(t *testing.T, token string) *env {
+	e := &env{t: t, down: map[string]bool{}}
+	e.reg = registry.New(registry.Options{
+		Stats: stats.NewHeap(),
+		Probe: func(ctx context.Context, u string) error {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			if e.down[u] {
+				return errors.New("connection refused")
+			}
+			return nil
+		},
+		StartupTimeout: 200 * time.Millisecond,
+		RemoveGrace:    time.Second,
+		Log:            slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	metrics := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "tether_x 1\n") })
+	e.srv = httptest.NewServer(New(Config{Registry: e.reg, Metrics: metrics, Token: token}))
+	t.Cleanup(func() { e.srv.Close(); e.reg.Close() })
+	return e
+}
+
+// call does a request and decodes the JSON answer into out (if not nil).
+func (e *env) call(method, path, body string, out any, hdr ...string) int {
+	e.t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, _ := http.NewRequest(method, e.srv.URL+path, rd)
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	c := &http.Client{Timeout: 10 * time.Second}
+	resp, err := c.Do(req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode >= 400 || strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+			e.t.Errorf("%s %s: Content-Type %q", method, path, ct)
+		}
+	}
+	if resp.StatusCode >= 400 {
+		var eb ErrorBody
+		if err := json.Unmarshal(b, &eb); err != nil || eb.Error.Code != resp.StatusCode || eb.Error.Message == "" {
+			e.t.Errorf("%s %s: error body %q", method, path, b)
+		}
+	}
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			e.t.Fatalf("%s %s: %v: %q", method, path, err, b)
+		}
+	}
+	return resp.StatusCode
+}
+
+func wurl(i int) string { return fmt.Sprintf("http://127.0.0.1:%d", 21000+i) }
+
+func TestLegacyEndpoints(t *testing.T) {
+	e := newEnv(t, "")
+	var a Answer
+	if c := e.call("POST", "/add_worker?url="+url.QueryEscape(wurl(0)), "", &a); c != 200 || a.URL != wurl(0) || a.Slot != 0 || !strings.Contains(a.Message, "Successfully added worker") {
+		t.Fatalf("add_worker: %d %+v", c, a)
+	}
+	if c := e.call("POST", "/add_worker", `{"url":"`+wurl(1)+`"}`, &a); c != 200 || a.Slot != 1 {
+		t.Fatalf("add_worker JSON: %d %+v", c, a)
+	}
+	var l struct{ URLs []string }
+	if c := e.call("GET", "/list_workers", "", &l); c != 200 || fmt.Sprint(l.URLs) != fmt.Sprint([]string{wurl(0), wurl(1)}) {
+		t.Fatalf("list_workers: %d %v", c, l)
+	}
+	// Bad input: 4xx, nothing changes.
+	for _, c := range []struct {
+		method, path, body string
+		want               int
+	}{
+		{"POST", "/add_worker", "", 400},
+		{"POST", "/add_worker?url=", "", 400},
+		{"POST", "/add_worker", `{"url":""}`, 400},
+		{"POST", "/add_worker", `{"url":`, 400},
+		{"POST", "/add_worker", `[1]`, 400},
+		{"POST", "/add_worker?url=https://127.0.0.1:1", "", 400},
+		{"POST", "/add_worker?url=127.0.0.1:1", "", 400},
+		{"POST", "/add_worker?url=" + url.QueryEscape(wurl(0)), "", 409},
+		{"POST", "/add_worker?url=" + url.QueryEscape(wurl(0)+"/"), "", 409},
+		{"GET", "/add_worker?url=" + url.QueryEscape(wurl(5)), "", 405},
+		{"POST", "/remove_worker", "", 400},
+		{"POST", "/remove_worker?url=ftp://x", "", 400},
+		{"POST", "/remove_worker?url=" + url.QueryEscape(wurl(9)), "", 404},
+		{"POST", "/list_workers", "", 405},
+	} {
+		if got := e.call(c.method, c.path, c.body, nil); got != c.want {
+			t.Errorf("%s %s %q: %d, want %d", c.method, c.path, c.body, got, c.want)
+		}
+	}
+	if c := e.call("GET", "/list_workers", "", &l); c != 200 || len(l.URLs) != 2 {
+		t.Fatalf("bad input changed the workers: %v", l)
+	}
+	// A worker that never becomes healthy: 503, slot freed.
+	e.mu.Lock()
+	e.down[wurl(3)] = true
+	e.mu.Unlock()
+	if c := e.call("POST", "/add_worker?url="+url.QueryEscape(wurl(3)), "", nil); c != 503 {
+		t.Fatalf("dead worker: %d", c)
+	}
+	if c := e.call("POST", "/remove_worker?url="+url.QueryEscape(wurl(0)), "", &a); c != 200 || a.State != registry.StateRemoved || !strings.Contains(a.Message, "Successfully removed") {
+		t.Fatalf("remove_worker: %d %+v", c, a)
+	}
+	if c := e.call("POST", "/remove_worker", `{"url":"`+wurl(1)+`"}`, &a); c != 200 {
+		t.Fatalf("remove_worker JSON: %d", c)
+	}
+	if c := e.call("GET", "/list_workers", "", &l); c != 200 || l.URLs == nil || len(l.URLs) != 0 {
+		t.Fatalf("list after removals: %v", l)
+	}
+}
+
+func TestRESTEndpoints(t *testing.T) {
+	e := newEnv(t, "")
+	var a Answer
+	if c := e.call("POST", "/workers", `{"url":"`+wurl(0)+`","worker_type":"regular","priority":50}`, &a); c != 200 || a.WorkerID != "0" || a.Status != "healthy" || a.URL != wurl(0) || a.Location != "/workers/0" {
+		t.Fatalf("POST /workers: %d %+v", c, a)
+	}
+	e.call("POST", "/workers", `{"url":"`+wurl(1)+`"}`, nil)
+	e.call("POST", "/workers", `{"url":"`+wurl(2)+`"}`, nil)
+	var l List
+	if c := e.call("GET", "/workers", "", &l); c != 200 || l.Total != 3 || l.Healthy != 3 || len(l.Workers) != 3 || l.Workers[2].Slot != 2 {
+		t.Fatalf("GET /workers: %d %+v", c, l)
+	}
+	var in registry.Info
+	if c := e.call("GET", "/workers/1", "", &in); c != 200 || in.URL != wurl(1) || in.State != "healthy" {
+		t.Fatalf("GET /workers/1: %d %+v", c, in)
+	}
+	if c := e.call("GET", "/workers/"+url.PathEscape(wurl(2)), "", &in); c != 200 || in.Slot != 2 {
+		t.Fatalf("GET /workers/<url>: %d %+v", c, in)
+	}
+	if c := e.call("POST", "/workers/1/drain", "", &in); c != 200 || in.State != "draining" {
+		t.Fatalf("drain: %d %+v", c, in)
+	}
+	if c := e.call("POST", "/workers/"+url.PathEscape(wurl(1))+"/drain", "", &in); c != 200 || in.State != "draining" {
+		t.Fatalf("drain by url: %d %+v", c, in)
+	}
+	if c := e.call("DELETE", "/workers/"+url.PathEscape(wurl(0)), "", &a); c != 200 || a.State != "removed" || a.Slot != 0 {
+		t.Fatalf("DELETE by url: %d %+v", c, a)
+	}
+	if c := e.call("DELETE", "/workers/2", "", &a); c != 200 || a.URL != wurl(2) {
+		t.Fatalf("DELETE by id: %d %+v", c, a)
+	}
+	for _, c := range []struct {
+		method, path, body string
+		want               int
+	}{
+		{"POST", "/workers", "", 400},
+		{"POST", "/workers", `{}`, 400},
+		{"POST", "/workers", `{"url":"https://127.0.0.1:2"}`, 400},
+		{"POST", "/workers", `{"url":"` + wurl(1) + `"}`, 409},
+		{"POST", "/workers", strings.Repeat(" ", 2<<20), 400},
+		{"GET", "/workers/0", "", 404},
+		{"GET", "/workers/77", "", 404},
+		{"GET", "/workers/" + url.PathEscape(wurl(42)), "", 404},
+		{"GET", "/workers/not-a-url", "", 400},
+		{"DELETE", "/workers/0", "", 404},
+		{"POST", "/workers/9/drain", "", 404},
+		{"GET", "/workers/1/drain", "", 405},
+		{"PUT", "/workers", "", 405},
+		{"PATCH", "/workers/1", "", 405},
+		{"GET", "/nothing", "", 404},
+	} {
+		if got := e.call(c.method, c.path, c.body, nil); got != c.want {
+			t.Errorf("%s %s: %d, want %d", c.method, c.path, got, c.want)
+		}
+	}
+	// Removed workers show as such while they finish (here: at once gone
+	// or "removed"); the draining one is still listed.
+	if c := e.call("GET", "/workers", "", &l); c != 200 || l.Total != 1 || l.Workers[0].State == "" {
+		t.Fatalf("GET /workers after: %+v", l)
+	}
+}
+
+func TestLoadsAndMetrics(t *testing.T) {
+	e := newEnv(t, "")
+	e.call("POST", "/workers", `{"url":"`+wurl(0)+`"}`, nil)
+	e.call("POST", "/workers", `{"url":"`+wurl(1)+`"}`, nil)
+	e.reg.Table().Get(1).Stats.Begin()
+	e.reg.Table().Get(1).Stats.Begin()
+	for _, p := range []string{"/get_loads", "/v1/loads"} {
+		var l struct {
+			Workers []Load `json:"workers"`
+		}
+		if c := e.call("GET", p, "", &l); c != 200 || len(l.Workers) != 2 || l.Workers[0] != (Load{wurl(0), 0}) || l.Workers[1] != (Load{wurl(1), 2}) {
+			t.Fatalf("%s: %d %+v", p, c, l)
+		}
+		if c := e.call("POST", p, "", nil); c != 405 {
+			t.Fatalf("POST %s: %d", p, c)
+		}
+	}
+	resp, err := http.Get(e.srv.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(b), "tether_x 1") {
+		t.Fatalf("metrics: %d %q", resp.StatusCode, b)
+	}
+	var h map[string]string
+	if c := e.call("GET", "/health", "", &h); c != 200 || h["status"] != "ok" {
+		t.Fatalf("health: %d %v", c, h)
+	}
+}
+
+func TestToken(t *testing.T) {
+	e := newEnv(t, "s3cret")
+	for _, p := range []string{"/workers", "/list_workers", "/get_loads", "/metrics", "/health", "/nothing"} {
+		if c := e.call("GET", p, "", nil); c != 401 {
+			t.Errorf("GET %s without token: %d", p, c)
+		}
+		if c := e.call("GET", p, "", nil, "Authorization", "Bearer wrong"); c != 401 {
+			t.Errorf("GET %s wrong token: %d", p, c)
+		}
+		if c := e.call("GET", p, "", nil, "Authorization", "Basic s3cret"); c != 401 {
+			t.Errorf("GET %s basic: %d", p, c)
+		}
+	}
+	if c := e.call("POST", "/add_worker?url="+url.QueryEscape(wurl(0)), "", nil); c != 401 || len(e.reg.List()) != 0 {
+		t.Fatalf("unauthorized add: %d", c)
+	}
+	if c := e.call("POST", "/add_worker?url="+url.QueryEscape(wurl(0)), "", nil, "Authorization", "Bearer s3cret"); c != 200 {
+		t.Fatalf("authorized add: %d", c)
+	}
+	if c := e.call("GET", "/workers", "", nil, "Authorization", "bearer s3cret"); c != 200 {
+		t.Fatalf("case-insensitive scheme: %d", c)
+	}
+}
+
+func TestIsAdminPath(t *testing.T) {
+	for _, p := range []string{"/add_worker", "/add_worker?url=x", "/remove_worker", "/list_workers", "/workers",
+		"/workers?x", "/workers/1", "/workers/1/drain", "/get_loads", "/v1/loads", "/metrics"} {
+		if !IsAdminPath([]byte(p)) {
+			t.Errorf("%s not an admin path", p)
+		}
+	}
+	for _, p := range []string{"/", "/health", "/sessions", "/workers/", "/workersx", "/add_workers", "/v1/chat/completions",
+		"/sessions/w0-abcd/add_worker", "/metricsx", "/get_load", "/v1/loads/x"} {
+		if IsAdminPath([]byte(p)) {
+			t.Errorf("%s is an admin path", p)
+		}
+	}
+	s := New(Config{Registry: registry.New(registry.Options{})})
+	path, method := []byte("/v1/chat/completions"), []byte("POST")
+	if n := testing.AllocsPerRun(100, func() { s.DataPort(method, path) }); n != 0 {
+		t.Fatalf("DataPort allocates %v times per call", n)
+	}
+	if s.DataPort(method, []byte("/workers/3")) == nil {
+		t.Fatal("DataPort missed an admin path")
+	}
+}

@@ -1,0 +1,310 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/tether-rl/tether/userspace/admin"
+	"github.com/tether-rl/tether/userspace/health"
+	"github.com/tether-rl/tether/userspace/metrics"
+	"github.com/tether-rl/tether/userspace/registry"
+	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/supervisor"
+)
+
+// The control plane: worker registry, health checks, supervisor of --spawn
+// processes, metrics and the admin API. daemon.go calls newRegistry before
+// the router and the proxy exist, newControl after, startControl from
+// Serve and stopControl from Shutdown and Close.
+
+// DefaultAdmin is the admin API's default address (cmd/tetherd --admin).
+const DefaultAdmin = "127.0.0.1:8081"
+
+// Worker origins of the daemon's own workers.
+const originDemo registry.Origin = "demo" // --demo: removable, not reloaded
+
+type control struct {
+	prober   registry.Prober
+	adminLn  net.Listener
+	adminSrv *http.Server
+	reloadMu sync.Mutex
+	reload   []func(Options) error
+	stopOnce sync.Once
+}
+
+// newRegistry creates the registry, reserves slots 0..Spawn-1 for the
+// --spawn processes and puts the start-up workers (--worker, then --demo)
+// in the slots after them.
+func (d *Daemon) newRegistry(opts Options, demos int) error {
+	d.ctl.prober = health.NewProber(opts.HealthTimeout)
+	d.Registry = registry.New(registry.Options{
+		Table:          d.Table,
+		Stats:          d.Stats,
+		Pool:           opts.Pool,
+		Failures:       opts.HealthFailures,
+		Successes:      opts.HealthSuccesses,
+		StartupTimeout: opts.WorkerStartupTimeout,
+		RemoveGrace:    opts.RemoveGrace,
+		Probe:          d.ctl.prober,
+		OnPut: func(w *route.Worker) {
+			if d.Metrics != nil {
+				d.Metrics.SetWorker(w)
+			}
+		},
+		Log: d.log,
+	})
+	if opts.Spawn > 0 {
+		sup, err := supervisor.New(supervisor.Options{
+			N:              opts.Spawn,
+			Command:        opts.SpawnCommand,
+			Grace:          opts.SpawnGrace,
+			StartupTimeout: opts.WorkerStartupTimeout,
+			Probe:          d.ctl.prober,
+			Registry:       d.Registry,
+			Stdout:         opts.SpawnOutput,
+			Stderr:         opts.SpawnOutput,
+			Log:            d.log,
+		})
+		if err != nil {
+			return err
+		}
+		d.Supervisor = sup
+		for i, u := range sup.URLs() {
+			if err := d.Registry.Reserve(i, u, registry.OriginSpawn); err != nil {
+				return fmt.Errorf("--spawn: %w", err)
+			}
+		}
+	}
+	static := len(opts.Workers) - demos
+	for i, u := range opts.Workers {
+		origin := registry.OriginConfig
+		if i >= static {
+			origin = originDemo
+		}
+		if _, err := d.Registry.Put(opts.Spawn+i, u, origin); err != nil {
+			return fmt.Errorf("worker %s: %w", u, err)
+		}
+	}
+	return nil
+}
+
+// newControl creates the metrics, the admin API and its listener, once the
+// router and the proxy exist.
+func (d *Daemon) newControl(opts Options) error {
+	d.Metrics = metrics.New(metrics.Sources{
+		Stats:     d.Stats,
+		Table:     d.Table,
+		Router:    d.Router,
+		Registry:  d.Registry,
+		Proxy:     d.Proxy.Counters(),
+		Listeners: func() int { return len(d.lns) },
+		Steering:  d.steering,
+	})
+	for _, w := range d.Table.Snapshot() {
+		if w != nil {
+			d.Metrics.SetWorker(w)
+		}
+	}
+	d.Admin = admin.New(admin.Config{
+		Registry: d.Registry,
+		Metrics:  d.Metrics.Handler(),
+		Health:   http.HandlerFunc(d.serveAdminHealth),
+		Token:    opts.AdminToken,
+		Log:      d.log,
+	})
+	if opts.Admin != "" {
+		ln, err := net.Listen("tcp", opts.Admin)
+		if err != nil {
+			return fmt.Errorf("--admin %s: %w", opts.Admin, err)
+		}
+		d.ctl.adminLn = ln
+		if opts.AdminToken == "" && !isLoopback(ln.Addr()) {
+			d.log.Warn("admin API listens beyond loopback without --admin-token: anyone who reaches it can add and remove workers", "admin", ln.Addr().String())
+		}
+	}
+	if opts.AdminOnDataPort && opts.AdminToken == "" {
+		d.log.Warn("admin API served on the data port without --admin-token", "listen", opts.Listen)
+	}
+	return nil
+}
+
+func isLoopback(a net.Addr) bool {
+	ta, ok := a.(*net.TCPAddr)
+	return ok && ta.IP.IsLoopback()
+}
+
+// steering feeds the BPF program's decision counters to the metrics;
+// ok=false without BPF steering.
+func (d *Daemon) steering() (metrics.Steering, bool) {
+	if d.Group == nil || d.Group.Steering() == nil {
+		return metrics.Steering{}, false
+	}
+	dec, err := d.Group.Steering().Decisions()
+	if err != nil {
+		return metrics.Steering{}, false
+	}
+	return metrics.Steering{
+		Selected:   dec.Selected[:],
+		MigratedTo: dec.MigratedTo[:],
+		Fallbacks: map[string]uint64{
+			"no_slot":    dec.FallbackNoSlot,
+			"select_err": dec.FallbackSelectErr,
+		},
+	}, true
+}
+
+// localHook is the proxy's Config.Local: tetherd's own endpoints on the
+// data port. The admin API is there only with --admin-on-data-port;
+// otherwise /add_worker and the others are proxied like any other path.
+func (d *Daemon) localHook(opts Options) func(method, path []byte) http.Handler {
+	var hooks []func(method, path []byte) http.Handler
+	if opts.AdminOnDataPort {
+		hooks = append(hooks, func(method, path []byte) http.Handler { return d.Admin.DataPort(method, path) })
+	}
+	if d.routing != nil && d.routing.local != nil {
+		hooks = append(hooks, d.routing.local) // engine endpoints (routing.go)
+	}
+	switch len(hooks) {
+	case 0:
+		return nil
+	case 1:
+		return hooks[0]
+	}
+	return func(method, path []byte) http.Handler {
+		for _, h := range hooks {
+			if x := h(method, path); x != nil {
+				return x
+			}
+		}
+		return nil
+	}
+}
+
+// observe is the proxy's Config.Observe.
+func (d *Daemon) observe(worker, codeClass int, dur time.Duration) {
+	d.Metrics.Observe(worker, codeClass, dur)
+}
+
+// serveAdminHealth is GET /health on the admin listener.
+func (d *Daemon) serveAdminHealth(w http.ResponseWriter, r *http.Request) {
+	counts := d.Registry.Counts()
+	status := "ok"
+	if counts[registry.StateHealthy] == 0 {
+		status = "degraded"
+	}
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprintf(w, `{"status":%q,"instance_id":%q,"healthy_workers":%d,"unhealthy_workers":%d,"draining_workers":%d,"pending_workers":%d,"panic":%t}`+"\n",
+		status, d.InstanceID, counts[registry.StateHealthy], counts[registry.StateUnhealthy],
+		counts[registry.StateDraining], counts[registry.StatePending], d.Registry.Panic())
+}
+
+// startControl starts the admin API, the health checks and the --spawn
+// processes.
+func (d *Daemon) startControl(opts Options) {
+	if ln := d.ctl.adminLn; ln != nil {
+		d.ctl.adminSrv = &http.Server{Handler: d.Admin, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+		srv := d.ctl.adminSrv
+		d.wg.Add(1)
+		go func() {
+			defer d.wg.Done()
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				d.log.Error("admin API stopped", "err", err)
+			}
+		}()
+		d.log.Info("admin API serving", "admin", ln.Addr().String(), "token", opts.AdminToken != "", "on_data_port", opts.AdminOnDataPort)
+	}
+	d.Health = health.New(d.Registry, health.Options{
+		Interval: opts.HealthInterval,
+		Timeout:  opts.HealthTimeout,
+		Probe:    d.ctl.prober,
+		Log:      d.log,
+	})
+	d.Health.Start()
+	if d.Supervisor != nil {
+		d.Supervisor.Start()
+	}
+}
+
+// stopControl stops the --spawn processes (TERM, then KILL after the
+// grace or when ctx ends), the admin API and the health checks.
+func (d *Daemon) stopControl(ctx context.Context) {
+	d.ctl.stopOnce.Do(func() {
+		if d.Supervisor != nil {
+			d.Supervisor.Stop(ctx)
+		}
+		if d.ctl.adminSrv != nil {
+			sctx, cancel := context.WithTimeout(ctx, time.Second)
+			d.ctl.adminSrv.Shutdown(sctx)
+			cancel()
+			d.ctl.adminSrv.Close()
+		} else if d.ctl.adminLn != nil {
+			d.ctl.adminLn.Close()
+		}
+		if d.Health != nil {
+			d.Health.Stop()
+		}
+		if d.Registry != nil {
+			d.Registry.Close()
+		}
+	})
+}
+
+// AdminAddr is the admin API's address, or "" when it is off.
+func (d *Daemon) AdminAddr() string {
+	if d.ctl.adminLn == nil {
+		return ""
+	}
+	return d.ctl.adminLn.Addr().String()
+}
+
+// OnReload registers a function that applies the reloadable options of a
+// SIGHUP reload (for example the routing policies). It runs after the
+// registry took the new worker list; an error is logged.
+func (d *Daemon) OnReload(f func(Options) error) {
+	d.ctl.reloadMu.Lock()
+	d.ctl.reload = append(d.ctl.reload, f)
+	d.ctl.reloadMu.Unlock()
+}
+
+// Reload applies a new configuration without dropping a connection: the
+// workers of the configuration (--worker, the config file's "worker") are
+// reconciled by url, the new ones in the first free slots once healthy,
+// the others keeping their slots; workers added through the admin API or
+// by --spawn are left alone. --bad-session changes at once. Nothing
+// changes if opts is invalid.
+func (d *Daemon) Reload(opts Options) error {
+	bad, err := badSessionMode(opts.BadSession)
+	if err != nil {
+		return err
+	}
+	for _, w := range opts.Workers {
+		if _, _, err := registry.ParseURL(w); err != nil {
+			return fmt.Errorf("worker: %w", err)
+		}
+	}
+	added, removed, err := d.Registry.Sync(opts.Workers)
+	if err != nil {
+		return err
+	}
+	d.Router.SetBadSession(bad)
+	d.ctl.reloadMu.Lock()
+	fs := append([]func(Options) error(nil), d.ctl.reload...)
+	d.ctl.reloadMu.Unlock()
+	var errs []error
+	for _, f := range fs {
+		if err := f(opts); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	mode := "spread"
+	if bad == route.BadSessionReject {
+		mode = "reject"
+	}
+	d.log.Info("configuration reloaded", "workers_added", added, "workers_removed", removed, "bad_session", mode)
+	return errors.Join(errs...)
+}

@@ -1,0 +1,251 @@
+// Package health checks tetherd's workers. Active checks GET /health on
+// every worker each Interval (2xx within Timeout is a success); passive
+// ones watch the data plane's connect failures (upstream.RetryConnect on
+// each worker's pool) and count them as a failed check, with an immediate
+// active check to confirm. The registry turns the observations into state
+// changes with hysteresis (--health-failures, --health-successes).
+//
+// Marking every worker unhealthy never turns into a 503 storm: the router
+// then routes to all of them (reason panic) and the registry says so once
+// in the log and in tether_panic.
+package health
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tether-rl/tether/userspace/registry"
+	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/upstream"
+)
+
+// Defaults of the --health-* flags.
+const (
+	DefaultInterval  = 5 * time.Second
+	DefaultTimeout   = 2 * time.Second
+	DefaultFailures  = 3
+	DefaultSuccesses = 2
+)
+
+// Path is the endpoint checked on every worker.
+const Path = "/health"
+
+// NewProber returns a prober that GETs url+"/health" with the given
+// timeout on a fresh connection (so that a worker that went away is seen
+// at once, not through a stale pooled connection).
+func NewProber(timeout time.Duration) registry.Prober {
+	if timeout <= 0 {
+		timeout = DefaultTimeout
+	}
+	tr := &http.Transport{
+		Proxy:                  nil, // never through an HTTP proxy from the environment
+		DialContext:            (&net.Dialer{Timeout: timeout}).DialContext,
+		DisableKeepAlives:      true,
+		ResponseHeaderTimeout:  timeout,
+		MaxResponseHeaderBytes: 64 << 10,
+	}
+	client := &http.Client{Transport: tr, Timeout: timeout,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	return func(ctx context.Context, url string) error {
+		ctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(url, "/")+Path, nil)
+		if err != nil {
+			return err
+		}
+		req.Header.Set("User-Agent", "tetherd-health")
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		resp.Body.Close()
+		if resp.StatusCode < 200 || resp.StatusCode > 299 {
+			return fmt.Errorf("GET %s: %s", Path, resp.Status)
+		}
+		return nil
+	}
+}
+
+// Options configure a Checker. Zero values take the defaults.
+type Options struct {
+	Interval time.Duration // between active checks of a worker; default 5s
+	Timeout  time.Duration // of one check; default 2s
+	// PassiveInterval: how often the connect-failure counters are read;
+	// default min(Interval, 250ms).
+	PassiveInterval time.Duration
+	// Probe overrides the HTTP prober (tests).
+	Probe registry.Prober
+	Log   *slog.Logger
+}
+
+// Checker runs the checks of one registry.
+type Checker struct {
+	opts  Options
+	reg   *registry.Registry
+	probe registry.Prober
+
+	mu       sync.Mutex
+	running  map[*route.Worker]bool   // a check in progress
+	seen     map[*route.Worker]uint64 // connect failures already counted
+	stop     chan struct{}
+	kick     chan struct{}
+	wg       sync.WaitGroup
+	started  bool
+	stopOnce sync.Once
+}
+
+// New returns a checker for reg; Start runs it.
+func New(reg *registry.Registry, opts Options) *Checker {
+	if opts.Interval <= 0 {
+		opts.Interval = DefaultInterval
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.PassiveInterval <= 0 {
+		opts.PassiveInterval = min(opts.Interval, 250*time.Millisecond)
+	}
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	p := opts.Probe
+	if p == nil {
+		p = NewProber(opts.Timeout)
+	}
+	return &Checker{opts: opts, reg: reg, probe: p,
+		running: map[*route.Worker]bool{}, seen: map[*route.Worker]uint64{},
+		stop: make(chan struct{}), kick: make(chan struct{}, 1)}
+}
+
+// Prober returns the prober in use.
+func (c *Checker) Prober() registry.Prober { return c.probe }
+
+// Start checks every worker at once, then every Interval.
+func (c *Checker) Start() {
+	c.mu.Lock()
+	if c.started {
+		c.mu.Unlock()
+		return
+	}
+	c.started = true
+	c.mu.Unlock()
+	c.wg.Add(1)
+	go c.run()
+}
+
+// CheckNow asks for a round of checks as soon as possible.
+func (c *Checker) CheckNow() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Stop ends the checks and waits for those in progress.
+func (c *Checker) Stop() {
+	c.stopOnce.Do(func() { close(c.stop) })
+	c.wg.Wait()
+}
+
+func (c *Checker) run() {
+	defer c.wg.Done()
+	active := time.NewTicker(c.opts.Interval)
+	defer active.Stop()
+	passive := time.NewTicker(c.opts.PassiveInterval)
+	defer passive.Stop()
+	c.checkAll()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-active.C:
+			c.checkAll()
+		case <-c.kick:
+			c.checkAll()
+		case <-passive.C:
+			c.passive()
+		}
+	}
+}
+
+func (c *Checker) checkAll() {
+	for _, w := range c.reg.Workers() {
+		c.check(w)
+	}
+}
+
+// check runs one active check of w unless one is already running.
+func (c *Checker) check(w *route.Worker) {
+	c.mu.Lock()
+	if c.running[w] {
+		c.mu.Unlock()
+		return
+	}
+	c.running[w] = true
+	c.mu.Unlock()
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), c.opts.Timeout)
+		go func() {
+			select {
+			case <-c.stop:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		err := c.probe(ctx, w.URL)
+		stopped := false
+		select {
+		case <-c.stop:
+			stopped = true
+		default:
+		}
+		cancel()
+		if !stopped {
+			c.reg.Report(w, err == nil, err, false)
+			if err != nil {
+				c.opts.Log.Debug("health check failed", "slot", w.Slot, "url", w.URL, "err", err)
+			}
+		}
+		c.mu.Lock()
+		delete(c.running, w)
+		c.mu.Unlock()
+	}()
+}
+
+// passive counts new connect failures of the data plane as failed checks
+// and confirms each with an active check.
+func (c *Checker) passive() {
+	ws := c.reg.Workers()
+	live := make(map[*route.Worker]bool, len(ws))
+	var failed []*route.Worker
+	c.mu.Lock()
+	for _, w := range ws {
+		live[w] = true
+		n := w.Pool.Retries(upstream.RetryConnect)
+		last, ok := c.seen[w]
+		c.seen[w] = n
+		if ok && n > last {
+			failed = append(failed, w)
+		}
+	}
+	for w := range c.seen {
+		if !live[w] {
+			delete(c.seen, w)
+		}
+	}
+	c.mu.Unlock()
+	for _, w := range failed {
+		c.reg.Report(w, false, fmt.Errorf("connect to %s failed on the data path", w.Addr), true)
+		c.check(w)
+	}
+}

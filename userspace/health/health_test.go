@@ -1,0 +1,169 @@
+package health
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tether-rl/tether/userspace/registry"
+	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/stats"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// backend is a worker that can die and come back on the same port.
+type backend struct {
+	t      *testing.T
+	addr   string
+	status atomic.Int32
+	srv    *http.Server
+}
+
+func newBackend(t *testing.T) *backend {
+	b := &backend{t: t}
+	b.status.Store(200)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.addr = ln.Addr().String()
+	b.serve(ln)
+	t.Cleanup(b.stop)
+	return b
+}
+
+func (b *backend) url() string { return "http://" + b.addr }
+
+func (b *backend) serve(ln net.Listener) {
+	b.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(int(b.status.Load()))
+	})}
+	go b.srv.Serve(ln)
+}
+
+func (b *backend) stop() {
+	if b.srv != nil {
+		b.srv.Close()
+		b.srv = nil
+	}
+}
+
+func (b *backend) restart() {
+	ln, err := net.Listen("tcp", b.addr)
+	if err != nil {
+		b.t.Fatalf("rebind %s: %v", b.addr, err)
+	}
+	b.serve(ln)
+}
+
+func waitState(t *testing.T, w *route.Worker, want route.State) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for w.State() != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("worker %d: state %v, want %v", w.Slot, w.State(), want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestProber(t *testing.T) {
+	b := newBackend(t)
+	p := NewProber(time.Second)
+	if err := p(context.Background(), b.url()); err != nil {
+		t.Fatal(err)
+	}
+	b.status.Store(503)
+	if err := p(context.Background(), b.url()); err == nil {
+		t.Fatal("503 counted as healthy")
+	}
+	b.stop()
+	if err := p(context.Background(), b.url()); err == nil {
+		t.Fatal("dead worker counted as healthy")
+	}
+	// A worker that never answers: the timeout.
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	defer ln.Close()
+	start := time.Now()
+	if err := NewProber(100*time.Millisecond)(context.Background(), "http://"+ln.Addr().String()); err == nil || time.Since(start) > 2*time.Second {
+		t.Fatalf("silent worker: %v after %v", err, time.Since(start))
+	}
+}
+
+// TestDiesAndComesBack: a worker that dies goes unhealthy after
+// --health-failures checks (panic mode: it is the only one), and healthy
+// again after --health-successes once it is back on its port.
+func TestDiesAndComesBack(t *testing.T) {
+	b := newBackend(t)
+	other := newBackend(t)
+	reg := registry.New(registry.Options{Stats: stats.NewHeap(), Failures: 2, Successes: 2, Log: quiet})
+	defer reg.Close()
+	reg.Put(0, b.url(), registry.OriginConfig)
+	reg.Put(1, other.url(), registry.OriginConfig)
+	c := New(reg, Options{Interval: 30 * time.Millisecond, Timeout: 500 * time.Millisecond, Log: quiet})
+	c.Start()
+	defer c.Stop()
+	w := reg.Table().Get(0)
+
+	b.stop()
+	waitState(t, w, route.Unhealthy)
+	if reg.Panic() {
+		t.Fatal("panic with a healthy worker left")
+	}
+	b.restart()
+	waitState(t, w, route.Healthy)
+
+	// 5xx answers fail too; every worker down is panic mode, not 503s.
+	b.status.Store(500)
+	other.status.Store(503)
+	waitState(t, w, route.Unhealthy)
+	waitState(t, reg.Table().Get(1), route.Unhealthy)
+	if !reg.Panic() {
+		t.Fatal("every worker unhealthy, no panic mode")
+	}
+	other.status.Store(200)
+	waitState(t, reg.Table().Get(1), route.Healthy)
+	if reg.Panic() {
+		t.Fatal("panic mode not over")
+	}
+}
+
+// TestPassive: connect failures on the data path make a worker unhealthy
+// long before the next active check.
+func TestPassive(t *testing.T) {
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	dead := "http://" + ln.Addr().String()
+	ln.Close()
+	reg := registry.New(registry.Options{Stats: stats.NewHeap(), Failures: 3, Successes: 1, Log: quiet})
+	defer reg.Close()
+	reg.Put(0, dead, registry.OriginConfig)
+	w := reg.Table().Get(0)
+	var probes atomic.Int32
+	real := NewProber(time.Second)
+	c := New(reg, Options{Interval: time.Hour, PassiveInterval: 10 * time.Millisecond, Log: quiet,
+		Probe: func(ctx context.Context, url string) error { probes.Add(1); return real(ctx, url) }})
+	c.Start()
+	defer c.Stop()
+	deadline := time.Now().Add(5 * time.Second)
+	for probes.Load() < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("no initial check")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if w.State() != route.Healthy {
+		t.Fatal("unhealthy after one failed check (want 3)")
+	}
+	// The data plane fails to connect (and retries once).
+	if _, err := w.Pool.Get(context.Background()); err == nil {
+		t.Fatal("connected to a closed port")
+	}
+	waitState(t, w, route.Unhealthy)
+}

@@ -1,0 +1,304 @@
+// Package metrics exports tetherd's figures to Prometheus (names tether_*).
+//
+// Per-worker and per-listener figures are read at scrape time from the
+// counters memory (stats.Table: the BPF maps when BPF is on, so the figures
+// cover every process sharing them) by a prometheus.Collector, as
+// cloudflare/tubular does; nothing on the data path updates a metric for
+// them. The only data-path hook is Observe (proxy.Config.Observe), once per
+// proxied request at its end: a counter by status class and a duration
+// histogram whose children are created per worker slot when a worker takes
+// the slot, so the hook does one atomic pointer load, one counter add and
+// one histogram observation (no allocation, no map lookup, no lock).
+//
+// Label sets are bounded: worker slot and url (at most stats.MaxWorkers
+// workers; a slot's series are replaced when another url takes it),
+// listener slot (stats.MaxSlots), status class, reason and state.
+package metrics
+
+import (
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/tether-rl/tether/userspace/proxy"
+	"github.com/tether-rl/tether/userspace/registry"
+	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/stats"
+	"github.com/tether-rl/tether/userspace/upstream"
+)
+
+// Steering is what the BPF program decided (optional; see Sources).
+type Steering struct {
+	Selected   []uint64 // new connections steered to each listener slot
+	MigratedTo []uint64 // queued connections moved to each listener slot
+	Fallbacks  map[string]uint64
+}
+
+// Sources are what the collector reads at scrape time. Nil fields are
+// skipped.
+type Sources struct {
+	Stats    *stats.Table
+	Table    *route.Table
+	Router   *route.Router
+	Registry *registry.Registry
+	Proxy    *proxy.Counters
+	// Listeners returns the number of listener slots in use.
+	Listeners func() int
+	// Steering returns the BPF program's decisions; ok=false without BPF.
+	Steering func() (s Steering, ok bool)
+}
+
+// Code classes passed to Observe: 0 when no response status was relayed
+// (the client left, or the request was refused mid-body), else status/100.
+var classNames = [6]string{"none", "1xx", "2xx", "3xx", "4xx", "5xx"}
+
+// DurationBuckets span a quick local answer to a long agent turn.
+var DurationBuckets = []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800}
+
+type slotObs struct {
+	url   string
+	codes [len(classNames)]prometheus.Counter
+	dur   prometheus.Observer
+}
+
+// Metrics is tetherd's Prometheus registry.
+type Metrics struct {
+	reg       *prometheus.Registry
+	src       Sources
+	responses *prometheus.CounterVec
+	duration  *prometheus.HistogramVec
+
+	mu  sync.Mutex // serializes SetWorker
+	obs [stats.MaxWorkers]atomic.Pointer[slotObs]
+}
+
+// New returns the metrics of one tetherd, with the Go runtime and process
+// collectors.
+func New(src Sources) *Metrics {
+	m := &Metrics{reg: prometheus.NewRegistry(), src: src}
+	m.responses = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_responses_total",
+		Help: "Proxied requests by worker and response status class (none: no status relayed), counted by this process at the end of each request.",
+	}, []string{"slot", "url", "code_class"})
+	m.duration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "tether_request_duration_seconds",
+		Help:    "Time from routing a request to the end of its response, by worker.",
+		Buckets: DurationBuckets,
+	}, []string{"slot", "url"})
+	m.reg.MustRegister(m.responses, m.duration, &collector{src: src},
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Registry returns the Prometheus registry, for more collectors.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Handler serves the metrics in the Prometheus exposition formats.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
+}
+
+// SetWorker creates the Observe series of the worker now in w.Slot
+// (registry.Options.OnPut). If another url held the slot, its series go.
+func (m *Metrics) SetWorker(w *route.Worker) {
+	if w == nil || w.Slot < 0 || w.Slot >= stats.MaxWorkers {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	old := m.obs[w.Slot].Load()
+	if old != nil && old.url == w.URL {
+		return
+	}
+	slot := strconv.Itoa(w.Slot)
+	o := &slotObs{url: w.URL}
+	for i, c := range classNames {
+		o.codes[i] = m.responses.WithLabelValues(slot, w.URL, c)
+	}
+	o.dur = m.duration.WithLabelValues(slot, w.URL)
+	m.obs[w.Slot].Store(o)
+	if old != nil {
+		for _, c := range classNames {
+			m.responses.DeleteLabelValues(slot, old.url, c)
+		}
+		m.duration.DeleteLabelValues(slot, old.url)
+	}
+}
+
+// Observe records one proxied request (proxy.Config.Observe): worker slot,
+// status class (0 for none) and duration. It never allocates.
+func (m *Metrics) Observe(worker, codeClass int, d time.Duration) {
+	if uint(worker) >= stats.MaxWorkers {
+		return
+	}
+	o := m.obs[worker].Load()
+	if o == nil {
+		return
+	}
+	if uint(codeClass) >= uint(len(classNames)) {
+		codeClass = 0
+	}
+	o.codes[codeClass].Inc()
+	o.dur.Observe(d.Seconds())
+}
+
+// collector reads the counters memory and the registry at scrape time.
+type collector struct{ src Sources }
+
+var (
+	dWorkerRequests = prometheus.NewDesc("tether_worker_requests_total",
+		"Requests routed to the worker (slot counters: every process sharing them).", []string{"slot", "url"}, nil)
+	dWorkerErrors = prometheus.NewDesc("tether_worker_errors_total",
+		"Requests to the worker that failed (502, 504, truncated response).", []string{"slot", "url"}, nil)
+	dWorkerInFlight = prometheus.NewDesc("tether_worker_in_flight",
+		"Requests in flight to the worker (its load for routing and /get_loads).", []string{"slot", "url"}, nil)
+	dWorkerBytes = prometheus.NewDesc("tether_worker_bytes_total",
+		"Bytes relayed to (up) and from (down) the worker, heads included.", []string{"slot", "url", "direction"}, nil)
+	dWorkerRetries = prometheus.NewDesc("tether_worker_retries_total",
+		"Upstream retries by reason: connect (a failed connect tried again), dead_pooled (a pooled connection found closed).", []string{"slot", "url", "reason"}, nil)
+	dWorkerConns = prometheus.NewDesc("tether_worker_upstream_connections",
+		"Open connections to the worker.", []string{"slot", "url"}, nil)
+	dWorkerHealthy = prometheus.NewDesc("tether_worker_healthy",
+		"1 if the worker's last health verdict is healthy.", []string{"slot", "url"}, nil)
+	dWorkerState = prometheus.NewDesc("tether_worker_state",
+		"1 for the worker's current state (healthy, unhealthy, draining).", []string{"slot", "url", "state"}, nil)
+	dWorkers = prometheus.NewDesc("tether_workers",
+		"Workers by state (pending: waiting for a first good health check; removed: finishing requests after removal).", []string{"state"}, nil)
+	dPanic = prometheus.NewDesc("tether_panic",
+		"1 while every routable worker is unhealthy and requests are routed to all of them anyway.", nil, nil)
+	dPanicEntered = prometheus.NewDesc("tether_panic_entered_total",
+		"Times every routable worker became unhealthy.", nil, nil)
+	dDecisions = prometheus.NewDesc("tether_route_decisions_total",
+		"Routing decisions by reason: session, spread, and the fallbacks bad_session_spread, bad_session_reject, no_worker, panic.", []string{"reason"}, nil)
+	dListenerActive = prometheus.NewDesc("tether_listener_connections_active",
+		"Client connections open on the listener.", []string{"listener"}, nil)
+	dListenerAccepted = prometheus.NewDesc("tether_listener_connections_accepted_total",
+		"Client connections accepted by the listener.", []string{"listener"}, nil)
+	dListenerClosed = prometheus.NewDesc("tether_listener_connections_closed_total",
+		"Client connections closed on the listener.", []string{"listener"}, nil)
+	dListenerSelected = prometheus.NewDesc("tether_listener_selections_total",
+		"New connections the BPF program steered to the listener.", []string{"listener"}, nil)
+	dListenerMigrated = prometheus.NewDesc("tether_listener_migrations_total",
+		"Queued connections the BPF program moved to the listener.", []string{"listener"}, nil)
+	dSteeringFallbacks = prometheus.NewDesc("tether_steering_fallbacks_total",
+		"Connections the BPF program left to the kernel's hash, by reason.", []string{"reason"}, nil)
+	dProxyAccepted = prometheus.NewDesc("tether_proxy_connections_accepted_total",
+		"Client connections accepted by this process.", nil, nil)
+	dProxyRequests = prometheus.NewDesc("tether_proxy_requests_total",
+		"Requests read from clients by this process.", nil, nil)
+	dProxyLocal = prometheus.NewDesc("tether_proxy_local_requests_total",
+		"Requests answered by tetherd itself on the data port (/health, control endpoints).", nil, nil)
+	dProxyErrors = prometheus.NewDesc("tether_proxy_errors_total",
+		"Data-plane failures by reason.", []string{"reason"}, nil)
+)
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{dWorkerRequests, dWorkerErrors, dWorkerInFlight, dWorkerBytes,
+		dWorkerRetries, dWorkerConns, dWorkerHealthy, dWorkerState, dWorkers, dPanic, dPanicEntered,
+		dDecisions, dListenerActive, dListenerAccepted, dListenerClosed, dListenerSelected,
+		dListenerMigrated, dSteeringFallbacks, dProxyAccepted, dProxyRequests, dProxyLocal, dProxyErrors} {
+		ch <- d
+	}
+}
+
+func counter(d *prometheus.Desc, v uint64, lv ...string) prometheus.Metric {
+	return prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), lv...)
+}
+
+func gauge(d *prometheus.Desc, v float64, lv ...string) prometheus.Metric {
+	return prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, lv...)
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+var stateNames = [...]route.State{route.Healthy, route.Unhealthy, route.Draining}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	src := c.src
+	if src.Table != nil {
+		for _, w := range src.Table.Snapshot() {
+			if w == nil {
+				continue
+			}
+			slot := strconv.Itoa(w.Slot)
+			s := w.Stats.Load()
+			ch <- counter(dWorkerRequests, s.Requests, slot, w.URL)
+			ch <- counter(dWorkerErrors, s.Errors, slot, w.URL)
+			ch <- gauge(dWorkerInFlight, float64(s.InFlight), slot, w.URL)
+			ch <- counter(dWorkerBytes, s.BytesUp, slot, w.URL, "up")
+			ch <- counter(dWorkerBytes, s.BytesDown, slot, w.URL, "down")
+			ch <- gauge(dWorkerConns, float64(s.Conns), slot, w.URL)
+			if w.Pool != nil {
+				ch <- counter(dWorkerRetries, w.Pool.Retries(upstream.RetryConnect), slot, w.URL, "connect")
+				ch <- counter(dWorkerRetries, w.Pool.Retries(upstream.RetryDeadPooled), slot, w.URL, "dead_pooled")
+			}
+			st := w.State()
+			healthy := st == route.Healthy
+			if src.Registry != nil {
+				if h, ok := src.Registry.Health(w.Slot); ok {
+					healthy = h
+				}
+			}
+			ch <- gauge(dWorkerHealthy, b2f(healthy), slot, w.URL)
+			for _, s := range stateNames {
+				ch <- gauge(dWorkerState, b2f(st == s), slot, w.URL, s.String())
+			}
+		}
+	}
+	if src.Registry != nil {
+		for state, n := range src.Registry.Counts() {
+			ch <- gauge(dWorkers, float64(n), state)
+		}
+		ch <- gauge(dPanic, b2f(src.Registry.Panic()))
+		ch <- counter(dPanicEntered, src.Registry.PanicEntered())
+	}
+	if src.Router != nil {
+		for r := route.Reason(0); r < route.NumReasons; r++ {
+			ch <- counter(dDecisions, src.Router.Count(r), r.String())
+		}
+	}
+	if src.Stats != nil && src.Listeners != nil {
+		n := min(src.Listeners(), stats.MaxSlots)
+		for i := 0; i < n; i++ {
+			l := src.Stats.Slot(i).Load()
+			ls := strconv.Itoa(i)
+			ch <- gauge(dListenerActive, float64(l.Active), ls)
+			ch <- counter(dListenerAccepted, l.Accepted, ls)
+			ch <- counter(dListenerClosed, l.Closed, ls)
+		}
+		if src.Steering != nil {
+			if s, ok := src.Steering(); ok {
+				for i := 0; i < n && i < len(s.Selected); i++ {
+					ch <- counter(dListenerSelected, s.Selected[i], strconv.Itoa(i))
+				}
+				for i := 0; i < n && i < len(s.MigratedTo); i++ {
+					ch <- counter(dListenerMigrated, s.MigratedTo[i], strconv.Itoa(i))
+				}
+				for reason, v := range s.Fallbacks {
+					ch <- counter(dSteeringFallbacks, v, reason)
+				}
+			}
+		}
+	}
+	if p := src.Proxy; p != nil {
+		ch <- counter(dProxyAccepted, p.Accepted.Load())
+		ch <- counter(dProxyRequests, p.Requests.Load())
+		ch <- counter(dProxyLocal, p.Local.Load())
+		ch <- counter(dProxyErrors, p.Rejected.Load(), "rejected")
+		ch <- counter(dProxyErrors, p.BadGateway.Load(), "bad_gateway")
+		ch <- counter(dProxyErrors, p.Timeouts.Load(), "timeout")
+		ch <- counter(dProxyErrors, p.Truncated.Load(), "truncated")
+		ch <- counter(dProxyErrors, p.ClientAborted.Load(), "client_aborted")
+	}
+}
