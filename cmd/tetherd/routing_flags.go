@@ -43,7 +43,7 @@ func routingFlags(fs *flag.FlagSet, o *daemon.RoutingOptions) func() {
 	fs.Float64Var(&o.HashLoadFactor, "hash-load-factor", route.DefaultLoadFactor, "--policy=hash: a worker with more than c × mean requests in flight passes a key to its ring successor")
 	fs.DurationVar(&o.StickyTTL, "sticky-ttl", route.DefaultStickyTTL, "--policy=sticky: a key's assignment expires this long after its last use (or on POST /finish_session)")
 	fs.StringVar(&o.StickyStore, "sticky-store", "auto", "--policy=sticky table: auto (pinned BPF LRU map shared by every tetherd, else in-process), bpf (required) or memory")
-	fs.StringVar(&o.Keyless, "keyless", "p2c", "requests without a key: p2c (less loaded of two random workers) or prefix (hash the first --peek-bytes of the body, bounded load)")
+	fs.StringVar(&o.Keyless, "keyless", "least", "requests without a key: least (fewest in flight, rotating tie-break), p2c (less loaded of two random workers) or prefix (hash the first --peek-bytes of the body, bounded load)")
 	fs.IntVar(&o.PeekBytes, "peek-bytes", route.DefaultPrefixBytes, "body bytes read before routing (request id \"rid\", --keyless=prefix); -1: none")
 	fs.IntVar(&o.MaxTrackedRequests, "max-tracked-requests", 1<<20, "request ids remembered for abort routing (oldest dropped beyond)")
 	engineEndpoints := fs.Bool("engine-endpoints", true, "serve /abort_request, /abort_requests, /abort_until_idle, /flush_cache, /get_loads and /finish_session on the data port (false: proxy them)")

@@ -40,7 +40,7 @@ type RoutingOptions struct {
 	// did not load; default Options.PinDir, else bpf.DefaultPinDir. With
 	// --bpf=off, auto keeps the table in process.
 	StickyPinDir string
-	Keyless      string // "p2c" (default) or "prefix"
+	Keyless      string // "least" (default), "p2c" or "prefix"
 	// PeekBytes: body bytes buffered before routing, for the request id
 	// ("rid") and --keyless=prefix; default 4096, -1 disables (ids from
 	// X-Request-ID only; prefix then needs it).

@@ -25,8 +25,11 @@ package route
 //     in-process LRU) for StickyTTL after the last refresh, or until
 //     POST /finish_session. An unhealthy or draining owner gets its keys
 //     reassigned.
-//  3. No key: the less loaded of two random healthy workers (power of two
-//     choices); with Keyless = prefix, the first PrefixBytes of the body
+//  3. No key: by default the healthy worker with the fewest requests in
+//     flight, ties broken by rotation (the counts are exact and shared, so
+//     a full scan beats sampling for worker sets of this size); with
+//     Keyless = p2c the less loaded of two random healthy workers (power of
+//     two choices, O(1) for very large sets); with Keyless = prefix, the first PrefixBytes of the body
 //     (rid and request_id values left out) are hashed on the ring like a
 //     key, so that the samples of one GRPO group share a prefix cache.
 //
@@ -78,11 +81,15 @@ func ParsePolicy(s string) (PolicyKind, error) {
 type KeylessMode int
 
 const (
-	KeylessP2C    KeylessMode = iota // power of two choices
+	KeylessLeast  KeylessMode = iota // fewest in flight, rotating tie-break (spread)
+	KeylessP2C                       // power of two choices
 	KeylessPrefix                    // hash the start of the body, bounded load
 )
 
 func (m KeylessMode) String() string {
+	if m == KeylessLeast {
+		return "least"
+	}
 	if m == KeylessPrefix {
 		return "prefix"
 	}
@@ -92,12 +99,14 @@ func (m KeylessMode) String() string {
 // ParseKeyless parses a --keyless value.
 func ParseKeyless(s string) (KeylessMode, error) {
 	switch s {
-	case "", "p2c":
+	case "", "least":
+		return KeylessLeast, nil
+	case "p2c":
 		return KeylessP2C, nil
 	case "prefix":
 		return KeylessPrefix, nil
 	}
-	return 0, fmt.Errorf("--keyless %q: want p2c or prefix", s)
+	return 0, fmt.Errorf("--keyless %q: want least, p2c or prefix", s)
 }
 
 // TargetWorkerHeader pins a request to a worker slot.
@@ -275,7 +284,10 @@ func (p *Policy) route(rt *Router, req *httphead.Request, body []byte) Decision 
 			return p.routeRing(rt, ws, PrefixHash(body), true)
 		}
 	}
-	return p2c(rt, ws)
+	if p.cfg.Keyless == KeylessP2C {
+		return p2c(rt, ws)
+	}
+	return rt.spread(ReasonSpread)
 }
 
 // PeekedBody returns the body data at the start of the peeked bytes: for a

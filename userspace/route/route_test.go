@@ -158,3 +158,33 @@ func BenchmarkRouteSession(b *testing.B) {
 		rt.Route(req, nil)
 	}
 }
+
+func TestKeylessModes(t *testing.T) {
+	req := &httphead.Request{Path: []byte("/generate")}
+	for _, tc := range []struct {
+		mode KeylessMode
+		even bool // idle workers get an exact rotation
+	}{
+		{KeylessLeast, true},
+		{KeylessP2C, false},
+	} {
+		t.Run(tc.mode.String(), func(t *testing.T) {
+			tab, _ := newTable(4)
+			p, err := NewPolicy(PolicyConfig{Keyless: tc.mode})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rt := &Router{Table: tab}
+			rt.SetPolicy(p)
+			hits := make([]int, 4)
+			for i := 0; i < 400; i++ {
+				hits[rt.Route(req, nil).Worker.Slot]++
+			}
+			for slot, h := range hits {
+				if tc.even && h != 100 || h < 50 {
+					t.Fatalf("slot %d got %d of 400: %v", slot, h, hits)
+				}
+			}
+		})
+	}
+}
