@@ -644,6 +644,7 @@ func TestHTTP10ClientLargeChunked(t *testing.T) {
 
 func TestBackendDiesMidBody(t *testing.T) {
 	part := strings.Repeat("x", 100)
+	big := strings.Repeat("y", 300<<10)
 	cases := []struct {
 		name, head, sent string
 		reset            bool
@@ -652,6 +653,10 @@ func TestBackendDiesMidBody(t *testing.T) {
 		{"chunked mid-chunk", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", "3e8\r\n" + part, false},
 		{"content-length reset", "HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n", part, true},
 		{"chunked reset", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", "3e8\r\n" + part, true},
+		// Large bodies move with SO_RCVLOWAT batching: a backend that dies
+		// with less than a batch queued must still end the response.
+		{"large content-length", "HTTP/1.1 200 OK\r\nContent-Length: 4194304\r\n\r\n", big, false},
+		{"large content-length reset", "HTTP/1.1 200 OK\r\nContent-Length: 4194304\r\n\r\n", big, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -672,7 +677,7 @@ func TestBackendDiesMidBody(t *testing.T) {
 				raw := readAll(t, c, br)
 				resp, body := splitResponse(t, raw, "GET")
 				if resp.StatusCode != 200 || string(body) != tc.sent {
-					t.Fatalf("request %d: status %d body %q, want the %d bytes sent and EOF", i, resp.StatusCode, body, len(tc.sent))
+					t.Fatalf("request %d: status %d, %d body bytes, want the %d bytes sent and EOF", i, resp.StatusCode, len(body), len(tc.sent))
 				}
 				if got := be.accepts.Load(); got != int64(i) {
 					t.Fatalf("request %d: backend accepted %d connections", i, got)
