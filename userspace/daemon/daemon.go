@@ -171,7 +171,8 @@ func New(opts Options) (*Daemon, error) {
 	if err := d.newRegistry(opts, len(d.demos)); err != nil {
 		return nil, err
 	}
-	d.Router = &route.Router{Table: d.Table, BadSession: bad}
+	d.Router = &route.Router{Table: d.Table}
+	d.Router.SetBadSession(bad)
 	if d.routing, err = setupRouting(opts, d.Group, d.Router); err != nil {
 		return nil, err
 	}

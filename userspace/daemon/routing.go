@@ -97,7 +97,7 @@ func setupRouting(opts Options, g *listener.Group, rt *route.Router) (*routing, 
 		return nil, err
 	}
 	r.policy = p
-	rt.Policy = p
+	rt.SetPolicy(p)
 	r.owners = engine.NewOwners(o.MaxTrackedRequests)
 	r.router = &engine.Tracker{Router: rt, Owners: r.owners}
 	if !o.NoEngineEndpoints {

@@ -59,7 +59,8 @@ func newHarness(t *testing.T, n int, dopts demo.Options, pcfg route.PolicyConfig
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.rt = &route.Router{Table: h.tab, Policy: p}
+	h.rt = &route.Router{Table: h.tab}
+	h.rt.SetPolicy(p)
 	eng := engine.New(engine.Config{Table: h.tab, Owners: h.owners, FinishSession: p.FinishSession,
 		Timeout: 2 * time.Second, WaveInterval: 100 * time.Millisecond, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	t.Cleanup(eng.Close)

@@ -151,7 +151,8 @@ func TestTrackerRoutesAndReleases(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt := &route.Router{Table: tab, Policy: p}
+	rt := &route.Router{Table: tab}
+	rt.SetPolicy(p)
 	tr := &Tracker{Router: rt, Owners: NewOwners(0)}
 
 	keyless := parseHead(t, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n\r\n")

@@ -462,12 +462,7 @@ func skipSpace(b []byte, i int) int {
 func (rt *Router) SetPolicy(p *Policy) { rt.policy.Store(p) }
 
 // CurrentPolicy returns the policy in effect (nil: spread).
-func (rt *Router) CurrentPolicy() *Policy {
-	if p := rt.policy.Load(); p != nil {
-		return p
-	}
-	return rt.Policy
-}
+func (rt *Router) CurrentPolicy() *Policy { return rt.policy.Load() }
 
 // Pin routes to the worker in slot when it exists and is healthy, counting
 // reason (for callers that know better than the policy, such as the

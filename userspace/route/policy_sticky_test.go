@@ -140,10 +140,10 @@ func TestStickyPolicy(t *testing.T) {
 			}
 
 			// finish_session forgets the key; an unknown one is a no-op.
-			if !rt.Policy.FinishSession("traj-1") {
+			if !rt.CurrentPolicy().FinishSession("traj-1") {
 				t.Error("FinishSession of a known key: false")
 			}
-			if rt.Policy.FinishSession("traj-1") || rt.Policy.FinishSession("never-seen") {
+			if rt.CurrentPolicy().FinishSession("traj-1") || rt.CurrentPolicy().FinishSession("never-seen") {
 				t.Error("FinishSession of an unknown key: true")
 			}
 			d = route("traj-1")
@@ -201,7 +201,7 @@ func TestStickySharedAcrossProcesses(t *testing.T) {
 		}
 	}
 	// finish_session in one process is seen by the other.
-	if !b.Policy.FinishSession("k1") {
+	if !b.CurrentPolicy().FinishSession("k1") {
 		t.Fatal("FinishSession k1")
 	}
 	if d := a.Route(keyReq(t, "k1"), nil); d.Reason != ReasonStickyNew {

@@ -32,7 +32,9 @@ func testRouter(t testing.TB, tab *Table, cfg PolicyConfig) *Router {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Router{Table: tab, Policy: p}
+	rt := &Router{Table: tab}
+	rt.SetPolicy(p)
+	return rt
 }
 
 // parseReq parses a request head with the given extra header lines.
@@ -269,7 +271,7 @@ func TestBoundedLoadHotKey(t *testing.T) {
 			rt := testRouter(t, tab, PolicyConfig{LoadFactor: c})
 			ws := tab.Snapshot()
 			hot := keyReq(t, "hot-trajectory")
-			owner := rt.Policy.Owner(ws, KeyHashString("hot-trajectory"))
+			owner := rt.CurrentPolicy().Owner(ws, KeyHashString("hot-trajectory"))
 			worst := 0.0
 			total := 0
 			for i := 0; i < 4000; i++ {

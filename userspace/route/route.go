@@ -166,34 +166,24 @@ func (r Reason) String() string { return reasonNames[r] }
 
 // Router applies the routing rules to a table.
 type Router struct {
-	Table      *Table
-	BadSession BadSession
-	// Policy routes the requests that name no session (policy.go); nil:
-	// least in flight (spread). SetPolicy replaces it in use.
-	Policy *Policy
-	policy atomic.Pointer[Policy] // set by SetPolicy: overrides Policy
+	Table *Table
+
+	// Settings a reload (SIGHUP) may change while requests are routed.
+	policy     atomic.Pointer[Policy] // nil: least in flight (spread)
+	badSession atomic.Int32           // BadSession
 
 	rr      atomic.Uint64
 	reasons [NumReasons]atomic.Uint64
-	// badSession, when non-zero, is BadSession+1 set by SetBadSession: it
-	// overrides the field so that a reload can change the mode while
-	// requests are being routed.
-	badSession atomic.Int32
 }
 
 // Count returns how many requests were routed for reason r.
 func (rt *Router) Count(r Reason) uint64 { return rt.reasons[r].Load() }
 
-// SetBadSession changes the bad-session mode of a router in use (SIGHUP).
-func (rt *Router) SetBadSession(b BadSession) { rt.badSession.Store(int32(b) + 1) }
+// SetBadSession sets what happens to a session id that names no worker.
+func (rt *Router) SetBadSession(b BadSession) { rt.badSession.Store(int32(b)) }
 
 // BadSessionMode returns the bad-session mode in effect.
-func (rt *Router) BadSessionMode() BadSession {
-	if v := rt.badSession.Load(); v != 0 {
-		return BadSession(v - 1)
-	}
-	return rt.BadSession
-}
+func (rt *Router) BadSessionMode() BadSession { return BadSession(rt.badSession.Load()) }
 
 // Decision is the result of routing.
 type Decision struct {
