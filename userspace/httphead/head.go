@@ -141,6 +141,12 @@ func isToken(b []byte) bool {
 	return true
 }
 
+// IsToken reports whether s is an RFC 9110 token (a valid field name).
+func IsToken(s string) bool { return isToken([]byte(s)) }
+
+// EqualFold compares a received name with an ASCII name, case-insensitively.
+func EqualFold(b []byte, s string) bool { return equalFold(b, s) }
+
 // equalFold compares ASCII case-insensitively.
 func equalFold(b []byte, s string) bool {
 	if len(b) != len(s) {

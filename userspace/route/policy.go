@@ -165,7 +165,7 @@ func NewPolicy(cfg PolicyConfig) (*Policy, error) {
 		if h == "" {
 			continue
 		}
-		if !validFieldName(h) {
+		if !httphead.IsToken(h) {
 			return nil, fmt.Errorf("key header %q: not a valid header name", h)
 		}
 		hs = append(hs, h)
@@ -204,38 +204,11 @@ func NewPolicy(cfg PolicyConfig) (*Policy, error) {
 // Config returns the policy's settings, defaults applied.
 func (p *Policy) Config() PolicyConfig { return p.cfg }
 
-func validFieldName(s string) bool {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
-			return false
-		}
-	}
-	return s != ""
-}
-
-// equalFoldASCII compares a received header name with an ASCII name.
-func equalFoldASCII(b []byte, s string) bool {
-	if len(b) != len(s) {
-		return false
-	}
-	for i := 0; i < len(b); i++ {
-		c, d := b[i], s[i]
-		if c == d {
-			continue
-		}
-		if c|0x20 != d|0x20 || c|0x20 < 'a' || c|0x20 > 'z' {
-			return false
-		}
-	}
-	return true
-}
-
 // fieldValue returns the first non-empty value of the fields named name.
 func fieldValue(req *httphead.Request, name string) []byte {
 	for i := range req.Fields {
 		f := &req.Fields[i]
-		if len(f.Value) > 0 && equalFoldASCII(f.Name, name) {
+		if len(f.Value) > 0 && httphead.EqualFold(f.Name, name) {
 			return f.Value
 		}
 	}
