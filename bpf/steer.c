@@ -12,21 +12,44 @@
  * listener that closes (ctx->migrating_sk set), to choose where it moves.
  *
  * Selection (weighted, two random choices):
- *   1. Walk the ACTIVE slots of slot_table: total active connections A and
- *      total weight W (slot_load is written by tetherd through mmap).
+ *   1. Walk the ACTIVE slots of slot_table: total load A and total weight
+ *      W. A slot's load (slot_load.steer_load) is active + pending:
+ *      connections tetherd accepted and has not closed, plus connections
+ *      this program steered there that tetherd has not accepted yet.
  *   2. Keep the slots whose normalized load is at most the average,
- *      active_i / w_i <= A / W, and draw two distinct ones uniformly at random
+ *      load_i / w_i <= A / W, and draw two distinct ones uniformly at random
  *      among them (reservoir sampling, bpf_get_prandom_u32).
- *   3. Of the two, take the less loaded (active_a * w_b vs active_b * w_a),
+ *   3. Of the two, take the less loaded (load_a * w_b vs load_b * w_a),
  *      a coin flip on a tie.
+ *   4. For a new connection (a SYN) or a migration, reserve the choice:
+ *      compare-and-swap the slot's load from the value read in step 2 to
+ *      one more (and count it pending). If the load changed meanwhile
+ *      (another CPU steered a connection there, or one closed), start again
+ *      from 1 with fresh loads, up to STEER_TRIES times.
  * Drawing among the below-average slots rather than among all active slots
  * is what keeps the spread tight: with plain two choices over all slots, 64
  * connections opened one by one over 8 listeners end with a 9 on some
  * listener in ~91% of runs (max/mean 1.125); restricted to below-average
- * slots no listener ever gets above ceil(mean). It keeps the point of two
- * random choices: a burst decided on one (stale) view of the load spreads
- * over the below-average slots instead of all landing on the single least
- * loaded one. See docs/bpf.md.
+ * slots no listener ever gets above ceil(mean).
+ *
+ * pending is what makes that hold for bursts too. Without it the load only
+ * moved when tetherd accepted: a client pool opening 64 connections at once
+ * had every SYN decided on the same stale counts (measured max/mean 1.25 to
+ * 1.88, no better than the kernel hash). The kernel runs this program on
+ * the SYN, when it creates the request socket (a retransmitted SYN and the
+ * final ACK find that request socket and do not come back here), so each
+ * decision counts itself before the next SYN is decided; the
+ * compare-and-swap makes two CPUs deciding at once see each other. The load
+ * is one word (not active + pending read separately) so that an accept,
+ * which moves a connection from pending to active, is never seen half done.
+ *
+ * Only a SYN (SYN set, ACK clear) or a migration counts: the program also
+ * runs for stray segments that reach the listener (an ACK or RST of a
+ * connection that is gone, the ACK of a syncookie), which select a listener
+ * but are not a new connection to accept there (a syncookie ACK is one,
+ * uncounted: tetherd's accept then adds it to steer_load). A counted SYN
+ * that is never accepted (dropped on a full queue, handshake abandoned) is
+ * taken off again by tetherd's listener watcher. See docs/bpf.md.
  *
  * The slots are found by walking slot_table (bpf_loop over TETHER_MAX_SLOTS,
  * twice): array lookups are cheap, the walk runs once per new connection
@@ -119,12 +142,15 @@ static __always_inline __u64 slot_weight(const struct tether_slot *s)
 	return w;
 }
 
-static __always_inline __u64 slot_active(__u32 i)
+/*
+ * The load of slot i: active + pending as one word, written concurrently by
+ * userspace atomics and other CPUs' reservations: one aligned 64-bit load.
+ */
+static __always_inline __u64 slot_load_of(__u32 i)
 {
 	struct tether_slot_load *l = bpf_map_lookup_elem(&slot_load, &i);
 
-	/* Written concurrently by userspace atomics: one aligned 64-bit load. */
-	return l ? *(volatile __u64 *)&l->active : 0;
+	return l ? *(volatile __u64 *)&l->steer_load : 0;
 }
 
 static __always_inline const struct tether_slot *active_slot(__u32 i)
@@ -139,10 +165,10 @@ static __always_inline const struct tether_slot *active_slot(__u32 i)
 /* The two candidate slots; b is NO_SLOT when only one slot qualified. */
 #define NO_SLOT ((__u32)-1)
 struct choice {
-	__u64 total_active, total_weight; /* over the active slots */
-	__u32 seen;                       /* slots at or below the average so far */
+	__u64 total_load, total_weight; /* over the active slots */
+	__u32 seen;                     /* slots at or below the average so far */
 	__u32 a, b;
-	__u64 load_a, load_b; /* active connections */
+	__u64 load_a, load_b; /* active + pending, as read */
 	__u64 w_a, w_b;       /* weights */
 };
 
@@ -153,7 +179,7 @@ static long add_slot(__u32 i, void *arg)
 	const struct tether_slot *s = active_slot(i);
 
 	if (s) {
-		c->total_active += slot_active(i);
+		c->total_load += slot_load_of(i);
 		c->total_weight += slot_weight(s);
 	}
 	return 0;
@@ -171,9 +197,9 @@ static long sample_slot(__u32 i, void *arg)
 
 	if (!s)
 		return 0;
-	load = slot_active(i);
+	load = slot_load_of(i);
 	w = slot_weight(s);
-	if (load * c->total_weight > c->total_active * w)
+	if (load * c->total_weight > c->total_load * w)
 		return 0; /* above average */
 	c->seen++;
 	if (c->seen == 1) {
@@ -191,28 +217,32 @@ static long sample_slot(__u32 i, void *arg)
 	return 0;
 }
 
+/* What choose found. */
+enum { CHOSEN, NO_ACTIVE_SLOT, RACED };
+
 /*
- * Fills c, the better candidate in c->a; returns 0 when there is no active
- * slot. The walks use bpf_loop so that the verifier checks each callback
- * once instead of unrolling TETHER_MAX_SLOTS iterations of branches.
+ * Fills c, the better candidate in c->a. The walks use bpf_loop so that the
+ * verifier checks each callback once instead of unrolling TETHER_MAX_SLOTS
+ * iterations of branches.
  */
 static __always_inline int choose(struct choice *c)
 {
+	__builtin_memset(c, 0, sizeof(*c));
 	c->a = NO_SLOT;
 	c->b = NO_SLOT;
 	bpf_loop(TETHER_MAX_SLOTS, add_slot, c, 0);
 	if (c->total_weight == 0)
-		return 0;
-	/*
-	 * At least one active slot is always at or below the average, unless
-	 * slot_table or slot_load changed between the passes: then a may stay
-	 * NO_SLOT.
-	 */
+		return NO_ACTIVE_SLOT;
 	bpf_loop(TETHER_MAX_SLOTS, sample_slot, c, 0);
+	/*
+	 * At least one active slot is at or below the average, unless
+	 * slot_load or slot_table changed between the passes: other CPUs
+	 * steering a burst raised loads after pass 1 read them. Try again.
+	 */
 	if (c->a == NO_SLOT)
-		return 0;
+		return RACED;
 	if (c->b == NO_SLOT)
-		return 1;
+		return CHOSEN;
 
 	/* The less loaded first: load_b/w_b < load_a/w_a, or a coin flip on a tie. */
 	__u64 la = c->load_a * c->w_b, lb = c->load_b * c->w_a;
@@ -223,7 +253,131 @@ static __always_inline int choose(struct choice *c)
 		c->a = c->b, c->load_a = c->load_b, c->w_a = c->w_b;
 		c->b = t, c->load_b = tl, c->w_b = tw;
 	}
+	return CHOSEN;
+}
+
+/*
+ * Whether this run places a connection that tetherd will accept from the
+ * selected listener, and so counts it there: a migration, or a SYN.
+ * ctx->data starts at the TCP header; byte 13 holds the flags. Anything
+ * else that reaches a listener (an ACK or RST of a connection that is gone,
+ * a syncookie ACK) is steered but not counted. Should the header not be
+ * readable, count: an extra count is taken off again by the watcher.
+ */
+#define TCP_FLAG_SYN 0x02
+#define TCP_FLAG_ACK 0x10
+static __always_inline int counts(struct sk_reuseport_md *ctx)
+{
+	__u8 *data = ctx->data, *end = ctx->data_end;
+
+	if (ctx->migrating_sk)
+		return 1;
+	if (ctx->ip_protocol != 6 /* IPPROTO_TCP */ || data + 14 > end)
+		return 1;
+	return (data[13] & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
+}
+
+/*
+ * Counts one more connection on slot i if its load still is `seen`, the
+ * value the choice was made on; returns 0, counting nothing, if it changed
+ * meanwhile. steered (monotonic, written only here) goes up before and
+ * pending after steer_load: tetherd's watcher reads pending, then steered,
+ * and must never see a pending connection that steered does not cover;
+ * tetherd's accept keeps steer_load = active + pending whichever way it
+ * falls between the two updates (see stats.Slot.Opened).
+ */
+static __always_inline int reserve(__u32 i, __u64 seen)
+{
+	struct tether_slot_load *l = bpf_map_lookup_elem(&slot_load, &i);
+
+	if (!l)
+		return 1;
+	__sync_fetch_and_add(&l->steered, 1);
+	if (__sync_val_compare_and_swap(&l->steer_load, seen, seen + 1) != seen) {
+		__sync_fetch_and_add(&l->steered, -1);
+		return 0;
+	}
+	__sync_fetch_and_add(&l->pending, 1);
 	return 1;
+}
+
+/* Counts one more connection on slot i, whatever its load. */
+static __always_inline void add_pending(__u32 i)
+{
+	struct tether_slot_load *l = bpf_map_lookup_elem(&slot_load, &i);
+
+	if (l) {
+		__sync_fetch_and_add(&l->steered, 1);
+		__sync_fetch_and_add(&l->steer_load, 1);
+		__sync_fetch_and_add(&l->pending, 1);
+	}
+}
+
+/* Selects slot i for this connection; 0 on success. */
+static __always_inline long select_slot(struct sk_reuseport_md *ctx, __u32 i)
+{
+	return bpf_sk_select_reuseport(ctx, &listener_sockets, &i, 0);
+}
+
+/*
+ * Attempts at a reserved choice. One fails when another CPU steered a
+ * connection to the chosen slot, or tetherd closed one there, between the
+ * read and the compare-and-swap, or when loads grew between the two passes
+ * of choose: windows of a microsecond or two.
+ */
+#define STEER_TRIES 4
+
+/* One run of the program, across its attempts. */
+struct steer {
+	struct sk_reuseport_md *ctx;
+	struct choice c;
+	__u32 key;      /* the slot the kernel will use, NO_SLOT until selected */
+	__u32 counted;  /* a SYN or a migration: count it on the slot */
+	__u32 reserved; /* counted with a successful compare-and-swap */
+	__u32 fallback; /* why nothing was selected: enum tether_decision */
+};
+
+/*
+ * bpf_loop callback: one attempt; returns 1 when done. A callback rather
+ * than a plain loop so that the verifier checks the attempt once.
+ */
+static long steer_try(__u32 i, void *arg)
+{
+	struct steer *st = arg;
+	__u32 pick = NO_SLOT;
+	__u64 seen = 0; /* the load the pick was made on */
+
+	switch (choose(&st->c)) {
+	case NO_ACTIVE_SLOT:
+		st->fallback = TETHER_DECISION_FALLBACK_NO_SLOT;
+		return 1;
+	case RACED:
+		return 0;
+	}
+	if (select_slot(st->ctx, st->c.a) == 0) {
+		pick = st->c.a, seen = st->c.load_a;
+	} else if (st->c.b != NO_SLOT && select_slot(st->ctx, st->c.b) == 0) {
+		/*
+		 * The preferred slot has no usable socket (closed a moment ago
+		 * and not yet marked in slot_table, or not in this group): the
+		 * other one.
+		 */
+		pick = st->c.b, seen = st->c.load_b;
+	}
+	if (pick == NO_SLOT) {
+		st->fallback = TETHER_DECISION_FALLBACK_SELECT_ERR;
+		return 1;
+	}
+	/*
+	 * A failed select leaves an earlier attempt's selection in place, a
+	 * successful one replaces it: key is what the kernel will use.
+	 */
+	st->key = pick;
+	if (!st->counted || reserve(pick, seen)) {
+		st->reserved = 1;
+		return 1;
+	}
+	return 0;
 }
 
 /*
@@ -236,42 +390,34 @@ SEC("sk_reuseport/migrate")
 int tether_steer(struct sk_reuseport_md *ctx)
 {
 	__u32 base = ctx->migrating_sk ? TETHER_DECISION_MIGRATED_TO : TETHER_DECISION_SELECTED;
-	struct choice c = {};
+	struct steer st = {
+		.ctx = ctx,
+		.key = NO_SLOT,
+		.counted = counts(ctx),
+		/* every attempt raced: no slot chosen, as with none active */
+		.fallback = TETHER_DECISION_FALLBACK_NO_SLOT,
+	};
 	__u32 key;
 
-	if (!choose(&c)) {
+	bpf_loop(STEER_TRIES, steer_try, &st, 0);
+	key = st.key;
+	if (key == NO_SLOT) {
 		/*
-		 * SK_PASS without a selection: no slot is active (tetherd is
-		 * starting, stopping, or every listener is draining), so let the
-		 * kernel pick by hash among the sockets still in the group
-		 * rather than refuse the connection. For a migration the kernel
-		 * hashes among the remaining listeners, so it still moves.
+		 * SK_PASS without a selection, the kernel's hash over the group
+		 * decides. No active slot: tetherd is starting, stopping, or
+		 * every listener is draining; better any listener than a
+		 * refused connection (for a migration the kernel hashes among
+		 * the remaining listeners, so it still moves). Both choices
+		 * failed to select: a connection is never dropped because of
+		 * stale steering state.
 		 */
-		count(TETHER_DECISION_FALLBACK_NO_SLOT);
+		count(st.fallback);
 		return SK_PASS;
 	}
+	/* Contended STEER_TRIES times: keep the last choice, counted anyway. */
+	if (st.counted && !st.reserved)
+		add_pending(key);
 
-	key = c.a;
-	if (bpf_sk_select_reuseport(ctx, &listener_sockets, &key, 0) == 0)
-		goto selected;
-	/*
-	 * The preferred slot has no usable socket (closed a moment ago and not
-	 * yet marked in slot_table, or not in this group): try the other one.
-	 */
-	if (c.b != NO_SLOT) {
-		key = c.b;
-		if (bpf_sk_select_reuseport(ctx, &listener_sockets, &key, 0) == 0)
-			goto selected;
-	}
-	/*
-	 * SK_PASS without a selection: both choices failed, so fall back to
-	 * the kernel's hash over the group; a connection is never dropped
-	 * because of stale steering state.
-	 */
-	count(TETHER_DECISION_FALLBACK_SELECT_ERR);
-	return SK_PASS;
-
-selected:
 	if (key < TETHER_MAX_SLOTS)
 		count(base + key);
 	if (ctx->migrating_sk)

@@ -31,11 +31,14 @@ type steerTetherSlot struct {
 }
 
 type steerTetherSlotLoad struct {
-	_        structs.HostLayout
-	Active   uint64
-	Accepted uint64
-	Closed   uint64
-	Pad      [5]uint64
+	_         structs.HostLayout
+	Active    uint64
+	Accepted  uint64
+	Closed    uint64
+	Pending   uint64
+	Steered   uint64
+	SteerLoad uint64
+	Pad       [2]uint64
 }
 
 type steerTetherSticky struct {

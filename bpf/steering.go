@@ -17,7 +17,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"sync/atomic"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
@@ -108,7 +107,7 @@ type SlotInfo struct {
 	Slot     int
 	State    SlotState
 	Weight   uint32
-	Load     stats.SlotSnapshot // active, accepted, closed (slot_load)
+	Load     stats.SlotSnapshot // slot_load: active, accepted, closed, pending, steered, steer_load
 	Selected uint64             // new connections the program steered here
 	Migrated uint64             // queued connections the program moved here
 }
@@ -312,9 +311,10 @@ func checkSlot(slot int) error {
 }
 
 // Insert puts a listening socket into listener_sockets[slot] and marks the
-// slot active with weight 1. The slot's active count restarts at zero (a new
-// socket has no connections; connections a previous owner left uncounted
-// are counted closed); accepted and closed carry on.
+// slot active with weight 1. The slot's active, pending and steer_load counts
+// restart at zero (a new socket has no connections, accepted or queued;
+// connections a previous owner left uncounted are counted closed);
+// accepted, closed and steered carry on (stats.Slot.Restart).
 func (s *Steering) Insert(slot int, ln *net.TCPListener) error {
 	if err := checkSlot(slot); err != nil {
 		return err
@@ -331,10 +331,7 @@ func (s *Steering) Insert(slot int, ln *net.TCPListener) error {
 		}
 		return fmt.Errorf("insert listener into slot %d: %w", slot, err)
 	}
-	l := s.stats.Slot(slot)
-	if stale := atomic.SwapUint64(&l.Active, 0); stale != 0 {
-		atomic.AddUint64(&l.Closed, stale)
-	}
+	s.stats.Slot(slot).Restart()
 	return s.SetSlotState(slot, SlotActive, 1)
 }
 

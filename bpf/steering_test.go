@@ -85,6 +85,23 @@ func TestHeaderMirror(t *testing.T) {
 		unsafe.Sizeof(steerTetherWorkerStats{}) != unsafe.Sizeof(stats.Worker{}) {
 		t.Error("stats layouts differ from the object's BTF")
 	}
+	var bl steerTetherSlotLoad
+	var gl stats.Slot
+	for _, f := range []struct {
+		name      string
+		btf, goes uintptr
+	}{
+		{"active", unsafe.Offsetof(bl.Active), unsafe.Offsetof(gl.Active)},
+		{"accepted", unsafe.Offsetof(bl.Accepted), unsafe.Offsetof(gl.Accepted)},
+		{"closed", unsafe.Offsetof(bl.Closed), unsafe.Offsetof(gl.Closed)},
+		{"pending", unsafe.Offsetof(bl.Pending), unsafe.Offsetof(gl.Pending)},
+		{"steered", unsafe.Offsetof(bl.Steered), unsafe.Offsetof(gl.Steered)},
+		{"steer_load", unsafe.Offsetof(bl.SteerLoad), unsafe.Offsetof(gl.SteerLoad)},
+	} {
+		if f.btf != f.goes {
+			t.Errorf("tether_slot_load.%s at offset %d in the object, %d in stats.Slot", f.name, f.btf, f.goes)
+		}
+	}
 	p := spec.Programs[steerProgTetherSteer]
 	if p.Type != ebpf.SkReuseport || p.AttachType != ebpf.AttachSkReuseportSelectOrMigrate {
 		t.Errorf("program is %s/%s, want SkReuseport/SelectOrMigrate", p.Type, p.AttachType)

@@ -40,13 +40,40 @@ struct tether_slot {
 /*
  * slot_load[slot]: live load of a listener, written (atomically, through an
  * mmap of the BPF_F_MMAPABLE array) by the tetherd goroutines that own the
- * slot and read by the program. One cache line each: no false sharing.
+ * slot, and by the program (pending, steered, steer_load). One cache line
+ * each: no false sharing.
+ *
+ * The program balances on steer_load = active + pending, kept as a word of
+ * its own. pending counts the connections the program steered here (on
+ * their SYN, or when it migrated them here) that tetherd has not accepted
+ * yet, so that a burst of SYNs decided before any accept sees its own
+ * earlier decisions. One word, because an accept moves a connection from
+ * pending to active, which in two words the program could read half done
+ * (a slot looking one lighter or heavier than it is); steer_load does not
+ * change on accept.
+ *
+ * Writers: the program raises steer_load with a compare-and-swap against
+ * the value it chose on, and pending and steered with it (steer.c).
+ * tetherd, on accept (stats.Slot.Opened), takes one off pending, or, when
+ * none is left (a connection the program did not count), adds one to
+ * steer_load; on close it takes one off steer_load; neither goes below 0.
+ * Its listener watcher takes off pending and steer_load what can no longer
+ * be accepted (SYNs whose handshake never completed).
+ *
+ * pending, steered and steer_load were taken from _pad, which older
+ * tetherds never wrote (zero), and a slot is reset when a listener is
+ * inserted: maps pinned by either version work with the other, so the ABI
+ * version did not change. Only add fields that way when zero means
+ * "nothing" to older and newer code alike.
  */
 struct tether_slot_load {
-	__u64 active;   /* connections accepted and not yet closed */
-	__u64 accepted; /* connections accepted, ever */
-	__u64 closed;   /* connections closed, ever */
-	__u64 _pad[5];
+	__u64 active;     /* connections accepted and not yet closed */
+	__u64 accepted;   /* connections accepted, ever */
+	__u64 closed;     /* connections closed, ever */
+	__u64 pending;    /* steered here by the program, not yet accepted */
+	__u64 steered;    /* connections the program counted pending here, ever */
+	__u64 steer_load; /* active + pending, one word: what the program balances */
+	__u64 _pad[2];
 };
 
 /*

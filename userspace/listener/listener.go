@@ -4,8 +4,10 @@
 //
 // Slot i of the group is listener i, listener_sockets[i], slot_table[i] and
 // slot_load[i]. The proxy serves each listener and counts its connections
-// with Stats().Slot(i).Opened/Finished; that count is the load the program
-// balances on.
+// with Stats().Slot(i).Opened/Finished. The load the program balances on is
+// those connections plus the ones it steered to the listener that the proxy
+// has not accepted yet (pending); the group's watcher takes off pending the
+// SYNs that will never be accepted (see settle).
 package listener
 
 import (
@@ -15,6 +17,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -26,14 +29,16 @@ import (
 
 // Defaults for the options.
 const (
-	DefaultDrainTimeout = 2 * time.Second
-	DefaultPollInterval = 200 * time.Millisecond
+	DefaultDrainTimeout   = 2 * time.Second
+	DefaultPollInterval   = 200 * time.Millisecond
+	DefaultHandshakeGrace = time.Second
 )
 
 type config struct {
-	pinDir       string
-	drainTimeout time.Duration
-	pollInterval time.Duration
+	pinDir         string
+	drainTimeout   time.Duration
+	pollInterval   time.Duration
+	handshakeGrace time.Duration
 }
 
 // Option tunes Listen.
@@ -48,8 +53,16 @@ func WithPinDir(dir string) Option { return func(c *config) { c.pinDir = dir } }
 func WithDrainTimeout(d time.Duration) Option { return func(c *config) { c.drainTimeout = d } }
 
 // WithPollInterval sets how often the group looks for slots that tetherctl
-// marked draining.
+// marked draining, and settles pending counts.
 func WithPollInterval(d time.Duration) Option { return func(c *config) { c.pollInterval = d } }
+
+// WithHandshakeGrace sets how long a connection the program steered (on
+// its SYN) may take to reach the accept queue before the watcher counts it
+// lost and takes it off the slot's pending count. Longer than any normal
+// round trip; a handshake slower than that (a SYN-ACK lost and sent again
+// after 1 s) only makes its slot look one connection lighter until it is
+// accepted.
+func WithHandshakeGrace(d time.Duration) Option { return func(c *config) { c.handshakeGrace = d } }
 
 // Group is the K listeners of one address.
 type Group struct {
@@ -89,7 +102,12 @@ func Listen(addr string, k int, mode bpf.Mode, log *slog.Logger, opts ...Option)
 		log = slog.Default()
 	}
 	g := &Group{
-		cfg:    config{pinDir: bpf.DefaultPinDir, drainTimeout: DefaultDrainTimeout, pollInterval: DefaultPollInterval},
+		cfg: config{
+			pinDir:         bpf.DefaultPinDir,
+			drainTimeout:   DefaultDrainTimeout,
+			pollInterval:   DefaultPollInterval,
+			handshakeGrace: DefaultHandshakeGrace,
+		},
 		log:    log,
 		drains: map[int]*drain{},
 		stop:   make(chan struct{}),
@@ -267,6 +285,10 @@ func (g *Group) drain(slot int) error {
 			cerr = err
 		}
 	}
+	// What was queued has migrated, counted pending on the slot the program
+	// moved it to; handshakes still under way migrate (and are counted
+	// there) when they complete. Nothing pending is left here.
+	g.stats.Slot(slot).ResetPending()
 	return cerr
 }
 
@@ -291,11 +313,13 @@ func acceptQueue(ln *net.TCPListener) (int, error) {
 }
 
 // watch drains the slots that someone else (tetherctl listeners drain)
-// marked draining in slot_table.
+// marked draining in slot_table, and settles the pending counts of the
+// active ones.
 func (g *Group) watch() {
 	defer g.watcher.Done()
 	t := time.NewTicker(g.cfg.pollInterval)
 	defer t.Stop()
+	history := make([][]steeredAt, len(g.lns))
 	for {
 		select {
 		case <-g.stop:
@@ -307,10 +331,19 @@ func (g *Group) watch() {
 			_, started := g.drains[slot]
 			g.mu.Unlock()
 			if started {
+				history[slot] = nil
 				continue
 			}
 			state, _, err := g.steering.Slot(slot)
-			if err != nil || state != bpf.SlotDraining {
+			if err != nil {
+				continue
+			}
+			if state == bpf.SlotActive {
+				history[slot] = g.settle(slot, history[slot])
+				continue
+			}
+			history[slot] = nil
+			if state != bpf.SlotDraining {
 				continue
 			}
 			g.log.Info("slot marked draining in slot_table: draining its listener", "slot", slot)
@@ -323,6 +356,66 @@ func (g *Group) watch() {
 			}()
 		}
 	}
+}
+
+// steeredAt is a slot's steered count (connections the program counted
+// pending there, ever) at a time.
+type steeredAt struct {
+	at      time.Time
+	steered uint64
+}
+
+// settle takes off slot's pending count the connections that will never be
+// accepted: SYNs the program counted whose handshake never completed
+// (client gone, SYN dropped on a full queue and sent again, a syncookie
+// SYN). A counted connection that will still be accepted is either in the
+// listener's accept queue or still in its handshake, and a handshake takes
+// a round trip: at most the handshake grace. So
+//
+//	pending <= accept queue + steered during the last grace
+//
+// and whatever pending holds above that is settled (stats.Slot.Settle,
+// which also takes it off steer_load). The accept queue is read before
+// pending and pending before steered (the program raises steered before
+// pending), so a connection moving along meanwhile is never missed; the
+// settle is a compare-and-swap against the pending value read, so a SYN
+// steered or an accept made since makes it a no-op until the next poll.
+// What is left:
+//   - a leaked count stays on the slot (which then looks one connection
+//     heavier) for up to the grace plus a poll interval, longer while the
+//     accept queue holds connections the program did not count (the kernel
+//     hash chose them), since the queue length covers for them;
+//   - a handshake slower than the grace (a lost SYN-ACK), or a connection
+//     accepted but not yet counted Opened, is settled too early: its slot
+//     looks one connection lighter until it is accepted, and then exact
+//     again, because Opened adds to steer_load a connection it finds no
+//     pending count for.
+//
+// history holds the steered samples of the last grace (and one older); the
+// slot is settled only once it reaches back that far.
+func (g *Group) settle(slot int, history []steeredAt) []steeredAt {
+	queued, err := acceptQueue(g.lns[slot])
+	if err != nil {
+		return nil // closed: Drain or Close resets its counts
+	}
+	st := g.stats.Slot(slot)
+	pending := atomic.LoadUint64(&st.Pending)
+	now := time.Now()
+	history = append(history, steeredAt{now, atomic.LoadUint64(&st.Steered)})
+	horizon := now.Add(-g.cfg.handshakeGrace)
+	// Keep one sample at or before the horizon: the steered count then.
+	for len(history) > 1 && !history[1].at.After(horizon) {
+		history = history[1:]
+	}
+	if history[0].at.After(horizon) {
+		return history // not watched for a grace yet
+	}
+	recent := history[len(history)-1].steered - history[0].steered
+	if bound := uint64(queued) + recent; pending > bound && st.Settle(pending, pending-bound) {
+		g.log.Debug("settled pending connections that will not be accepted",
+			"slot", slot, "settled", pending-bound, "queued", queued, "steered_recently", recent)
+	}
+	return history
 }
 
 // Close stops the watcher, empties the group's slots and closes the
@@ -339,6 +432,10 @@ func (g *Group) Close() error {
 		}
 		err = g.closeListeners()
 		g.watcher.Wait()
+		// Nothing queued survives the close of the last listener.
+		for i := range g.lns {
+			g.stats.Slot(i).ResetPending()
+		}
 		if s := g.steering; s != nil {
 			if cerr := s.Close(); cerr != nil && err == nil {
 				err = cerr

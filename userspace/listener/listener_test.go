@@ -333,6 +333,10 @@ func TestDrainMigratesFullQueue(t *testing.T) {
 		return err == nil && q == n
 	})
 
+	if l := g.Stats().Slot(0).Load(); l.Pending != uint64(n) || l.SteerLoad != uint64(n) {
+		t.Errorf("slot 0 with %d queued: %+v: want them pending", n, l)
+	}
+
 	if err := s.SetSlotState(1, bpf.SlotActive, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -351,6 +355,15 @@ func TestDrainMigratesFullQueue(t *testing.T) {
 		if _, err := io.ReadFull(c, got); err != nil || string(got) != want {
 			t.Errorf("connection %d after migration: %q, %v", i, got, err)
 		}
+	}
+
+	// The migrated connections were counted pending on slot 1 and are
+	// now active there; slot 0 has nothing left.
+	if l := g.Stats().Slot(1).Load(); l.Pending != 0 || l.Active != uint64(n) || l.SteerLoad != uint64(n) || l.Steered != uint64(n) {
+		t.Errorf("slot 1 after the migration: %+v: want %d active, steered, none pending", l, n)
+	}
+	if l := g.Stats().Slot(0).Load(); l.Pending != 0 || l.SteerLoad != 0 {
+		t.Errorf("drained slot 0: %+v: want nothing pending", l)
 	}
 
 	d, err := s.Decisions()

@@ -22,11 +22,21 @@ const (
 )
 
 // Slot mirrors struct tether_slot_load: one listener's load.
+//
+// The steering program balances on SteerLoad, which is Active + Pending
+// kept as one word so that an accept (a connection moving from Pending to
+// Active) never looks half done to it. The program adds to SteerLoad,
+// Pending and Steered when it steers a new or migrating connection here;
+// Opened moves one connection from Pending to Active; Finished takes it off
+// Active and SteerLoad. See headers/tether.h.
 type Slot struct {
-	Active   uint64
-	Accepted uint64
-	Closed   uint64
-	_        [5]uint64
+	Active    uint64 // connections accepted and not yet closed
+	Accepted  uint64 // connections accepted, ever
+	Closed    uint64 // connections closed, ever
+	Pending   uint64 // steered here by the program, not yet accepted
+	Steered   uint64 // connections the program counted pending here, ever
+	SteerLoad uint64 // Active + Pending, as one word: what the program balances on
+	_         [2]uint64
 }
 
 // Worker mirrors struct tether_worker_stats: one backend's counters.
@@ -91,27 +101,98 @@ func (t *Table) Slot(i int) *Slot { return &t.slots[i] }
 // Worker returns worker slot i's counters; i must be in [0, MaxWorkers).
 func (t *Table) Worker(i int) *Worker { return &t.workers[i] }
 
-// Opened counts an accepted connection.
+// Opened counts an accepted connection. The steering program counted it
+// in Pending and SteerLoad when it chose this listener for its SYN: the
+// connection moves from Pending to Active, SteerLoad stays. If Pending is 0, the
+// program did not count it (the kernel hash chose, or a syncookie ACK), so
+// it is added to SteerLoad instead: Pending never wraps below 0 and
+// SteerLoad stays Active + Pending. (Counts and connections are not matched
+// one to one: an uncounted connection accepted while another is pending
+// takes that one's count, and the other, accepted later, is added to
+// SteerLoad then; the sum is the same.) Allocation-free; 3 atomic adds, one of them a CAS that repeats
+// only if the program changes Pending at the same instant.
 func (s *Slot) Opened() {
 	atomic.AddUint64(&s.Accepted, 1)
 	atomic.AddUint64(&s.Active, 1)
+	for {
+		p := atomic.LoadUint64(&s.Pending)
+		if p == 0 {
+			atomic.AddUint64(&s.SteerLoad, 1)
+			return
+		}
+		if atomic.CompareAndSwapUint64(&s.Pending, p, p-1) {
+			return
+		}
+	}
 }
 
 // Finished counts a closed connection.
 func (s *Slot) Finished() {
 	atomic.AddUint64(&s.Closed, 1)
 	atomic.AddUint64(&s.Active, ^uint64(0))
+	subClamped(&s.SteerLoad, 1)
+}
+
+// subClamped takes n off *p, stopping at 0: SteerLoad must never wrap, or
+// the program would see a slot of 2^64 connections.
+func subClamped(p *uint64, n uint64) {
+	for {
+		v := atomic.LoadUint64(p)
+		d := min(v, n)
+		if d == 0 || atomic.CompareAndSwapUint64(p, v, v-d) {
+			return
+		}
+	}
+}
+
+// Settle takes n off Pending, and off SteerLoad, if Pending still holds seen (n
+// is capped at seen), and reports whether it did. The listener watcher uses
+// it to drop counts that can no longer be accepted (a SYN whose handshake
+// never completed); the compare-and-swap makes it a no-op when the program
+// or Opened changed Pending since seen was read.
+func (s *Slot) Settle(seen, n uint64) bool {
+	n = min(n, seen)
+	if n == 0 || !atomic.CompareAndSwapUint64(&s.Pending, seen, seen-n) {
+		return false
+	}
+	subClamped(&s.SteerLoad, n)
+	return true
+}
+
+// ResetPending drops every pending count, from Pending and SteerLoad: the
+// slot's listener closed (what was queued migrated, counted on the slot it
+// moved to).
+func (s *Slot) ResetPending() {
+	if p := atomic.SwapUint64(&s.Pending, 0); p != 0 {
+		subClamped(&s.SteerLoad, p)
+	}
+}
+
+// Restart starts the slot over for a new listening socket, which has no
+// connections, accepted or queued: Active, Pending and SteerLoad go to 0, the
+// connections a previous owner left uncounted are counted closed; Accepted,
+// Closed and Steered carry on. Connections of the previous socket that
+// finish later stop SteerLoad at 0 (Active may wrap, as before).
+func (s *Slot) Restart() {
+	if stale := atomic.SwapUint64(&s.Active, 0); stale != 0 {
+		atomic.AddUint64(&s.Closed, stale)
+	}
+	atomic.StoreUint64(&s.Pending, 0)
+	atomic.StoreUint64(&s.SteerLoad, 0)
 }
 
 // SlotSnapshot is a consistent-enough copy of a Slot for reporting.
-type SlotSnapshot struct{ Active, Accepted, Closed uint64 }
+type SlotSnapshot struct{ Active, Accepted, Closed, Pending, Steered, SteerLoad uint64 }
 
 // Load reads the slot's counters.
 func (s *Slot) Load() SlotSnapshot {
 	return SlotSnapshot{
-		Active:   atomic.LoadUint64(&s.Active),
-		Accepted: atomic.LoadUint64(&s.Accepted),
-		Closed:   atomic.LoadUint64(&s.Closed),
+		Active:    atomic.LoadUint64(&s.Active),
+		Accepted:  atomic.LoadUint64(&s.Accepted),
+		Closed:    atomic.LoadUint64(&s.Closed),
+		Pending:   atomic.LoadUint64(&s.Pending),
+		Steered:   atomic.LoadUint64(&s.Steered),
+		SteerLoad: atomic.LoadUint64(&s.SteerLoad),
 	}
 }
 
