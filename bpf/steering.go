@@ -396,6 +396,26 @@ func (s *Steering) Slot(slot int) (SlotState, uint32, error) {
 	return SlotState(v.State), v.Weight, nil
 }
 
+// Serving returns the slots whose listener_sockets entry holds a socket.
+// The kernel removes a socket from the sockarray when it closes, so this
+// tells whether a tetherd is listening, even one that was killed without
+// cleaning slot_table up.
+func (s *Steering) Serving() ([]int, error) {
+	var serving []int
+	for i := uint32(0); i < MaxSlots; i++ {
+		var cookie uint64
+		err := s.sockets.Lookup(i, &cookie)
+		switch {
+		case err == nil:
+			serving = append(serving, int(i))
+		case errors.Is(err, ebpf.ErrKeyNotExist):
+		default:
+			return nil, fmt.Errorf("look up listener_sockets[%d]: %w", i, err)
+		}
+	}
+	return serving, nil
+}
+
 // Slots returns every slot (index = slot): state, weight, load and the
 // program's decisions for it.
 func (s *Steering) Slots() ([]SlotInfo, error) {

@@ -12,7 +12,10 @@ import (
 
 // Status is what `tetherctl status` reports (also its --json form).
 type Status struct {
-	PinDir    string           `json:"pin_dir"`
+	PinDir string `json:"pin_dir"`
+	// Running: some listener slot holds a socket (the kernel drops a
+	// closed socket from listener_sockets, so a killed tetherd shows too).
+	Running   bool             `json:"running"`
 	Listeners []ListenerStatus `json:"listeners"`
 	Decisions bpf.Decisions    `json:"decisions"`
 	Workers   []WorkerStatus   `json:"workers"`
@@ -65,9 +68,14 @@ func status(w io.Writer, pinDir string, asJSON bool) error {
 	if asJSON {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		return enc.Encode(st)
+		err = enc.Encode(st)
+	} else {
+		err = st.print(w)
 	}
-	return st.print(w)
+	if err == nil && !st.Running {
+		err = fmt.Errorf("tetherd is not running: no listener socket in %s/listener_sockets (the counters shown are from its last run)", pinDir)
+	}
+	return err
 }
 
 func readStatus(pinDir string) (*Status, error) {
@@ -84,7 +92,11 @@ func readStatus(pinDir string) (*Status, error) {
 	if err != nil {
 		return nil, err
 	}
-	st := &Status{PinDir: pinDir, Decisions: d, Listeners: []ListenerStatus{}, Workers: []WorkerStatus{}}
+	serving, err := s.Serving()
+	if err != nil {
+		return nil, err
+	}
+	st := &Status{PinDir: pinDir, Running: len(serving) > 0, Decisions: d, Listeners: []ListenerStatus{}, Workers: []WorkerStatus{}}
 	for _, sl := range slots {
 		if sl.State == bpf.SlotEmpty && sl.Load.Accepted == 0 && sl.Load.Active == 0 && sl.Selected == 0 && sl.Migrated == 0 {
 			continue

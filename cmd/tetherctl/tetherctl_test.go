@@ -208,3 +208,28 @@ func TestUsage(t *testing.T) {
 		}
 	}
 }
+
+// A tetherd that died without clearing slot_table (SIGKILL) still shows as
+// not running: the kernel dropped its sockets from listener_sockets.
+func TestStatusAfterListenersClosed(t *testing.T) {
+	g, _, pin := tetherd(t, 2)
+	var out bytes.Buffer
+	if err := status(&out, pin, true); err != nil {
+		t.Fatalf("running tetherd: %v", err)
+	}
+	var st Status
+	if err := json.Unmarshal(out.Bytes(), &st); err != nil || !st.Running {
+		t.Fatalf("running tetherd: running=%v err=%v", st.Running, err)
+	}
+	for _, ln := range g.Listeners() {
+		ln.Close() // no slot_table update, as after a kill
+	}
+	out.Reset()
+	err := status(&out, pin, true)
+	if err == nil || !strings.Contains(err.Error(), "tetherd is not running") {
+		t.Fatalf("after the sockets closed: err %v", err)
+	}
+	if err := json.Unmarshal(out.Bytes(), &st); err != nil || st.Running || len(st.Listeners) == 0 {
+		t.Fatalf("after the sockets closed: running=%v listeners=%d err=%v (the last counters must still print)", st.Running, len(st.Listeners), err)
+	}
+}
