@@ -57,6 +57,7 @@ func parse(args []string) (*cli, error) {
 	fs.IntVar(&opts.Demo, "demo", 0, "start N built-in demo session workers on loopback and route to them")
 	fs.StringVar(&opts.BadSession, "bad-session", "spread", "session id naming no worker: spread or reject (404)")
 	fs.DurationVar(&opts.ResponseTimeout, "response-timeout", 30*time.Minute, "wait for the first response byte before 504")
+	fs.Int64Var(&opts.SpliceMin, "splice-min", 16<<10, "body remainders of at least this many bytes move with splice(2), smaller ones are copied")
 	fs.IntVar(&opts.Listeners, "listeners", runtime.NumCPU(), "listener sockets in the SO_REUSEPORT group")
 	fs.StringVar(&opts.BPF, "bpf", "auto", "BPF listener steering: auto (fall back to the kernel hash with one warning), required, or off")
 	fs.StringVar(&opts.PinDir, "bpf-pin-dir", "", "bpffs directory for the pinned maps (default /sys/fs/bpf/tether/v<ABI>)")

@@ -40,6 +40,7 @@ type Options struct {
 	Demo            int           // start this many demo workers and route to them
 	BadSession      string        // "spread" (default) or "reject"
 	ResponseTimeout time.Duration // default 30m
+	SpliceMin       int64         // body remainders this large move with splice(2); default proxy's
 	Pool            upstream.Options
 	Limits          httphead.Limits
 	Log             *slog.Logger
@@ -186,6 +187,7 @@ func New(opts Options) (*Daemon, error) {
 		Table:           d.Table,
 		Limits:          opts.Limits,
 		ResponseTimeout: opts.ResponseTimeout,
+		SpliceMin:       opts.SpliceMin,
 		InstanceID:      d.InstanceID,
 		Log:             opts.Log,
 	})
