@@ -43,17 +43,7 @@ func ctlDaemon(t *testing.T, opts Options) *Daemon {
 	if opts.WorkerStartupTimeout == 0 {
 		opts.WorkerStartupTimeout = 3 * time.Second
 	}
-	d, err := New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.Serve()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		d.Shutdown(ctx)
-	})
-	return d
+	return serveDaemon(t, opts)
 }
 
 type ctlReply struct {

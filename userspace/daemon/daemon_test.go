@@ -29,8 +29,15 @@ import (
 // this process (no BPF maps pinned for the whole machine).
 func startDaemon(t *testing.T, opts Options) *Daemon {
 	t.Helper()
-	opts.Listen = "127.0.0.1:0"
 	opts.BPF = "off"
+	return serveDaemon(t, opts)
+}
+
+// serveDaemon runs tetherd in-process on loopback with opts as given and
+// shuts it down (checked) when the test ends.
+func serveDaemon(t *testing.T, opts Options) *Daemon {
+	t.Helper()
+	opts.Listen = "127.0.0.1:0"
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -19,20 +18,7 @@ import (
 // runRouting starts tetherd in-process on loopback for the routing tests.
 func runRouting(t *testing.T, opts Options) (*Daemon, func(method, path, body string, hdr ...string) (int, http.Header, []byte)) {
 	t.Helper()
-	opts.Listen = "127.0.0.1:0"
-	if opts.Log == nil {
-		opts.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
-	d, err := New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.Serve()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		d.Shutdown(ctx)
-	})
+	d := serveDaemon(t, opts)
 	tr := &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 4}
 	t.Cleanup(tr.CloseIdleConnections)
 	c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
