@@ -469,7 +469,13 @@ func (req *Request) interpret() error {
 			if !equalFold(f.Value, "100-continue") {
 				return reject(417, "unsupported expectation")
 			}
-			req.Expect100 = true
+			// An HTTP/1.0 client cannot be sent a 1xx: its expectation is
+			// ignored (RFC 9110 §10.1.1) and not passed on.
+			if req.Minor == 1 {
+				req.Expect100 = true
+			} else {
+				f.Drop = true
+			}
 		case equalFold(f.Name, "Connection"):
 			if err := conn.add(f.Value); err != nil {
 				return err

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -39,6 +40,8 @@ type conn struct {
 	watchUp    *upstream.Conn
 	watchGone  atomic.Bool
 	watchFn    func(uintptr) bool
+
+	lr io.LimitedReader // the splice source of conn.move, reused
 }
 
 func newConn(s *Server, tc *net.TCPConn) *conn {
@@ -107,7 +110,9 @@ func (c *conn) serveOne() bool {
 		c.s.counters.Rejected.Add(1)
 		// The body was not read: the connection cannot go on after it.
 		keep := req.KeepAlive && !req.HasBody()
-		c.writeClient(errorResponse(dec.Status, !keep))
+		if c.writeClient(errorResponse(dec.Status, !keep)) == nil && req.HasBody() {
+			c.lingerClose()
+		}
 		return keep
 	}
 	return c.proxy(dec.Worker)
@@ -207,6 +212,13 @@ func (c *conn) rejectAndClose(status int) {
 	if _, err := c.c.Write(errorResponse(status, true)); err != nil {
 		return
 	}
+	c.lingerClose()
+}
+
+// lingerClose half-closes and reads what the client still sends (at most
+// 256 KiB, 500 ms): closing with unread bytes would send a reset that can
+// destroy the answer before the client reads it. The caller then closes.
+func (c *conn) lingerClose() {
 	c.c.CloseWrite()
 	c.c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
 	var b [4096]byte
@@ -254,7 +266,7 @@ func (c *conn) proxy(w *route.Worker) bool {
 		obs(w.Slot, st/100, time.Since(start))
 	}
 	if x.up != nil {
-		if x.reuse && keep {
+		if x.reuse {
 			w.Pool.Put(x.up)
 		} else {
 			x.up.Discard()
@@ -377,8 +389,14 @@ func (c *conn) proxyExchange(x *exchange) bool {
 		case err == nil:
 			// A final answer before the body: relay it, then close (the
 			// client's body was never read).
-			return c.relayResponse(x, uw, false)
+			c.relayResponse(x, uw, false)
+			c.lingerClose()
+			return false
 		case !isTimeout(err):
+			if c.clientGone() {
+				c.s.counters.ClientAborted.Add(1)
+				return false
+			}
 			return c.fail(x, c.headErrStatus(err))
 		}
 		var nout []byte
@@ -404,8 +422,16 @@ func (c *conn) proxyExchange(x *exchange) bool {
 			c.rejectAndClose(e.Status)
 			return false
 		}
-		if peerGone(c.raw) {
+		if c.clientGone() {
 			c.s.counters.ClientAborted.Add(1)
+			return false
+		}
+		if isTimeout(err) {
+			// A client that stopped sending its body (the worker is not to
+			// blame): 408, and the half-sent request dies with the upstream
+			// connection.
+			c.s.counters.Rejected.Add(1)
+			c.rejectAndClose(408)
 			return false
 		}
 		return c.fail(x, 502)
@@ -418,6 +444,7 @@ func (c *conn) proxyExchange(x *exchange) bool {
 	if c.stopWatch() {
 		c.s.counters.ClientAborted.Add(1)
 		keep = false
+		x.reuse = false // the watch closed it
 	}
 	return keep
 }
@@ -428,6 +455,9 @@ func (c *conn) awaitAndRelay(x *exchange, uw int) bool {
 		status, nw, err := c.readResponseHead(x, uw)
 		uw = nw
 		if err != nil {
+			if c.watchGone.Load() {
+				return false // the client left and the watch closed up: not the worker's fault
+			}
 			return c.fail(x, c.headErrStatus(err))
 		}
 		if status >= 200 {
@@ -581,13 +611,13 @@ func (c *conn) relayRequestBody(x *exchange, sc *httphead.Chunked, sent int64) e
 		if c.buf == nil {
 			c.buf = getBuf()
 		}
-		n, err := copyOrSplice(x.up.TCPConn, c.c, left, c.buf, cfg.SpliceMin, cfg.IOTimeout)
+		n, err := c.move(x.up.TCPConn, c.c, left, c.buf, cfg.IOTimeout)
 		x.w.Stats.AddUp(n)
 		return err
 	case req.Chunked:
 		for !sc.Done() {
 			if d := sc.Data(); d >= cfg.SpliceMin && c.r == c.w {
-				n, err := copyOrSplice(x.up.TCPConn, c.c, d, nil, cfg.SpliceMin, cfg.IOTimeout)
+				n, err := c.move(x.up.TCPConn, c.c, d, nil, cfg.IOTimeout)
 				sc.Skip(n)
 				x.w.Stats.AddUp(n)
 				if err != nil {
@@ -638,7 +668,9 @@ func (c *conn) relayResponse(x *exchange, uw int, bodyRead bool) bool {
 	kind := resp.Body(req.IsMethod("HEAD"))
 	dechunk := kind == httphead.BodyChunked && req.Minor == 0
 	keep := req.KeepAlive && bodyRead && kind != httphead.BodyClose && !c.s.closing.Load()
-	x.reuse = !resp.Close && kind != httphead.BodyClose
+	// An unread request body (early answer to Expect) leaves the upstream
+	// connection mid-message: never reuse it.
+	x.reuse = bodyRead && !resp.Close && kind != httphead.BodyClose
 
 	out := c.appendResponseHead(c.out[:0], !keep, dechunk)
 	body := c.ubuf[resp.HeadLen:uw]
@@ -686,7 +718,7 @@ func (c *conn) relayResponse(x *exchange, uw int, bodyRead bool) bool {
 	switch kind {
 	case httphead.BodyLength:
 		if left > 0 {
-			n, err := copyOrSplice(c.c, x.up.TCPConn, left, c.ubuf, cfg.SpliceMin, cfg.IOTimeout)
+			n, err := c.move(c.c, x.up.TCPConn, left, c.ubuf, cfg.IOTimeout)
 			x.w.Stats.AddDown(n)
 			if err != nil {
 				return c.bodyFailed(x, err)
@@ -697,15 +729,11 @@ func (c *conn) relayResponse(x *exchange, uw int, bodyRead bool) bool {
 			return c.bodyFailed(x, err)
 		}
 	case httphead.BodyClose:
-		for {
-			n, err := copyOrSplice(c.c, x.up.TCPConn, 1<<62, c.ubuf, 0, cfg.ResponseTimeout)
-			x.w.Stats.AddDown(n)
-			if err == errSrcEOF {
-				break
-			}
-			if err != nil {
-				return c.bodyFailed(x, err)
-			}
+		// Until the backend closes: the move ends with errSrcEOF.
+		n, err := c.move(c.c, x.up.TCPConn, 1<<62, c.ubuf, cfg.ResponseTimeout)
+		x.w.Stats.AddDown(n)
+		if err != errSrcEOF {
+			return c.bodyFailed(x, err)
 		}
 		return false
 	}
@@ -746,7 +774,7 @@ func (c *conn) relayChunkedResponse(x *exchange, sc *httphead.Chunked, dechunk b
 	cfg := &c.s.cfg
 	for !sc.Done() {
 		if d := sc.Data(); d >= cfg.SpliceMin && !dechunk {
-			n, err := copyOrSplice(c.c, x.up.TCPConn, d, nil, cfg.SpliceMin, cfg.ResponseTimeout)
+			n, err := c.move(c.c, x.up.TCPConn, d, nil, cfg.ResponseTimeout)
 			sc.Skip(n)
 			x.w.Stats.AddDown(n)
 			if err != nil {
@@ -823,6 +851,9 @@ const watchDelay = 2 * time.Millisecond
 // or reset; then it closes up at once, so the engine cancels the
 // generation. stopWatch ends the watch and reports whether the client left.
 func (c *conn) watchClient(up *upstream.Conn) {
+	// The watch waits under the client's read deadline: clear what the
+	// head or body reads left, or it would give up after IdleTimeout.
+	c.c.SetReadDeadline(time.Time{})
 	c.watchUp = up
 	c.watchGone.Store(false)
 	c.watchWG.Add(1)

@@ -152,6 +152,9 @@ func (c *conn) serveLocal(h http.Handler) bool {
 // readLocalBody reads a local request's whole body (at most MaxLocalBody).
 func (c *conn) readLocalBody() ([]byte, error) {
 	req := &c.req
+	if req.ContentLength > MaxLocalBody {
+		return nil, &httphead.Error{Status: 413, Reason: "local body too large"}
+	}
 	if req.Expect100 && req.HasBody() {
 		if err := c.writeClient([]byte("HTTP/1.1 100 Continue\r\n\r\n")); err != nil {
 			return nil, err
@@ -160,8 +163,6 @@ func (c *conn) readLocalBody() ([]byte, error) {
 	deadline := time.Now().Add(c.s.cfg.IOTimeout)
 	c.c.SetReadDeadline(deadline)
 	switch {
-	case req.ContentLength > MaxLocalBody:
-		return nil, &httphead.Error{Status: 413, Reason: "local body too large"}
 	case req.ContentLength > 0:
 		body := make([]byte, req.ContentLength)
 		n := copy(body, c.buf[c.r:c.w])

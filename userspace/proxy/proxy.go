@@ -275,28 +275,31 @@ func peerGone(raw syscall.RawConn) bool {
 	return gone
 }
 
-// copyOrSplice moves exactly n bytes from src to dst: splice(2) for large
-// remainders, a copy through scratch for small ones. Deadlines are renewed
-// for every step, so a transfer may take as long as it keeps moving. It
-// reports how many bytes moved and which side failed: errSrcEOF when src
-// ended early.
-func copyOrSplice(dst, src *net.TCPConn, n int64, scratch []byte, spliceMin int64, timeout time.Duration) (int64, error) {
-	if n >= batchMin && n < 1<<62 {
-		// A large body: have the socket wake us only once batchLowat bytes
-		// are queued (SO_RCVLOWAT), so each splice moves a big batch
-		// instead of every 64 KiB segment costing a wakeup. The last
-		// batchLowat bytes move with the default low-water mark, so the
-		// end of the body never waits for bytes that will not come.
-		if setLowat(src, batchLowat) {
-			moved, err := copyOrSplice(dst, src, n-batchLowat, scratch, spliceMin, timeout)
-			setLowat(src, 1)
-			if err != nil {
-				return moved, err
-			}
-			tail, err := copyOrSplice(dst, src, batchLowat, scratch, spliceMin, timeout)
-			return moved + tail, err
-		}
+// move sends exactly n bytes from src to dst: splice(2) for remainders of
+// at least Config.SpliceMin (or when there is no scratch buffer), a copy
+// through scratch below that. Deadlines are renewed for every step, so a
+// transfer may take as long as it keeps moving. It reports how many bytes
+// moved; errSrcEOF when src ended early.
+//
+// A large body is batched: the socket wakes us only once batchLowat bytes
+// are queued (SO_RCVLOWAT), so each splice moves a big batch instead of
+// every ~64 KiB segment costing a wakeup. The last batchLowat bytes move
+// with the default low-water mark, so the end of a body never waits for
+// bytes that will not come.
+func (c *conn) move(dst, src *net.TCPConn, n int64, scratch []byte, timeout time.Duration) (int64, error) {
+	if n < batchMin || n >= 1<<62 || !setLowat(src, batchLowat) {
+		return c.moveSteps(dst, src, n, scratch, timeout)
 	}
+	moved, err := c.moveSteps(dst, src, n-batchLowat, scratch, timeout)
+	setLowat(src, 1)
+	if err != nil {
+		return moved, err
+	}
+	tail, err := c.moveSteps(dst, src, batchLowat, scratch, timeout)
+	return moved + tail, err
+}
+
+func (c *conn) moveSteps(dst, src *net.TCPConn, n int64, scratch []byte, timeout time.Duration) (int64, error) {
 	const step = 4 << 20
 	var moved int64
 	for moved < n {
@@ -304,11 +307,13 @@ func copyOrSplice(dst, src *net.TCPConn, n int64, scratch []byte, spliceMin int6
 		now := time.Now()
 		src.SetReadDeadline(now.Add(timeout))
 		dst.SetWriteDeadline(now.Add(timeout))
-		if left >= spliceMin {
+		if left >= c.s.cfg.SpliceMin || len(scratch) == 0 {
 			if left > step {
 				left = step
 			}
-			k, err := dst.ReadFrom(&io.LimitedReader{R: src, N: left})
+			c.lr.R, c.lr.N = src, left
+			k, err := dst.ReadFrom(&c.lr)
+			c.lr.R = nil
 			moved += k
 			if err != nil {
 				return moved, err
@@ -341,7 +346,7 @@ func copyOrSplice(dst, src *net.TCPConn, n int64, scratch []byte, spliceMin int6
 
 var errSrcEOF = errors.New("source ended early")
 
-// Batching of large bodies (see copyOrSplice). Measured with 16 MiB
+// Batching of large bodies (see conn.move). Measured with 16 MiB
 // transfers on loopback: docs/ARCHITECTURE.md.
 const (
 	batchMin   = 1 << 20

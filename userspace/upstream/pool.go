@@ -162,6 +162,9 @@ func (p *Pool) pop() *Conn {
 // Put returns a connection whose last exchange ended exactly at a message
 // boundary. The caller must not use it afterwards.
 func (p *Pool) Put(c *Conn) {
+	// An expired deadline would make the next liveness check (and use)
+	// fail on a healthy connection.
+	c.SetDeadline(time.Time{})
 	c.fresh = false
 	c.idle = time.Now()
 	p.mu.Lock()
