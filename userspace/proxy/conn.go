@@ -42,6 +42,9 @@ type conn struct {
 	watchFn    func(uintptr) bool
 
 	lr io.LimitedReader // the splice source of conn.move, reused
+
+	idleFn  func(uintptr) bool // readIdle's callback, bound once
+	idleErr error
 }
 
 func newConn(s *Server, tc *net.TCPConn) *conn {
@@ -159,6 +162,11 @@ func isPath(path []byte, p string) bool {
 func (c *conn) readHead() error {
 	lim := c.s.cfg.Limits
 	started := false
+	if c.buf != nil && c.r == c.w {
+		// Nothing pipelined: the buffer goes back while the client idles.
+		putBuf(c.buf)
+		c.buf, c.r, c.w = nil, 0, 0
+	}
 	for {
 		if c.w > c.r {
 			err := httphead.ParseRequest(c.buf[c.r:c.w], lim, &c.req)
@@ -167,7 +175,18 @@ func (c *conn) readHead() error {
 			}
 		}
 		if c.buf == nil {
-			c.buf = getBuf()
+			// Idle with nothing buffered: wait holding no buffer.
+			if c.s.closing.Load() {
+				return net.ErrClosed
+			}
+			c.idle.Store(true)
+			c.c.SetReadDeadline(time.Now().Add(c.s.cfg.IdleTimeout))
+			err := c.readIdle()
+			c.idle.Store(false)
+			if err != nil {
+				return err
+			}
+			continue
 		}
 		if c.r > 0 {
 			c.w = copy(c.buf, c.buf[c.r:c.w])
@@ -181,19 +200,11 @@ func (c *conn) readHead() error {
 			putBuf(c.buf)
 			c.buf = nb
 		}
-		switch {
-		case c.w == 0:
-			c.idle.Store(true)
-			if c.s.closing.Load() {
-				return net.ErrClosed
-			}
-			c.c.SetReadDeadline(time.Now().Add(c.s.cfg.IdleTimeout))
-		case !started:
+		if !started {
 			c.c.SetReadDeadline(time.Now().Add(c.s.cfg.HeadTimeout))
 			started = true
 		}
 		n, err := c.c.Read(c.buf[c.w:])
-		c.idle.Store(false)
 		c.w += n
 		if err != nil && n == 0 {
 			if c.w > 0 && isTimeout(err) && !c.s.closing.Load() {
@@ -202,6 +213,48 @@ func (c *conn) readHead() error {
 			}
 			return err
 		}
+	}
+}
+
+// readIdle waits for the next request without holding a buffer: the read
+// is made in a RawConn.Read callback that takes a pooled buffer only when
+// bytes (or EOF) are there, and gives it back on EAGAIN before the
+// goroutine parks. Same syscalls as a plain Read.
+func (c *conn) readIdle() error {
+	if c.idleFn == nil {
+		c.idleFn = c.idleRead
+	}
+	c.idleErr = nil
+	if err := c.raw.Read(c.idleFn); err != nil {
+		return err
+	}
+	if c.buf == nil {
+		return c.idleErr
+	}
+	return nil
+}
+
+// idleRead is readIdle's RawConn.Read callback.
+func (c *conn) idleRead(fd uintptr) bool {
+	b := getBuf()
+	for {
+		n, err := syscall.Read(int(fd), b)
+		switch {
+		case err == syscall.EINTR:
+			continue
+		case err == syscall.EAGAIN:
+			putBuf(b)
+			return false // park until readable
+		case err != nil:
+			putBuf(b)
+			c.idleErr = err
+		case n == 0:
+			putBuf(b)
+			c.idleErr = io.EOF
+		default:
+			c.buf, c.r, c.w = b, 0, n
+		}
+		return true
 	}
 }
 
@@ -275,11 +328,6 @@ func (c *conn) proxy(w *route.Worker) bool {
 	if c.ubuf != nil {
 		putBuf(c.ubuf)
 		c.ubuf = nil
-	}
-	// Nothing pipelined: give the buffer back while the client is idle.
-	if c.r == c.w && c.buf != nil {
-		putBuf(c.buf)
-		c.buf, c.r, c.w = nil, 0, 0
 	}
 	return keep
 }

@@ -250,11 +250,22 @@ const bufSize = 16 << 10
 
 var bufPool = sync.Pool{New: func() any { return new([bufSize]byte) }}
 
-func getBuf() []byte { return bufPool.Get().(*[bufSize]byte)[:] }
+// buffersInUse counts pooled buffers handed out and not returned: idle
+// connections hold none (TestIdleConnectionsHoldNoBuffer).
+var buffersInUse atomic.Int64
+
+// BuffersInUse reports how many 16 KiB connection buffers are in use.
+func BuffersInUse() int64 { return buffersInUse.Load() }
+
+func getBuf() []byte {
+	buffersInUse.Add(1)
+	return bufPool.Get().(*[bufSize]byte)[:]
+}
 
 // putBuf returns a buffer from getBuf (grown ones are left to the GC).
 func putBuf(b []byte) {
 	if cap(b) == bufSize {
+		buffersInUse.Add(-1)
 		bufPool.Put((*[bufSize]byte)(b[:bufSize]))
 	}
 }

@@ -122,3 +122,27 @@ func TestUpstreamPooledWhenClientCloses(t *testing.T) {
 		t.Fatalf("backend saw %d connections for 3 sequential requests, want 1 (pooled)", n)
 	}
 }
+
+// Idle keep-alive connections hold no 16 KiB buffer: one is taken when a
+// request's bytes arrive and given back when nothing is left buffered.
+func TestIdleConnectionsHoldNoBuffer(t *testing.T) {
+	be, _ := okBackend(t)
+	p := startProxy(t, []string{be}, nil)
+	before := BuffersInUse()
+	const n = 50
+	for i := 0; i < n; i++ {
+		c, br := p.dial()
+		io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+		if resp, body := readResp(t, br, false); resp.StatusCode != 200 || body != "ok" {
+			t.Fatalf("request %d: %d %q", i, resp.StatusCode, body)
+		}
+		// c stays open and idle (closed at cleanup)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for BuffersInUse() != before && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := BuffersInUse() - before; got != 0 {
+		t.Fatalf("%d buffers held by %d idle keep-alive connections, want 0", got, n)
+	}
+}
