@@ -759,6 +759,7 @@ func (c *conn) relayResponse(x *exchange, uw int, bodyRead bool) bool {
 	c.out = out[:0]
 	if err := c.writeClient(out); err != nil {
 		x.reuse = false
+		c.s.counters.ClientAborted.Add(1)
 		return false
 	}
 	x.sentHead = true
