@@ -17,7 +17,6 @@ import (
 
 	"github.com/tether-rl/tether/userspace/admin"
 	"github.com/tether-rl/tether/userspace/demo"
-	"github.com/tether-rl/tether/userspace/engine"
 	"github.com/tether-rl/tether/userspace/health"
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/listener"
@@ -73,9 +72,6 @@ type Daemon struct {
 	Router     *route.Router
 	Proxy      *proxy.Server
 	Stats      *stats.Table
-	Policy     *route.Policy  // as started; Router.CurrentPolicy() after a SIGHUP
-	Owners     *engine.Owners // request ids in flight -> worker
-	Engine     *engine.Engine // abort and fan-out endpoints (nil: NoEngineEndpoints)
 	routing    *routing
 	demos      []*demo.Server
 	Group      *listener.Group
@@ -178,7 +174,6 @@ func New(opts Options) (*Daemon, error) {
 		return nil, err
 	}
 	d.OnReload(d.routing.reload)
-	d.Policy, d.Owners, d.Engine = d.routing.policy, d.routing.owners, d.routing.engine
 	d.Proxy = proxy.New(proxy.Config{
 		Router:          d.routing.router,
 		PeekBody:        d.routing.peek,
