@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/userspace/demo"
 	"github.com/tether-rl/tether/userspace/proxy"
 	"github.com/tether-rl/tether/userspace/route"
@@ -402,14 +403,7 @@ func TestSSETiming(t *testing.T) {
 		}
 		return nil
 	}
-	var err error
-	for i := 1; i <= 3; i++ {
-		if err = once(); err == nil {
-			return
-		}
-		t.Logf("attempt %d: %v", i, err)
-	}
-	t.Fatal(err)
+	testenv.Timed(t, once)
 }
 
 // 6. 16 MiB each way, with Content-Length and chunked, through tetherd

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/userspace/demo"
 	"github.com/tether-rl/tether/userspace/upstream"
 )
@@ -422,7 +423,7 @@ func TestSSELatency(t *testing.T) {
 		}
 	})
 	p := startProxy(t, []string{be.addr}, nil)
-	timed(t, func() error {
+	testenv.Timed(t, func() error {
 		c, br := p.dial()
 		defer c.Close()
 		io.WriteString(c, "POST /sessions/w0-x/v1/chat/completions HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\n{}")
@@ -445,21 +446,6 @@ func TestSSELatency(t *testing.T) {
 		}
 		return late
 	})
-}
-
-// timed runs a timing check up to three times: the machine may be shared,
-// and one scheduling stall is not a proxy delay, but a proxy that buffers
-// or misses the event fails every attempt.
-func timed(t *testing.T, fn func() error) {
-	t.Helper()
-	var err error
-	for i := 1; i <= 3; i++ {
-		if err = fn(); err == nil {
-			return
-		}
-		t.Logf("attempt %d: %v", i, err)
-	}
-	t.Fatal(err)
 }
 
 // --- 8. Expect: 100-continue ---
@@ -703,7 +689,7 @@ func TestClientAbortClosesUpstream(t *testing.T) {
 		}
 		t.Cleanup(func() { s.Close() })
 		p := startProxy(t, []string{s.Addr()}, nil)
-		timed(t, func() error {
+		testenv.Timed(t, func() error {
 			c, br := p.dial()
 			io.WriteString(c, "POST /sessions/w0-abc/slow?chunks=5&delay_ms=3000 HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n")
 			if _, err := readHeadFrom(br); err != nil {
@@ -748,7 +734,7 @@ func TestClientAbortClosesUpstream(t *testing.T) {
 			gone <- time.Now()
 		})
 		p := startProxy(t, []string{be.addr}, nil)
-		timed(t, func() error {
+		testenv.Timed(t, func() error {
 			c, br := p.dial()
 			io.WriteString(c, "GET /stream HTTP/1.1\r\nHost: a\r\n\r\n")
 			if _, err := readHeadFrom(br); err != nil {
