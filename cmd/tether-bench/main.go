@@ -423,27 +423,22 @@ func (b *bench) setup() error {
 	}
 	addTetherd("tetherd")
 	addTetherd("tetherd-nobpf", "--bpf=off")
-	ng := &target{name: "nginx"}
-	switch {
-	case !b.want("nginx"):
-		ng.skip = "excluded by -only"
-	case b.nginxBin == "":
-		ng.skip = "nginx NOT INSTALLED (apt-get install -y nginx)"
-		logf("!!! %s: skipping", ng.skip)
-	default:
-		ng.start = b.startNginx
+	// An external proxy, when installed and not excluded.
+	addExternal := func(name, bin string, start func() (*instance, error)) {
+		t := &target{name: name}
+		switch {
+		case !b.want(name):
+			t.skip = "excluded by -only"
+		case bin == "":
+			t.skip = name + " NOT INSTALLED (apt-get install -y " + name + ")"
+			logf("!!! %s: skipping", t.skip)
+		default:
+			t.start = start
+		}
+		b.targets = append(b.targets, t)
 	}
-	hp := &target{name: "haproxy"}
-	switch {
-	case !b.want("haproxy"):
-		hp.skip = "excluded by -only"
-	case b.haproxyBin == "":
-		hp.skip = "haproxy NOT INSTALLED (apt-get install -y haproxy)"
-		logf("!!! %s: skipping", hp.skip)
-	default:
-		hp.start = b.startHaproxy
-	}
-	b.targets = append(b.targets, ng, hp)
+	addExternal("nginx", b.nginxBin, b.startNginx)
+	addExternal("haproxy", b.haproxyBin, b.startHaproxy)
 	return nil
 }
 
