@@ -95,11 +95,9 @@ func (c *conn) serveOne() bool {
 	req := &c.req
 	c.r += req.HeadLen
 
-	if isPath(req.Path, "/health") || c.s.cfg.Local != nil {
-		if h := c.localHandler(); h != nil {
-			c.s.counters.Local.Add(1)
-			return c.serveLocal(h)
-		}
+	if h := c.localHandler(); h != nil {
+		c.s.counters.Local.Add(1)
+		return c.serveLocal(h)
 	}
 	var peek []byte
 	if req.HasBody() {
