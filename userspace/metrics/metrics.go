@@ -196,13 +196,15 @@ var (
 		"Requests answered by tetherd itself on the data port (/health, control endpoints).", nil, nil)
 	dProxyErrors = prometheus.NewDesc("tether_proxy_errors_total",
 		"Data-plane failures by reason.", []string{"reason"}, nil)
+	dProxyBuffers = prometheus.NewDesc("tether_proxy_buffers",
+		"16 KiB connection buffers held now (idle keep-alive connections hold none).", nil, nil)
 )
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{dWorkerRequests, dWorkerErrors, dWorkerInFlight, dWorkerBytes,
 		dWorkerRetries, dWorkerConns, dWorkerHealthy, dWorkerState, dWorkers, dPanic, dPanicEntered,
 		dDecisions, dListenerActive, dListenerAccepted, dListenerClosed, dListenerSelected,
-		dListenerMigrated, dSteeringFallbacks, dProxyAccepted, dProxyRequests, dProxyLocal, dProxyErrors} {
+		dListenerMigrated, dSteeringFallbacks, dProxyAccepted, dProxyRequests, dProxyLocal, dProxyErrors, dProxyBuffers} {
 		ch <- d
 	}
 }
@@ -300,5 +302,6 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- counter(dProxyErrors, p.Timeouts.Load(), "timeout")
 		ch <- counter(dProxyErrors, p.Truncated.Load(), "truncated")
 		ch <- counter(dProxyErrors, p.ClientAborted.Load(), "client_aborted")
+		ch <- gauge(dProxyBuffers, float64(p.Buffers.Load()))
 	}
 }

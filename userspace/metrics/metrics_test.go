@@ -66,6 +66,7 @@ func TestCollectorAndObserve(t *testing.T) {
 	st.Slot(1).Opened()
 	pc.Requests.Add(3)
 	pc.BadGateway.Add(1)
+	pc.Buffers.Add(2)
 	rt.Route(&httphead.Request{Path: []byte("/v1/chat/completions")}, nil) // spread
 	m.Observe(0, 2, 20*time.Millisecond)
 	m.Observe(0, 5, 2*time.Second)
@@ -99,6 +100,7 @@ func TestCollectorAndObserve(t *testing.T) {
 		`tether_steering_fallbacks_total{reason="no_slot"} 2`,
 		`tether_proxy_requests_total 3`,
 		`tether_proxy_errors_total{reason="bad_gateway"} 1`,
+		`tether_proxy_buffers 2`,
 		`tether_responses_total{code_class="2xx",slot="0",`+u0+`} 1`,
 		`tether_responses_total{code_class="5xx",slot="0",`+u0+`} 1`,
 		`tether_responses_total{code_class="none",slot="0",`+u0+`} 1`,

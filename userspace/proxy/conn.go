@@ -72,7 +72,7 @@ func (c *conn) serve() {
 		}
 		c.c.Close()
 		if c.buf != nil {
-			putBuf(c.buf)
+			c.s.putBuf(c.buf)
 			c.buf = nil
 		}
 		c.s.forget(c)
@@ -162,7 +162,7 @@ func (c *conn) readHead() error {
 	started := false
 	if c.buf != nil && c.r == c.w {
 		// Nothing pipelined: the buffer goes back while the client idles.
-		putBuf(c.buf)
+		c.s.putBuf(c.buf)
 		c.buf, c.r, c.w = nil, 0, 0
 	}
 	for {
@@ -195,7 +195,7 @@ func (c *conn) readHead() error {
 			// (ParseRequest answers 431 beyond it).
 			nb := make([]byte, 2*len(c.buf))
 			copy(nb, c.buf[:c.w])
-			putBuf(c.buf)
+			c.s.putBuf(c.buf)
 			c.buf = nb
 		}
 		if !started {
@@ -234,20 +234,20 @@ func (c *conn) readIdle() error {
 
 // idleRead is readIdle's RawConn.Read callback.
 func (c *conn) idleRead(fd uintptr) bool {
-	b := getBuf()
+	b := c.s.getBuf()
 	for {
 		n, err := syscall.Read(int(fd), b)
 		switch {
 		case err == syscall.EINTR:
 			continue
 		case err == syscall.EAGAIN:
-			putBuf(b)
+			c.s.putBuf(b)
 			return false // park until readable
 		case err != nil:
-			putBuf(b)
+			c.s.putBuf(b)
 			c.idleErr = err
 		case n == 0:
-			putBuf(b)
+			c.s.putBuf(b)
 			c.idleErr = io.EOF
 		default:
 			c.buf, c.r, c.w = b, 0, n
@@ -324,7 +324,7 @@ func (c *conn) proxy(w *route.Worker) bool {
 		}
 	}
 	if c.ubuf != nil {
-		putBuf(c.ubuf)
+		c.s.putBuf(c.ubuf)
 		c.ubuf = nil
 	}
 	return keep
@@ -421,7 +421,7 @@ func (c *conn) proxyExchange(x *exchange) bool {
 		return c.fail(x, 502)
 	}
 
-	c.ubuf = getBuf()
+	c.ubuf = c.s.getBuf()
 	var uw int // bytes in ubuf
 	if waitContinue {
 		// Wait briefly for the backend's 100 (or a final answer); a backend
@@ -572,7 +572,7 @@ func (c *conn) readResponseHead(x *exchange, uw int) (int, int, error) {
 			if uw == len(c.ubuf) {
 				nb := make([]byte, 2*len(c.ubuf))
 				copy(nb, c.ubuf[:uw])
-				putBuf(c.ubuf)
+				c.s.putBuf(c.ubuf)
 				c.ubuf = nb
 			}
 		}
@@ -655,7 +655,7 @@ func (c *conn) relayRequestBody(x *exchange, sc *httphead.Chunked, sent int64) e
 		// Everything buffered was taken: the buffer is free as scratch.
 		c.r, c.w = 0, 0
 		if c.buf == nil {
-			c.buf = getBuf()
+			c.buf = c.s.getBuf()
 		}
 		n, err := c.move(x.up.TCPConn, c.c, left, c.buf, cfg.IOTimeout)
 		x.w.Stats.AddUp(n)
@@ -673,7 +673,7 @@ func (c *conn) relayRequestBody(x *exchange, sc *httphead.Chunked, sent int64) e
 			}
 			if c.r == c.w {
 				if c.buf == nil {
-					c.buf = getBuf()
+					c.buf = c.s.getBuf()
 				}
 				c.r, c.w = 0, 0
 				c.c.SetReadDeadline(time.Now().Add(cfg.IOTimeout))

@@ -177,7 +177,7 @@ func (c *conn) readLocalBody() ([]byte, error) {
 		for !sc.Done() {
 			if c.r == c.w {
 				if c.buf == nil {
-					c.buf = getBuf()
+					c.buf = c.s.getBuf()
 				}
 				c.r = 0
 				n, err := c.c.Read(c.buf)

@@ -120,6 +120,10 @@ type Counters struct {
 	Timeouts      atomic.Uint64 // 504
 	Truncated     atomic.Uint64 // response cut short by the backend
 	ClientAborted atomic.Uint64 // client left before the response ended
+
+	// Buffers is how many 16 KiB buffers the server's connections hold
+	// now: idle ones hold none (TestIdleConnectionsHoldNoBuffer).
+	Buffers atomic.Int64
 }
 
 // New returns a server.
@@ -250,22 +254,16 @@ const bufSize = 16 << 10
 
 var bufPool = sync.Pool{New: func() any { return new([bufSize]byte) }}
 
-// buffersInUse counts pooled buffers handed out and not returned: idle
-// connections hold none (TestIdleConnectionsHoldNoBuffer).
-var buffersInUse atomic.Int64
-
-// BuffersInUse reports how many 16 KiB connection buffers are in use.
-func BuffersInUse() int64 { return buffersInUse.Load() }
-
-func getBuf() []byte {
-	buffersInUse.Add(1)
+// getBuf takes a buffer, counted in the server's Counters.Buffers.
+func (s *Server) getBuf() []byte {
+	s.counters.Buffers.Add(1)
 	return bufPool.Get().(*[bufSize]byte)[:]
 }
 
 // putBuf returns a buffer from getBuf (grown ones are left to the GC).
-func putBuf(b []byte) {
+func (s *Server) putBuf(b []byte) {
 	if cap(b) == bufSize {
-		buffersInUse.Add(-1)
+		s.counters.Buffers.Add(-1)
 		bufPool.Put((*[bufSize]byte)(b[:bufSize]))
 	}
 }

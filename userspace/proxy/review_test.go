@@ -128,7 +128,7 @@ func TestUpstreamPooledWhenClientCloses(t *testing.T) {
 func TestIdleConnectionsHoldNoBuffer(t *testing.T) {
 	be, _ := okBackend(t)
 	p := startProxy(t, []string{be}, nil)
-	before := BuffersInUse()
+	before := p.srv.Counters().Buffers.Load()
 	const n = 50
 	for i := 0; i < n; i++ {
 		c, br := p.dial()
@@ -139,10 +139,10 @@ func TestIdleConnectionsHoldNoBuffer(t *testing.T) {
 		// c stays open and idle (closed at cleanup)
 	}
 	deadline := time.Now().Add(2 * time.Second)
-	for BuffersInUse() != before && time.Now().Before(deadline) {
+	for p.srv.Counters().Buffers.Load() != before && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if got := BuffersInUse() - before; got != 0 {
+	if got := p.srv.Counters().Buffers.Load() - before; got != 0 {
 		t.Fatalf("%d buffers held by %d idle keep-alive connections, want 0", got, n)
 	}
 }
