@@ -117,6 +117,12 @@ func TestUpstreamPooledWhenClientCloses(t *testing.T) {
 		if resp, _ := p.roundTrip(raw); resp.StatusCode != 200 {
 			t.Fatalf("%q: %d", raw, resp.StatusCode)
 		}
+		// The client may read the response before tetherd hands the
+		// upstream connection back: wait for it, bounded.
+		pool := p.table.Get(0).Pool
+		for deadline := time.Now().Add(2 * time.Second); pool.Idle() != 1 && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+		}
 	}
 	if n := accepts.Load(); n != 1 {
 		t.Fatalf("backend saw %d connections for 3 sequential requests, want 1 (pooled)", n)
