@@ -171,7 +171,9 @@ func equalFold(b []byte, s string) bool {
 }
 
 // hopByHop are removed whatever Connection says (RFC 9110 §7.6.1).
-var hopByHop = []string{"Connection", "Keep-Alive", "Proxy-Connection", "TE", "Upgrade", "Trailer"}
+// Trailer is not among them: it is end-to-end (RFC 9110 §6.6.2), and the
+// trailers it announces are forwarded with the chunked body.
+var hopByHop = []string{"Connection", "Keep-Alive", "Proxy-Connection", "TE", "Upgrade"}
 
 // lines splits the head in buf into lines ending in CRLF, enforcing the
 // line-ending rules (no bare CR or LF). It returns the head length, or
@@ -620,12 +622,16 @@ func (c *connTokens) add(v []byte) error {
 // adds is an attack: 400.
 func (c *connTokens) apply(fs []Field, request bool) error {
 	names := append(c.named[:c.n:c.n], c.more...)
+	// Connection may not remove the framing (either direction: the peer
+	// would then be left without one), nor the fields tether sets.
+	protected, status := protectedResponse, 502
 	if request {
-		for _, n := range names {
-			for _, bad := range []string{"Content-Length", "Transfer-Encoding", "Host", "X-Forwarded-For"} {
-				if equalFold(n, bad) {
-					return reject(400, "Connection names a protected field")
-				}
+		protected, status = protectedRequest, 400
+	}
+	for _, n := range names {
+		for _, bad := range protected {
+			if equalFold(n, bad) {
+				return reject(status, "Connection names a protected field")
 			}
 		}
 	}
@@ -649,6 +655,11 @@ func (c *connTokens) apply(fs []Field, request bool) error {
 	}
 	return nil
 }
+
+var (
+	protectedRequest  = []string{"Content-Length", "Transfer-Encoding", "Host", "X-Forwarded-For"}
+	protectedResponse = []string{"Content-Length", "Transfer-Encoding"}
+)
 
 // ParseResponse parses the response head at the start of buf into resp.
 // It returns ErrIncomplete, or an *Error (status 502: the backend broke the
@@ -731,7 +742,9 @@ func ParseResponse(buf []byte, lim Limits, resp *Response) error {
 	if tes == 1 && resp.Minor == 0 {
 		return reject(502, "Transfer-Encoding in HTTP/1.0 response")
 	}
-	_ = conn.apply(resp.Fields, false)
+	if err := conn.apply(resp.Fields, false); err != nil {
+		return err
+	}
 	resp.Close = conn.close || resp.Minor == 0 && !conn.keepAlive
 	return nil
 }

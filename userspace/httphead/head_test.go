@@ -291,7 +291,7 @@ var requestAccepts = []acceptCase{
 		Request{Method: b("GET"), Target: b("/"), Path: b("/"), Minor: 1, Host: b("a"), ContentLength: -1, KeepAlive: true}, []string{"Connection"}},
 	{18, "hop-by-hop", head("GET / HTTP/1.1", "Host: a", "Keep-Alive: 5", "Proxy-Connection: keep-alive", "TE: trailers", "Upgrade: websocket", "Trailer: X-Sum", "X-Kept: 1"), Limits{},
 		Request{Method: b("GET"), Target: b("/"), Path: b("/"), Minor: 1, Host: b("a"), ContentLength: -1, KeepAlive: true},
-		[]string{"Keep-Alive", "Proxy-Connection", "TE", "Upgrade", "Trailer"}},
+		[]string{"Keep-Alive", "Proxy-Connection", "TE", "Upgrade"}}, // Trailer is end-to-end
 	{18, "Connection names fields before and after it", head("GET / HTTP/1.1", "Host: a", "X-Before: 1", "x-secret: s", "Connection: X-Secret, x-before", "X-SECRET: t", "X-Kept: 1"), Limits{},
 		Request{Method: b("GET"), Target: b("/"), Path: b("/"), Minor: 1, Host: b("a"), ContentLength: -1, KeepAlive: true},
 		[]string{"X-Before", "x-secret", "Connection", "X-SECRET"}},
@@ -602,7 +602,7 @@ var responseCases = []respCase{
 	{name: "1.0 keep-alive", in: head("HTTP/1.0 200 OK", "Connection: Keep-Alive", "Keep-Alive: timeout=5", "Content-Length: 1"), want: Response{Minor: 0, Status: 200, ContentLength: 1}, kind: BodyLength, drops: []string{"Connection", "Keep-Alive"}},
 	{name: "1.1 Connection close", in: head("HTTP/1.1 200 OK", "Connection: close", "Content-Length: 1"), want: Response{Minor: 1, Status: 200, ContentLength: 1, Close: true}, kind: BodyLength, drops: []string{"Connection"}},
 	{name: "1.1 Connection list close", in: head("HTTP/1.1 200 OK", "Connection: x-a, Close", "X-A: 1", "Content-Length: 1"), want: Response{Minor: 1, Status: 200, ContentLength: 1, Close: true}, kind: BodyLength, drops: []string{"Connection", "X-A"}},
-	{name: "hop-by-hop", in: head("HTTP/1.1 200 OK", "Keep-Alive: 1", "Proxy-Connection: x", "TE: y", "Upgrade: z", "Trailer: X-Sum", "Transfer-Encoding: chunked"), want: Response{Minor: 1, Status: 200, ContentLength: -1, Chunked: true}, kind: BodyChunked, drops: []string{"Keep-Alive", "Proxy-Connection", "TE", "Upgrade", "Trailer"}},
+	{name: "hop-by-hop", in: head("HTTP/1.1 200 OK", "Keep-Alive: 1", "Proxy-Connection: x", "TE: y", "Upgrade: z", "Trailer: X-Sum", "Transfer-Encoding: chunked"), want: Response{Minor: 1, Status: 200, ContentLength: -1, Chunked: true}, kind: BodyChunked, drops: []string{"Keep-Alive", "Proxy-Connection", "TE", "Upgrade"}}, // Trailer is end-to-end
 	{name: "status 999", in: head("HTTP/1.1 999 X", "Content-Length: 0"), want: Response{Minor: 1, Status: 999, ContentLength: 0}, kind: BodyLength},
 
 	// Bad status lines.
@@ -627,6 +627,10 @@ var responseCases = []respCase{
 	// Framing.
 	{name: "CL+TE", in: head("HTTP/1.1 200 OK", "Content-Length: 5", "Transfer-Encoding: chunked"), status: 502},
 	{name: "TE+CL", in: head("HTTP/1.1 200 OK", "Transfer-Encoding: chunked", "Content-Length: 5"), status: 502},
+	// Rule 18 on the response side: Connection may not remove the framing.
+	{name: "Connection names Content-Length", in: head("HTTP/1.1 200 OK", "Connection: Content-Length", "Content-Length: 2"), status: 502},
+	{name: "Connection names Transfer-Encoding", in: head("HTTP/1.1 200 OK", "Connection: close, transfer-encoding", "Transfer-Encoding: chunked"), status: 502},
+	{name: "Connection names CL, no CL", in: head("HTTP/1.1 200 OK", "Connection: content-length"), status: 502},
 	{name: "duplicate CL same", in: head("HTTP/1.1 200 OK", "Content-Length: 5", "Content-Length: 5"), status: 502},
 	{name: "duplicate CL different", in: head("HTTP/1.1 200 OK", "Content-Length: 5", "content-length: 6"), status: 502},
 	{name: "CL list", in: head("HTTP/1.1 200 OK", "Content-Length: 5, 5"), status: 502},

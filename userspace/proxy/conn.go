@@ -444,6 +444,16 @@ func (c *conn) proxyExchange(x *exchange) bool {
 				return false
 			}
 			return c.fail(x, c.headErrStatus(err))
+		case req.Minor == 1:
+			// The backend is silent: tell the client to send (RFC 9110
+			// §10.1.1 lets a proxy do so) rather than leave a client that
+			// waits for the 100 stalled until a timeout. A late 100 from
+			// the backend is then dropped: the client sees exactly one.
+			if err := c.writeClient(continue100); err != nil {
+				c.s.counters.ClientAborted.Add(1)
+				return false
+			}
+			x.sent100 = true
 		}
 		var nout []byte
 		nout, sent, err = c.appendBuffered(c.out[:0], &sc, 0)
@@ -455,6 +465,9 @@ func (c *conn) proxyExchange(x *exchange) bool {
 		if err != nil {
 			if e, ok := err.(*httphead.Error); ok {
 				c.rejectAndClose(e.Status)
+				return false
+			}
+			if c.earlyAnswer(x, uw) {
 				return false
 			}
 			return c.fail(x, 502)
@@ -470,6 +483,9 @@ func (c *conn) proxyExchange(x *exchange) bool {
 		}
 		if c.clientGone() {
 			c.s.counters.ClientAborted.Add(1)
+			return false
+		}
+		if c.earlyAnswer(x, uw) {
 			return false
 		}
 		if isTimeout(err) {
@@ -513,6 +529,35 @@ func (c *conn) awaitAndRelay(x *exchange, uw int) bool {
 		// already removed it from ubuf.
 	}
 }
+
+// earlyAnswer relays a final response that the backend sent before taking
+// the whole request body (a 413 or 401 and a close, say), which is why
+// relaying the body failed: the client gets that answer rather than a 502
+// or 408, and its connection closes, since its body was not all read. It
+// reports whether there was such an answer.
+func (c *conn) earlyAnswer(x *exchange, uw int) bool {
+	x.up.SetReadDeadline(time.Now().Add(earlyAnswerWait))
+	for {
+		status, nw, err := c.readResponseHead(x, uw)
+		uw = nw
+		if err != nil {
+			return false
+		}
+		if status >= 200 {
+			c.relayResponse(x, uw, false)
+			c.lingerClose()
+			return true
+		}
+	}
+}
+
+// earlyAnswerWait bounds the look for an early answer: one that was sent
+// is already queued on the socket.
+const earlyAnswerWait = 100 * time.Millisecond
+
+// continue100 is the interim response tether sends itself (see
+// proxyExchange).
+var continue100 = []byte("HTTP/1.1 100 Continue\r\n\r\n")
 
 // headErrStatus maps a failure before the response head to its status.
 func (c *conn) headErrStatus(err error) int {
@@ -604,8 +649,8 @@ func (c *conn) appendResponseHead(out []byte, closing, dropTE bool) []byte {
 	out = append(out, line[8:]...)
 	for i := range c.resp.Fields {
 		f := &c.resp.Fields[i]
-		if f.Drop || dropTE && len(f.Name) == len("Transfer-Encoding") && bytes.EqualFold(f.Name, []byte("Transfer-Encoding")) {
-			continue
+		if f.Drop || dropTE && (httphead.EqualFold(f.Name, "Transfer-Encoding") || httphead.EqualFold(f.Name, "Trailer")) {
+			continue // de-chunked for HTTP/1.0: no framing, no trailers
 		}
 		out = append(out, f.Line...)
 	}
@@ -937,9 +982,16 @@ func (c *conn) watchPeek(fd uintptr) bool {
 	switch upstream.Peek(fd) {
 	case upstream.PeekEmpty:
 		return false // nothing yet: wait for readability
-	case upstream.PeekClosed:
-		c.watchGone.Store(true)
-		c.watchUp.Close()
+	case upstream.PeekData:
+		// A pipelined request waits for its turn; the client may still
+		// leave behind it (FIN or reset after the bytes), which a peek
+		// cannot see. Until then, wait for the next event on the socket
+		// (more bytes, FIN, reset): edge-triggered, so no spinning.
+		if !upstream.PeerShutdown(fd) {
+			return false
+		}
 	}
-	return true // data (a pipelined request) or gone: stop watching
+	c.watchGone.Store(true)
+	c.watchUp.Close()
+	return true
 }

@@ -3,6 +3,8 @@ package upstream
 import (
 	"syscall"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // PeekState is what a non-blocking MSG_PEEK of one byte saw on a socket.
@@ -28,4 +30,13 @@ func Peek(fd uintptr) PeekState {
 		return PeekClosed
 	}
 	return PeekData
+}
+
+// PeerShutdown reports, without blocking, whether the peer of fd shut down
+// its sending side or reset the connection, even with bytes still waiting
+// to be read (where Peek only sees PeekData).
+func PeerShutdown(fd uintptr) bool {
+	fds := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+	n, err := unix.Poll(fds[:], 0)
+	return err == nil && n == 1 && fds[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR) != 0
 }

@@ -1,0 +1,202 @@
+package proxy
+
+import (
+	"bytes"
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Checklist rule 18 on the response side: a response whose Connection field
+// names its own framing field would reach the client unframed on a
+// kept-alive connection (the next response glued to its body). It is a
+// broken backend: 502, and that upstream connection is never reused.
+func TestResponseConnectionNamesFraming(t *testing.T) {
+	for _, tc := range []struct{ name, resp string }{
+		{"content-length", "HTTP/1.1 200 OK\r\nConnection: Content-Length\r\nContent-Length: 2\r\n\r\nok"},
+		{"transfer-encoding", "HTTP/1.1 200 OK\r\nConnection: Transfer-Encoding\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			be := newBackend(t, func(c *bconn) {
+				for {
+					if _, _, err := c.readRequest(); err != nil {
+						return
+					}
+					io.WriteString(c, tc.resp)
+				}
+			})
+			p := startProxy(t, []string{be.addr}, nil)
+			c, br := p.dial()
+			io.WriteString(c, "GET /a HTTP/1.1\r\nHost: a\r\n\r\nGET /b HTTP/1.1\r\nHost: a\r\n\r\n")
+			raw := readAll(t, c, br)
+			resp, body := splitResponse(t, raw, "GET")
+			if resp.StatusCode != 502 || !resp.Close || string(body) != fixedError(502) {
+				t.Fatalf("client got %q, want the fixed 502 and a close", raw)
+			}
+			be.waitIdle(t, 2*time.Second) // the upstream connection was closed, not pooled
+			if n := p.table.Get(0).Pool.Idle(); n != 0 {
+				t.Fatalf("%d pooled connections after a broken response", n)
+			}
+		})
+	}
+}
+
+// Trailer is end-to-end (RFC 9110 §6.6.2): kept both ways with the chunked
+// body whose trailers it announces; dropped with them when tetherd
+// de-chunks for an HTTP/1.0 client.
+func TestTrailerFieldForwarded(t *testing.T) {
+	const response = "HTTP/1.1 200 OK\r\nTrailer: X-Sum\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nX-Sum: 1\r\n\r\n"
+	be := newBackend(t, func(c *bconn) {
+		for {
+			if _, _, err := c.readRequest(); err != nil {
+				return
+			}
+			io.WriteString(c, response)
+		}
+	})
+	p := startProxy(t, []string{be.addr}, nil)
+	c, br := p.dial()
+	const req = "POST / HTTP/1.1\r\nHost: a\r\nTrailer: X-Sum\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nX-Sum: 1\r\n\r\n"
+	io.WriteString(c, req)
+	head, err := readHeadFrom(br)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := readChunkedRaw(br)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := string(be.received()); !strings.Contains(got, "Trailer: X-Sum\r\n") || !strings.HasSuffix(got, "0\r\nX-Sum: 1\r\n\r\n") {
+		t.Errorf("backend got %q: Trailer field or trailer lost", got)
+	}
+	if !strings.Contains(head, "Trailer: X-Sum\r\n") || body != "2\r\nok\r\n0\r\nX-Sum: 1\r\n\r\n" {
+		t.Errorf("client got %q + %q: Trailer field or trailer lost", head, body)
+	}
+
+	// HTTP/1.0: de-chunked, so neither framing nor trailers remain.
+	raw := readAllFrom(t, p, "GET / HTTP/1.0\r\n\r\n")
+	if strings.Contains(raw, "Trailer") || strings.Contains(raw, "Transfer-Encoding") || !strings.HasSuffix(raw, "\r\n\r\nok") {
+		t.Errorf("HTTP/1.0 client got %q, want the body alone with no Trailer or Transfer-Encoding", raw)
+	}
+}
+
+// readChunkedRaw reads a chunked body as sent, framing and trailers included.
+func readChunkedRaw(br interface {
+	ReadString(byte) (string, error)
+}) (string, error) {
+	var sb strings.Builder
+	last := false
+	for {
+		line, err := br.ReadString('\n')
+		sb.WriteString(line)
+		if err != nil {
+			return sb.String(), err
+		}
+		switch {
+		case last && line == "\r\n":
+			return sb.String(), nil
+		case line == "0\r\n":
+			last = true
+		}
+	}
+}
+
+func readAllFrom(t *testing.T, p *testProxy, raw string) string {
+	t.Helper()
+	c, br := p.dial()
+	io.WriteString(c, raw)
+	return string(readAll(t, c, br))
+}
+
+// A backend that answers before reading the whole upload (413 and a
+// close) makes the body relay fail: the client gets that answer, not a
+// 502, and its connection closes.
+func TestEarlyAnswerDuringUpload(t *testing.T) {
+	be := newBackend(t, func(c *bconn) {
+		if _, err := readHeadFrom(c.br); err != nil {
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 413 Content Too Large\r\nConnection: close\r\nContent-Length: 8\r\n\r\ntoo big\n")
+		// returns: closed with the body unread, so the kernel resets
+	})
+	p := startProxy(t, []string{be.addr}, nil)
+	c, br := p.dial()
+	const n = 8 << 20
+	go func() {
+		io.WriteString(c, "POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: 8388608\r\n\r\n")
+		c.Write(bytes.Repeat([]byte("x"), n))
+	}()
+	resp, body := readResp(t, br, false)
+	if resp.StatusCode != 413 || body != "too big\n" || !resp.Close {
+		t.Fatalf("client got %d close=%v %q, the backend answered 413", resp.StatusCode, resp.Close, body)
+	}
+	expectClosed(t, c, br)
+	if n := p.srv.Counters().BadGateway.Load(); n != 0 {
+		t.Fatalf("%d 502s counted for a backend that answered", n)
+	}
+}
+
+// A backend that sends its 100 late (after tetherd's 1 s wait): tetherd
+// has told the client to send by then, and the client sees exactly one 100
+// before the final answer.
+func TestExpectContinueLate100(t *testing.T) {
+	be := newBackend(t, func(c *bconn) {
+		if _, err := readHeadFrom(c.br); err != nil {
+			return
+		}
+		time.Sleep(1500 * time.Millisecond) // a busy backend
+		io.WriteString(c, "HTTP/1.1 100 Continue\r\n\r\n")
+		b := make([]byte, 5)
+		if _, err := io.ReadFull(c.br, b); err != nil {
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+	})
+	p := startProxy(t, []string{be.addr}, nil)
+	c, br := p.dial()
+	start := time.Now()
+	io.WriteString(c, "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	head, err := readHeadFrom(br) // a client that waits for the 100
+	if err != nil || head != "HTTP/1.1 100 Continue\r\n\r\n" {
+		t.Fatalf("after %v: %q (%v), want a 100", time.Since(start), head, err)
+	}
+	io.WriteString(c, "hello")
+	resp, body := readResp(t, br, false)
+	if resp.StatusCode != 200 || body != "ok" {
+		t.Fatalf("got %d %q after the 100, want the final 200 (and no second 100)", resp.StatusCode, body)
+	}
+}
+
+// A client that pipelines its next request while the first is in progress
+// and then leaves: the upstream (the generation) still closes at once.
+func TestClientAbortAfterPipelinedBytes(t *testing.T) {
+	gone := make(chan struct{})
+	be := newBackend(t, func(c *bconn) {
+		if _, err := readHeadFrom(c.br); err != nil {
+			return
+		}
+		c.br.ReadByte() // blocks until tetherd closes the connection
+		close(gone)
+	})
+	p := startProxy(t, []string{be.addr}, nil)
+	c, _ := p.dial()
+	io.WriteString(c, "GET /long HTTP/1.1\r\nHost: a\r\n\r\n")
+	time.Sleep(50 * time.Millisecond) // the watch is running
+	io.WriteString(c, "GET /next HTTP/1.1\r\nHost: a\r\n\r\n")
+	time.Sleep(50 * time.Millisecond)
+	c.Close()
+	select {
+	case <-gone:
+	case <-time.After(3 * time.Second):
+		t.Fatal("upstream still open 3s after the client left")
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for p.srv.Counters().ClientAborted.Load() != 1 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := p.srv.Counters().ClientAborted.Load(); n != 1 {
+		t.Fatalf("client aborts %d, want 1", n)
+	}
+}
