@@ -46,6 +46,8 @@ bench:
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseRequest$$' -fuzztime $(FUZZTIME) ./userspace/httphead/
 	$(GO) test -run '^$$' -fuzz '^FuzzChunked$$' -fuzztime $(FUZZTIME) ./userspace/httphead/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseResponse$$' -fuzztime $(FUZZTIME) ./userspace/httphead/
+	$(GO) test -run '^$$' -fuzz '^FuzzRequestVsNetHTTP$$' -fuzztime $(FUZZTIME) ./userspace/httphead/
 
 clean:
 	rm -rf $(BIN)

@@ -183,6 +183,108 @@ func FuzzParseRequest(f *testing.F) {
 	})
 }
 
+// respSummary renders everything ParseResponse reports.
+func respSummary(err error, r *Response) string {
+	if err != nil {
+		if err == ErrIncomplete {
+			return "incomplete"
+		}
+		return fmt.Sprintf("error %d", statusOf(err))
+	}
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "%d %d cl=%d ch=%v close=%v len=%d\n", r.Minor, r.Status, r.ContentLength, r.Chunked, r.Close, r.HeadLen)
+	for _, f := range r.Fields {
+		fmt.Fprintf(&sb, "%q %q %q %v\n", f.Name, f.Value, f.Line, f.Drop)
+	}
+	return sb.String()
+}
+
+func FuzzParseResponse(f *testing.F) {
+	for _, tc := range responseCases {
+		f.Add([]byte(tc.in), false)
+	}
+	f.Add([]byte(head("HTTP/1.1 200 OK", "Connection: x-a, close", "X-A: 1", "Transfer-Encoding: chunked")+"2\r\nok\r\n0\r\n\r\n"), true)
+	f.Fuzz(func(t *testing.T, data []byte, small bool) {
+		lim := fuzzLimits(small)
+		var resp Response
+		err := ParseResponse(data, lim, &resp)
+		got := respSummary(err, &resp)
+
+		// Only ErrIncomplete or a 502: the backend broke the protocol.
+		if err != nil && err != ErrIncomplete && statusOf(err) != 502 {
+			t.Fatalf("unexpected error %#v", err)
+		}
+		dirty := Response{Fields: make([]Field, 3, 8), Chunked: true, ContentLength: 5, Close: true, HeadLen: 99, Status: 7}
+		if d := respSummary(ParseResponse(data, lim, &dirty), &dirty); d != got {
+			t.Fatalf("reused Response: %s\nfresh: %s", d, got)
+		}
+		if err != nil {
+			if err != ErrIncomplete {
+				for _, more := range []string{"\r\n\r\n", "\n", "x: y\r\n\r\n"} {
+					var r2 Response
+					if e2 := ParseResponse(append(slices.Clip(data), more...), lim, &r2); e2 == nil || e2 == ErrIncomplete {
+						t.Fatalf("rejected (%v) but accepted with %q appended: %v", err, more, e2)
+					}
+				}
+			}
+			return
+		}
+
+		if resp.HeadLen < 4 || resp.HeadLen > len(data) || string(data[resp.HeadLen-4:resp.HeadLen]) != "\r\n\r\n" {
+			t.Fatalf("HeadLen %d of %d", resp.HeadLen, len(data))
+		}
+		h := data[:resp.HeadLen]
+		if resp.Status < 100 || resp.Status > 999 || resp.Minor != 0 && resp.Minor != 1 {
+			t.Fatalf("status %d minor %d", resp.Status, resp.Minor)
+		}
+		if resp.Chunked && (resp.ContentLength >= 0 || resp.Minor == 0) || resp.ContentLength < -1 {
+			t.Fatalf("framing: chunked %v CL %d minor %d", resp.Chunked, resp.ContentLength, resp.Minor)
+		}
+		// The framing tetherd relays by is the framing the client sees:
+		// the field that carries it is never dropped (rule 18).
+		framing := 0
+		for i, fl := range resp.Fields {
+			if !within(fl.Line, h) || !bytes.HasSuffix(fl.Line, []byte("\r\n")) || !isToken(fl.Name) ||
+				!bytes.HasPrefix(fl.Line, append(slices.Clip(fl.Name), ':')) {
+				t.Fatalf("field %d %q is not a header line of the head", i, fl.Line)
+			}
+			if bytes.ContainsAny(fl.Value, "\r\n\x00") {
+				t.Fatalf("field %d value %q", i, fl.Value)
+			}
+			for _, hop := range hopByHop {
+				if equalFold(fl.Name, hop) && !fl.Drop {
+					t.Fatalf("hop-by-hop %q kept", fl.Name)
+				}
+			}
+			if equalFold(fl.Name, "Content-Length") || equalFold(fl.Name, "Transfer-Encoding") {
+				if fl.Drop {
+					t.Fatalf("framing field %q dropped", fl.Name)
+				}
+				framing++
+			}
+		}
+		if (resp.Chunked || resp.ContentLength >= 0) != (framing == 1) || framing > 1 {
+			t.Fatalf("%d framing fields for chunked %v CL %d", framing, resp.Chunked, resp.ContentLength)
+		}
+		for _, tail := range []string{"", "HTTP/1.1 200 OK\r\n\r\n", "\x00\r\n\n\r", strings.Repeat("z", 300)} {
+			var r2 Response
+			if s := respSummary(ParseResponse(append(slices.Clone(h), tail...), lim, &r2), &r2); s != got {
+				t.Fatalf("with %q after the head:\n%s\nwithout:\n%s", tail, s, got)
+			}
+		}
+		step := 1
+		if len(h) > 2048 {
+			step = len(h)/1024 + 1
+		}
+		for n := 0; n < len(h); n += step {
+			var r2 Response
+			if e := ParseResponse(slices.Clone(h[:n]), lim, &r2); e != ErrIncomplete {
+				t.Fatalf("prefix %d/%d: %v, want ErrIncomplete", n, len(h), e)
+			}
+		}
+	})
+}
+
 func FuzzChunked(f *testing.F) {
 	for _, tc := range chunkedValid {
 		f.Add([]byte(tc.body), uint64(1))
