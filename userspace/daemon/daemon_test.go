@@ -552,3 +552,49 @@ func TestResponseTimeout(t *testing.T) {
 		t.Fatalf("504 after %v", el)
 	}
 }
+
+// The body bytes peeked for routing (request id, --keyless=prefix) come
+// before the chunk framing is validated: a chunk size that overflows a
+// signed integer once crashed tetherd. Now it is a 400 like any bad framing,
+// and tetherd goes on serving.
+func TestHostileChunkSizeBeforeRouting(t *testing.T) {
+	for _, keyless := range []string{"least", "prefix"} {
+		t.Run(keyless, func(t *testing.T) {
+			d := startDaemon(t, Options{Demo: 2, Routing: RoutingOptions{Keyless: keyless}})
+			for _, size := range []string{"8000000000000000", "ffffffffffffffff", "fffffffffffffffff"} {
+				c, br := dialRaw(t, d.Addr())
+				io.WriteString(c, "POST /generate HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"+size+"\r\n{\"rid\":\"x\",\"text\":\"hi\"}")
+				resp, err := http.ReadResponse(br, nil)
+				if err != nil || resp.StatusCode != 400 {
+					t.Fatalf("chunk size %s: %v %v, want 400", size, resp, err)
+				}
+				c.Close()
+			}
+			r, err := do(newClient(t), "GET", "http://"+d.Addr()+"/health", "")
+			if err != nil || r.status != 200 {
+				t.Fatalf("health after hostile chunk sizes: %v %v", r.status, err)
+			}
+		})
+	}
+}
+
+// A small chunked body sent in the same write as its head is answered at
+// once: the routing peek once waited for more body bytes (up to the I/O
+// timeout) before routing.
+func TestChunkedBodyWithHead(t *testing.T) {
+	d := startDaemon(t, Options{Demo: 2})
+	for _, path := range []string{"/sessions", "/generate"} {
+		c, br := dialRaw(t, d.Addr())
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		io.WriteString(c, "POST "+path+" HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"+
+			"b\r\n{\"rid\":\"q\"}\r\n0\r\n\r\n")
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		if resp.StatusCode >= 500 {
+			t.Fatalf("%s: %d", path, resp.StatusCode)
+		}
+	}
+}

@@ -270,19 +270,22 @@ func PeekedBody(req *httphead.Request, body []byte) []byte {
 	if !req.Chunked {
 		return body
 	}
-	n, i := 0, 0
+	// The framing is not validated yet (that happens as the body streams):
+	// the size may be any 16 hex digits, so it is unsigned.
+	var n uint64
+	i := 0
 	for ; i < len(body) && i < 16; i++ {
 		c := body[i]
-		var d int
+		var d uint64
 		switch {
 		case c >= '0' && c <= '9':
-			d = int(c - '0')
+			d = uint64(c - '0')
 		case c|0x20 >= 'a' && c|0x20 <= 'f':
-			d = int(c|0x20-'a') + 10
+			d = uint64(c|0x20-'a') + 10
 		default:
-			d = -1
+			d = 16
 		}
-		if d < 0 {
+		if d == 16 {
 			break
 		}
 		n = n<<4 | d
@@ -296,7 +299,7 @@ func PeekedBody(req *httphead.Request, body []byte) []byte {
 		return nil
 	}
 	data := body[i+j+1:]
-	if len(data) > n {
+	if uint64(len(data)) > n {
 		data = data[:n]
 	}
 	return data

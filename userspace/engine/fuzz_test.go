@@ -1,0 +1,41 @@
+package engine
+
+import (
+	"bytes"
+	"testing"
+	"unsafe"
+
+	"github.com/tether-rl/tether/userspace/httphead"
+)
+
+func inside(s, b []byte) bool {
+	if len(s) == 0 {
+		return true
+	}
+	p, q := uintptr(unsafe.Pointer(unsafe.SliceData(s))), uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	return len(b) > 0 && p >= q && p+uintptr(len(s)) <= q+uintptr(len(b))
+}
+
+// Request ids come from the first bytes of client bodies, possibly cut
+// anywhere by the peek: never a panic, never a byte outside the body, and
+// a rid found is the value of the top-level "rid" key.
+func FuzzRequestID(f *testing.F) {
+	for _, s := range []string{`{"rid":"abc","text":"x"}`, `{"text":"x","rid":"a\"b"}`, `{"rid":["a","b"]}`,
+		`{"a":{"rid":"inner"},"rid":"outer"}`, `{"rid":"cut`, `  {"rid" : "x\u0041"}`, `[{"rid":"x"}]`, "5\r\n{\"rid\":\"y\"}"} {
+		f.Add([]byte(s), false)
+		f.Add([]byte(s), true)
+	}
+	f.Fuzz(func(t *testing.T, body []byte, chunked bool) {
+		req := &httphead.Request{Chunked: chunked, ContentLength: -1}
+		rid := RequestID(req, body)
+		if !inside(rid, body) {
+			t.Fatalf("rid %q is not within the body", rid)
+		}
+		if len(rid) > 0 {
+			if !bytes.Contains(body, []byte(`"rid"`)) {
+				t.Fatalf("rid %q from a body without a rid key: %q", rid, body)
+			}
+			ridString(rid) // unescapes without panicking
+		}
+	})
+}
