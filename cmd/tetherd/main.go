@@ -19,6 +19,7 @@ import (
 
 	"github.com/tether-rl/tether/userspace/config"
 	"github.com/tether-rl/tether/userspace/daemon"
+	"github.com/tether-rl/tether/userspace/stats"
 )
 
 type multiFlag []string
@@ -80,6 +81,12 @@ func parse(args []string) (*cli, error) {
 	routingDone()
 	if err := controlDone(fs.Args()); err != nil {
 		return nil, err
+	}
+	if opts.Listeners < 1 {
+		return nil, fmt.Errorf("--listeners %d: want 1..%d", opts.Listeners, stats.MaxSlots)
+	}
+	if c.grace < 0 {
+		return nil, errors.New("--shutdown-grace: negative")
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(c.logLevel)); err != nil {

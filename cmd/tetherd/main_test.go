@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-rl/tether/userspace/daemon"
 	"github.com/tether-rl/tether/userspace/demo"
 )
 
@@ -173,6 +174,41 @@ func TestTetherdSpawnReloadStop(t *testing.T) {
 	for _, pid := range kids {
 		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil && !strings.Contains(string(b), ") Z ") {
 			t.Errorf("spawned worker %d outlived tetherd: %s", pid, b)
+		}
+	}
+}
+
+// Out-of-range values are refused with the flag named, whether the command
+// line or the config file gives them.
+func TestBadValuesRefused(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "c.json")
+	os.WriteFile(cfg, []byte(`{"listeners":0}`), 0o600)
+	for _, tc := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"--response-timeout=-1s"}, "response-timeout"},
+		{[]string{"--splice-min=-1"}, "splice-min"},
+		{[]string{"--max-tracked-requests=-5"}, "max-tracked-requests"},
+		{[]string{"--listeners=0"}, "listeners"},
+		{[]string{"--config", cfg}, "listeners"},
+		{[]string{"--health-interval=-1s"}, "health-interval"},
+		{[]string{"--shutdown-grace=-1s"}, "shutdown-grace"},
+		{[]string{"--hash-load-factor=0.5"}, "hash-load-factor"},
+		{[]string{"--sticky-ttl=-1s"}, "sticky-ttl"},
+	} {
+		args := append([]string{"--listen", "127.0.0.1:0", "--bpf", "off", "--demo", "1"}, tc.args...)
+		c, err := parse(args)
+		if err == nil {
+			var d *daemon.Daemon
+			if d, err = daemon.New(c.opts); err == nil {
+				d.Shutdown(context.Background())
+				t.Fatalf("%v accepted", tc.args)
+			}
+		}
+		if !strings.Contains(err.Error(), "--"+tc.flag) {
+			t.Errorf("%v: error %q does not name --%s", tc.args, err, tc.flag)
 		}
 	}
 }

@@ -33,7 +33,7 @@ type control struct {
 	adminLn  net.Listener
 	adminSrv *http.Server
 	reloadMu sync.Mutex
-	reload   []func(Options) error
+	reload   []func(Options) (func(), error)
 	stopOnce sync.Once
 }
 
@@ -262,10 +262,11 @@ func (d *Daemon) AdminAddr() string {
 	return d.ctl.adminLn.Addr().String()
 }
 
-// OnReload registers a function that applies the reloadable options of a
-// SIGHUP reload (for example the routing policies). It runs after the
-// registry took the new worker list; an error is logged.
-func (d *Daemon) OnReload(f func(Options) error) {
+// OnReload registers the check of the reloadable options of a SIGHUP
+// reload (for example the routing policies): f validates opts and returns
+// the function that applies them. Every check runs before anything changes,
+// so an invalid configuration changes nothing.
+func (d *Daemon) OnReload(f func(Options) (apply func(), err error)) {
 	d.ctl.reloadMu.Lock()
 	d.ctl.reload = append(d.ctl.reload, f)
 	d.ctl.reloadMu.Unlock()
@@ -287,24 +288,28 @@ func (d *Daemon) Reload(opts Options) error {
 			return fmt.Errorf("worker: %w", err)
 		}
 	}
+	d.ctl.reloadMu.Lock()
+	defer d.ctl.reloadMu.Unlock()
+	applies := make([]func(), 0, len(d.ctl.reload))
+	for _, check := range d.ctl.reload {
+		apply, err := check(opts)
+		if err != nil {
+			return err
+		}
+		applies = append(applies, apply)
+	}
 	added, removed, err := d.Registry.Sync(opts.Workers)
 	if err != nil {
 		return err
 	}
 	d.Router.SetBadSession(bad)
-	d.ctl.reloadMu.Lock()
-	fs := append([]func(Options) error(nil), d.ctl.reload...)
-	d.ctl.reloadMu.Unlock()
-	var errs []error
-	for _, f := range fs {
-		if err := f(opts); err != nil {
-			errs = append(errs, err)
-		}
+	for _, apply := range applies {
+		apply()
 	}
 	mode := "spread"
 	if bad == route.BadSessionReject {
 		mode = "reject"
 	}
 	d.log.Info("configuration reloaded", "workers_added", added, "workers_removed", removed, "bad_session", mode)
-	return errors.Join(errs...)
+	return nil
 }

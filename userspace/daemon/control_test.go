@@ -375,17 +375,22 @@ func TestReload(t *testing.T) {
 	if _, err := d.Registry.Add(t.Context(), admin.URL(), registry.OriginAdmin); err != nil {
 		t.Fatal(err)
 	}
-	before := fmt.Sprint(d.Registry.URLs())
+	before, policy := fmt.Sprint(d.Registry.URLs()), d.Router.CurrentPolicy()
 	for _, bad := range []Options{
 		{Workers: []string{b.URL(), "https://127.0.0.1:1"}},
 		{Workers: []string{b.URL()}, BadSession: "maybe"},
+		// Valid workers and bad-session, invalid routing: nothing applies
+		// (the routing check once ran after the workers had changed).
+		{Workers: []string{b.URL()}, BadSession: "reject", Routing: RoutingOptions{Policy: "bogus"}},
+		{Workers: []string{b.URL()}, BadSession: "reject", Routing: RoutingOptions{HashLoadFactor: 0.5}},
+		{Workers: []string{b.URL()}, BadSession: "reject", Routing: RoutingOptions{Keyless: "nope"}},
 	} {
 		if err := d.Reload(bad); err == nil {
 			t.Fatalf("invalid reload accepted: %+v", bad)
 		}
 	}
-	if fmt.Sprint(d.Registry.URLs()) != before || d.Router.BadSessionMode() != route.BadSessionSpread {
-		t.Fatal("an invalid reload changed something")
+	if fmt.Sprint(d.Registry.URLs()) != before || d.Router.BadSessionMode() != route.BadSessionSpread || d.Router.CurrentPolicy() != policy {
+		t.Fatalf("an invalid reload changed something: workers %v (were %s), bad-session %v", d.Registry.URLs(), before, d.Router.BadSessionMode())
 	}
 	if err := d.Reload(Options{Workers: []string{b.URL(), c.URL()}, BadSession: "reject"}); err != nil {
 		t.Fatal(err)

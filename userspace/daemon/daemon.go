@@ -103,13 +103,43 @@ func badSessionMode(s string) (route.BadSession, error) {
 	return 0, fmt.Errorf("--bad-session %q: want spread or reject", s)
 }
 
+// checkRanges refuses negative counts, sizes and durations (zero means
+// the default), naming the flag.
+func (o *Options) checkRanges() error {
+	for _, c := range []struct {
+		flag string
+		bad  bool
+	}{
+		{"listeners", o.Listeners < 0},
+		{"response-timeout", o.ResponseTimeout < 0},
+		{"splice-min", o.SpliceMin < 0},
+		{"health-interval", o.HealthInterval < 0},
+		{"health-timeout", o.HealthTimeout < 0},
+		{"health-failures", o.HealthFailures < 0},
+		{"health-successes", o.HealthSuccesses < 0},
+		{"worker-startup-timeout", o.WorkerStartupTimeout < 0},
+		{"remove-grace", o.RemoveGrace < 0},
+		{"spawn-grace", o.SpawnGrace < 0},
+		{"peek-bytes", o.Routing.PeekBytes < -1},
+		{"max-tracked-requests", o.Routing.MaxTrackedRequests < 0},
+	} {
+		if c.bad {
+			return fmt.Errorf("--%s: negative", c.flag)
+		}
+	}
+	return nil
+}
+
 // New validates opts, starts demo workers if asked, and opens the
 // listeners. Serve starts the data plane.
 func New(opts Options) (*Daemon, error) {
 	if opts.Log == nil {
 		opts.Log = slog.Default()
 	}
-	if opts.Listeners <= 0 {
+	if err := opts.checkRanges(); err != nil {
+		return nil, err
+	}
+	if opts.Listeners == 0 {
 		opts.Listeners = 1
 	}
 	if opts.Listeners > stats.MaxSlots {

@@ -21,8 +21,9 @@ import (
 // RoutingOptions are the settings of the routing policy for requests that
 // name no session, and of the engine endpoints (abort, fan-out). Zero
 // values take the defaults: --policy=hash over X-Session-ID then
-// X-SMG-Routing-Key, c = 1.25, keyless requests by power of two choices,
-// request ids tracked from X-Request-ID and the first 4 KiB of the body.
+// X-SMG-Routing-Key, c = 1.25, keyless requests to the fewest in flight
+// with a rotating tie-break (issue 2's rule; "p2c" gives two random
+// choices, "prefix" hashes the body's start), request ids tracked from X-Request-ID and the first 4 KiB of the body.
 type RoutingOptions struct {
 	Policy         string        // "hash" (default) or "sticky"
 	KeyHeaders     []string      // routing key headers in order; nil: route.DefaultKeyHeaders
@@ -157,16 +158,19 @@ func (r *routing) logPolicy(msg string, p *route.Policy) {
 // --key-header, --hash-load-factor, --sticky-ttl and --keyless. The others
 // (--peek-bytes, --sticky-store, --max-tracked-requests,
 // --engine-endpoints) need a restart.
-func (r *routing) reload(opts Options) error {
+func (r *routing) reload(opts Options) (func(), error) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	p, err := r.newPolicy(opts.Routing)
+	r.mu.Unlock()
 	if err != nil {
-		return fmt.Errorf("routing: %w", err)
+		return nil, fmt.Errorf("routing: %w", err)
 	}
-	r.rt.SetPolicy(p)
-	r.logPolicy("routing policy reloaded", p)
-	return nil
+	return func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.rt.SetPolicy(p)
+		r.logPolicy("routing policy reloaded", p)
+	}, nil
 }
 
 // RoutingReloadable are the routing flags a SIGHUP applies.

@@ -78,8 +78,8 @@ func TestRoutingPolicyEndToEnd(t *testing.T) {
 	if got := worker("X-SMG-Target-Worker", "2"); got != "2" {
 		t.Errorf("target 2: worker %s", got)
 	}
-	if st, _, _ := do("POST", "/v1/chat/completions", chatBody, "X-SMG-Target-Worker", "9"); st != 400 {
-		t.Errorf("target 9: %d", st)
+	if st, _, b := do("POST", "/v1/chat/completions", chatBody, "X-SMG-Target-Worker", "9"); st != 400 || !strings.Contains(string(b), "X-SMG-Target-Worker names no worker") {
+		t.Errorf("target 9: %d %s", st, b)
 	}
 	// Engine fan-out on the data port.
 	st, _, b := do("GET", "/get_loads", "")

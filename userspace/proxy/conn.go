@@ -111,7 +111,11 @@ func (c *conn) serveOne() bool {
 		c.s.counters.Rejected.Add(1)
 		// The body was not read: the connection cannot go on after it.
 		keep := req.KeepAlive && !req.HasBody()
-		if c.writeClient(errorResponse(dec.Status, !keep)) == nil && req.HasBody() {
+		resp := errorResponse(dec.Status, !keep)
+		if dec.Reason == route.ReasonBadTarget {
+			resp = pick(badTargetResponse, !keep)
+		}
+		if c.writeClient(resp) == nil && req.HasBody() {
 			c.lingerClose()
 		}
 		return keep

@@ -42,14 +42,23 @@ func StatusText(code int) string {
 var errorResponses = func() map[int][2][]byte {
 	m := make(map[int][2][]byte)
 	for code, text := range errorText {
-		body := `{"error":{"code":` + strconv.Itoa(code) + `,"message":"` + text + `"}}` + "\n"
-		head := "HTTP/1.1 " + strconv.Itoa(code) + " " + StatusText(code) + "\r\n" +
-			"Content-Type: application/json\r\n" +
-			"Content-Length: " + strconv.Itoa(len(body)) + "\r\n"
-		m[code] = [2][]byte{[]byte(head + "\r\n" + body), []byte(head + "Connection: close\r\n\r\n" + body)}
+		m[code] = buildError(code, text)
 	}
 	return m
 }()
+
+// badTargetResponse answers an X-SMG-Target-Worker that names no worker.
+var badTargetResponse = buildError(400, "X-SMG-Target-Worker names no worker")
+
+// buildError returns the response for code with a fixed message, without
+// and with Connection: close.
+func buildError(code int, text string) [2][]byte {
+	body := `{"error":{"code":` + strconv.Itoa(code) + `,"message":"` + text + `"}}` + "\n"
+	head := "HTTP/1.1 " + strconv.Itoa(code) + " " + StatusText(code) + "\r\n" +
+		"Content-Type: application/json\r\n" +
+		"Content-Length: " + strconv.Itoa(len(body)) + "\r\n"
+	return [2][]byte{[]byte(head + "\r\n" + body), []byte(head + "Connection: close\r\n\r\n" + body)}
+}
 
 // errorResponse returns the full response for status, with Connection:
 // close when the connection will be closed.
@@ -58,6 +67,10 @@ func errorResponse(status int, closing bool) []byte {
 	if !ok {
 		r = errorResponses[500]
 	}
+	return pick(r, closing)
+}
+
+func pick(r [2][]byte, closing bool) []byte {
 	if closing {
 		return r[1]
 	}

@@ -166,7 +166,7 @@ func NewPolicy(cfg PolicyConfig) (*Policy, error) {
 			continue
 		}
 		if !httphead.IsToken(h) {
-			return nil, fmt.Errorf("key header %q: not a valid header name", h)
+			return nil, fmt.Errorf("--key-header %q: not a valid header name", h)
 		}
 		hs = append(hs, h)
 	}
@@ -175,7 +175,7 @@ func NewPolicy(cfg PolicyConfig) (*Policy, error) {
 		cfg.LoadFactor = DefaultLoadFactor
 	}
 	if !(cfg.LoadFactor >= 1 && cfg.LoadFactor <= 100) {
-		return nil, fmt.Errorf("hash load factor %v: want 1 <= c <= 100", cfg.LoadFactor)
+		return nil, fmt.Errorf("--hash-load-factor %v: want 1 <= c <= 100", cfg.LoadFactor)
 	}
 	if cfg.PrefixBytes == 0 {
 		cfg.PrefixBytes = DefaultPrefixBytes
@@ -187,7 +187,7 @@ func NewPolicy(cfg PolicyConfig) (*Policy, error) {
 		cfg.StickyTTL = DefaultStickyTTL
 	}
 	if cfg.StickyTTL < time.Second {
-		return nil, fmt.Errorf("sticky ttl %v: want at least 1s", cfg.StickyTTL)
+		return nil, fmt.Errorf("--sticky-ttl %v: want at least 1s", cfg.StickyTTL)
 	}
 	if cfg.StickyRefresh <= 0 {
 		cfg.StickyRefresh = min(DefaultStickyRefresh, cfg.StickyTTL/4)

@@ -527,7 +527,7 @@ func exitStatus(err error) string {
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
 		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return "killed by " + ws.Signal().String()
+			return "signal: " + ws.Signal().String() // "signal: killed", as os/exec says
 		}
 	}
 	return err.Error()
