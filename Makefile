@@ -48,6 +48,9 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzChunked$$' -fuzztime $(FUZZTIME) ./userspace/httphead/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseResponse$$' -fuzztime $(FUZZTIME) ./userspace/httphead/
 	$(GO) test -run '^$$' -fuzz '^FuzzRequestVsNetHTTP$$' -fuzztime $(FUZZTIME) ./userspace/httphead/
+	$(GO) test -run '^$$' -fuzz '^FuzzPeekedBody$$' -fuzztime $(FUZZTIME) ./userspace/route/
+	$(GO) test -run '^$$' -fuzz '^FuzzSessionID$$' -fuzztime $(FUZZTIME) ./userspace/route/
+	$(GO) test -run '^$$' -fuzz '^FuzzRequestID$$' -fuzztime $(FUZZTIME) ./userspace/engine/
 
 clean:
 	rm -rf $(BIN)
