@@ -119,6 +119,9 @@ var ErrNotPinned = errors.New("no tether maps pinned")
 // ErrNoBPFFS is returned when the pin directory is not on a bpffs mount.
 var ErrNoBPFFS = errors.New("not on a bpffs mount")
 
+// ErrPinDirBusy: another running tetherd owns the pin directory.
+var ErrPinDirBusy = errors.New("in use by another running tetherd (give each instance its own --bpf-pin-dir)")
+
 // Steering is the loaded program (nil from OpenPinned) and its maps.
 type Steering struct {
 	pinDir   string
@@ -133,18 +136,32 @@ type Steering struct {
 	sticky  *ebpf.Map // sticky_sessions
 
 	stats *stats.Table
+
+	lockFD int // flock(2)ed pin directory (Open), -1 without
 }
 
 // Open loads the steering program and its maps. Maps already pinned in
-// pinDir (by an earlier or concurrent tetherd) are reused, so the counters
-// carry on; missing ones are created and pinned. pinDir must be on a bpffs
-// mount; it is created if needed.
+// pinDir (by an earlier tetherd) are reused, so the counters carry on;
+// missing ones are created and pinned. pinDir must be on a bpffs mount; it
+// is created if needed.
+//
+// One tetherd owns a pin directory at a time (an flock(2) on it, held until
+// Close or exit): the slot table describes one SO_REUSEPORT group, so a
+// second process would overwrite the first's slots. Open fails with
+// ErrPinDirBusy then. The owner being unique, what the counters say of the
+// present (connections, requests in flight) is reset: a previous owner
+// that was killed left its counts behind.
 func Open(pinDir string) (*Steering, error) {
 	if err := ensurePinDir(pinDir); err != nil {
 		return nil, err
 	}
+	lockFD, err := lockPinDir(pinDir)
+	if err != nil {
+		return nil, err
+	}
 	spec, err := loadSteer()
 	if err != nil {
+		unix.Close(lockFD)
 		return nil, err
 	}
 	var objs steerObjects
@@ -152,6 +169,7 @@ func Open(pinDir string) (*Steering, error) {
 		Maps: ebpf.MapOptions{PinPath: pinDir},
 	})
 	if err != nil {
+		unix.Close(lockFD)
 		if errors.Is(err, ebpf.ErrMapIncompatible) {
 			return nil, fmt.Errorf("load steering: maps pinned in %s have another layout (an older tetherd? remove the directory): %w", pinDir, err)
 		}
@@ -166,12 +184,30 @@ func Open(pinDir string) (*Steering, error) {
 		decided: objs.DecisionCounters,
 		workers: objs.WorkerStats,
 		sticky:  objs.StickySessions,
+		lockFD:  lockFD,
 	}
 	if err := s.mapStats(); err != nil {
 		s.Close()
 		return nil, err
 	}
+	s.stats.ResetGauges()
 	return s, nil
+}
+
+// lockPinDir takes the pin directory's owner lock without waiting.
+func lockPinDir(dir string) (int, error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("pin directory %s: %w", dir, err)
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		unix.Close(fd)
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return -1, fmt.Errorf("pin directory %s: %w", dir, ErrPinDirBusy)
+		}
+		return -1, fmt.Errorf("lock pin directory %s: %w", dir, err)
+	}
+	return fd, nil
 }
 
 // OpenPinned opens the maps pinned in pinDir by Open, without loading the
@@ -183,7 +219,7 @@ func OpenPinned(pinDir string, readOnly bool) (*Steering, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Steering{pinDir: pinDir, readOnly: readOnly}
+	s := &Steering{pinDir: pinDir, readOnly: readOnly, lockFD: -1}
 	for _, m := range []struct {
 		name string
 		dst  **ebpf.Map
@@ -481,6 +517,10 @@ func (s *Steering) Close() error {
 		if err := c.Close(); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if s.lockFD >= 0 {
+		unix.Close(s.lockFD) // releases the pin directory
+		s.lockFD = -1
 	}
 	return errors.Join(errs...)
 }

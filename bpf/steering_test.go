@@ -143,7 +143,9 @@ func TestProgramLoads(t *testing.T) {
 	}
 }
 
-// TestPinsCarryOn: a second Open, and OpenPinned, see the first one's maps.
+// TestPinsCarryOn: a second Open, and OpenPinned, see the first one's maps:
+// totals carry on; what counted the first owner's present (its
+// connections and requests in flight, gone with it) starts at 0.
 func TestPinsCarryOn(t *testing.T) {
 	pin := testenv.BPFFS(t)
 	if _, err := OpenPinned(pin, true); !errors.Is(err, ErrNotPinned) {
@@ -165,8 +167,15 @@ func TestPinsCarryOn(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	if got := b.Stats().Slot(3).Load().Accepted; got != 1 {
-		t.Errorf("reopened slot 3 accepted = %d, want 1", got)
+	if got := b.Stats().Slot(3).Load(); got.Accepted != 1 || got.Active != 0 || got.Closed != 1 {
+		t.Errorf("reopened slot 3 = %+v, want accepted 1, active 0, closed 1", got)
+	}
+	if got := b.Stats().Worker(7).Load(); got.Requests != 1 || got.InFlight != 0 {
+		t.Errorf("reopened worker 7 = %+v, want requests 1, in flight 0", got)
+	}
+	b.Stats().Worker(7).End(false) // the first owner's request ending late
+	if got := b.Stats().Worker(7).Load().InFlight; got != 0 {
+		t.Errorf("in flight after a late end = %d, want 0 (never wrapped)", got)
 	}
 
 	ro, err := OpenPinned(pin, true)
@@ -178,7 +187,7 @@ func TestPinsCarryOn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s := slots[3]; s.State != SlotDraining || s.Weight != 5 || s.Load.Accepted != 1 || s.Load.Active != 1 {
+	if s := slots[3]; s.State != SlotDraining || s.Weight != 5 || s.Load.Accepted != 1 || s.Load.Active != 0 {
 		t.Errorf("read-only slot 3 = %+v", s)
 	}
 	if got := ro.Stats().Worker(7).Load().Requests; got != 1 {
@@ -190,6 +199,31 @@ func TestPinsCarryOn(t *testing.T) {
 	if ro.Stats().Shared() != true {
 		t.Error("pinned stats not shared")
 	}
+}
+
+// One tetherd owns a pin directory: a second Open fails clearly while the
+// first is open, and works once it closed (or died: the lock goes with
+// the process).
+func TestPinDirOwnedByOne(t *testing.T) {
+	pin := testenv.BPFFS(t)
+	a, err := Open(pin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(pin); !errors.Is(err, ErrPinDirBusy) {
+		t.Fatalf("second Open while the first is open: %v, want ErrPinDirBusy", err)
+	}
+	ro, err := OpenPinned(pin, true) // tetherctl reads meanwhile
+	if err != nil {
+		t.Fatal(err)
+	}
+	ro.Close()
+	a.Close()
+	b, err := Open(pin)
+	if err != nil {
+		t.Fatalf("Open after the owner closed: %v", err)
+	}
+	b.Close()
 }
 
 func TestOpenWithoutBPFFS(t *testing.T) {

@@ -47,6 +47,20 @@ func drainListener(w io.Writer, pinDir string, slot int) error {
 		fmt.Fprintf(w, "slot %d is already draining\n", slot)
 		return nil
 	}
+	slots, err := s.Slots()
+	if err != nil {
+		return err
+	}
+	active := 0
+	for _, si := range slots {
+		if si.State == bpf.SlotActive {
+			active++
+		}
+	}
+	if active <= 1 {
+		// Nothing would be left to accept, or to take what is queued.
+		return fmt.Errorf("slot %d is the last active listener: it stays (tetherd would stop accepting)", slot)
+	}
 	if err := s.SetSlotState(slot, bpf.SlotDraining, weight); err != nil {
 		return err
 	}

@@ -198,6 +198,18 @@ func TestDrainVerb(t *testing.T) {
 	if code := run([]string{"listeners", "drain", "1", "--pin-dir", pin}, &stdout, &stderr); code != 1 || !strings.Contains(stderr.String(), "no listener") {
 		t.Errorf("draining an empty slot: exit %d, %q", code, stderr.String())
 	}
+
+	// Two left: one may go, the last stays.
+	if code := run([]string{"listeners", "drain", "2", "--pin-dir", pin}, &stdout, &stderr); code != 0 {
+		t.Fatalf("drain 2: exit %d: %s", code, stderr.String())
+	}
+	stderr.Reset()
+	if code := run([]string{"listeners", "drain", "0", "--pin-dir", pin}, &stdout, &stderr); code != 1 || !strings.Contains(stderr.String(), "last active listener") {
+		t.Errorf("draining the last active slot: exit %d, %q", code, stderr.String())
+	}
+	if state, _, _ := g.Steering().Slot(0); state != bpf.SlotActive {
+		t.Errorf("last slot %v, want active", state)
+	}
 }
 
 func TestUsage(t *testing.T) {

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-rl/tether/bpf"
 	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/sticky"
@@ -135,9 +137,16 @@ func TestStickyTableInSteeringMap(t *testing.T) {
 	pins := testenv.BPFFS(t)
 	opts := Options{Demo: 2, BPF: "required", PinDir: pins, Routing: RoutingOptions{Policy: "sticky"}}
 	d1, do1 := runRouting(t, opts)
+	// A second tetherd on the same pins: the first owns the steering maps
+	// (its listener group), so this one runs on the kernel hash, and
+	// shares the sticky table.
+	if _, err := New(Options{Listen: "127.0.0.1:0", Demo: 1, BPF: "required", PinDir: pins}); !errors.Is(err, bpf.ErrPinDirBusy) {
+		t.Fatalf("second tetherd with --bpf=required on the same pins: %v, want ErrPinDirBusy", err)
+	}
+	opts.BPF = "auto"
 	d2, do2 := runRouting(t, opts)
-	if d1.Group.Steering() == nil {
-		t.Fatal("no steering")
+	if d1.Group.Steering() == nil || d2.Group.Steering() != nil {
+		t.Fatal("steering: the first tetherd should have it, the second not")
 	}
 	if !d1.Router.CurrentPolicy().Config().Sticky.Shared() {
 		t.Fatal("sticky table not in BPF")

@@ -240,6 +240,17 @@ func (g *Group) Drain(slot int) error {
 	}
 	g.mu.Lock()
 	d, ok := g.drains[slot]
+	if !ok && len(g.lns)-len(g.drains) <= 1 {
+		g.mu.Unlock()
+		// The last listener: nothing would accept, nothing would take
+		// what is queued. It stays (active again if it was marked).
+		if s := g.steering; s != nil {
+			if _, weight, err := s.Slot(slot); err == nil {
+				_ = s.SetSlotState(slot, bpf.SlotActive, max(weight, 1))
+			}
+		}
+		return fmt.Errorf("drain slot %d: the last listener of the group stays", slot)
+	}
 	if !ok {
 		d = &drain{done: make(chan struct{})}
 		g.drains[slot] = d

@@ -408,6 +408,38 @@ func TestWatcherDrains(t *testing.T) {
 	}
 }
 
+// The last listener of a group is never drained, by Drain or by a slot
+// marked draining in the map: nothing would accept, nothing would take
+// what is queued.
+func TestLastListenerStays(t *testing.T) {
+	ns := testenv.NewNetNS(t)
+	pin := testenv.BPFFS(t)
+	g := listen(t, ns, 2, bpf.ModeRequired, WithPinDir(pin), WithPollInterval(20*time.Millisecond))
+	srv := serve(t, g, allSlots(2)...)
+	if err := g.Drain(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Drain(1); err == nil {
+		t.Fatal("the last listener was drained")
+	}
+	ctl, err := bpf.OpenPinned(pin, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ctl.Close()
+	if err := ctl.SetSlotState(1, bpf.SlotDraining, 1); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "slot 1 active again", func() bool {
+		state, _, err := ctl.Slot(1)
+		return err == nil && state == bpf.SlotActive
+	})
+	openSequential(t, ns, g, srv, 4)
+	if got := g.Stats().Slot(1).Load().Accepted; got != 4 {
+		t.Errorf("last listener accepted %d of 4", got)
+	}
+}
+
 // TestModes: auto falls back to the kernel hash with one warning when BPF
 // is unavailable (here: no bpffs at the pin directory), required fails,
 // off does not try.

@@ -101,6 +101,20 @@ func (t *Table) Slot(i int) *Slot { return &t.slots[i] }
 // Worker returns worker slot i's counters; i must be in [0, MaxWorkers).
 func (t *Table) Worker(i int) *Worker { return &t.workers[i] }
 
+// ResetGauges zeroes what counts the present rather than the past: every
+// slot restarts (Slot.Restart) and every worker's InFlight and Conns go to
+// 0. For a process that takes over counters whose previous owner is gone
+// (killed): its requests and connections died with it. Totals carry on.
+func (t *Table) ResetGauges() {
+	for i := range t.slots {
+		t.slots[i].Restart()
+	}
+	for i := range t.workers {
+		atomic.StoreUint64(&t.workers[i].InFlight, 0)
+		atomic.StoreUint64(&t.workers[i].Conns, 0)
+	}
+}
+
 // Opened counts an accepted connection. The steering program counted it
 // in Pending and SteerLoad when it chose this listener for its SYN: the
 // connection moves from Pending to Active, SteerLoad stays. If Pending is 0, the
@@ -126,10 +140,11 @@ func (s *Slot) Opened() {
 	}
 }
 
-// Finished counts a closed connection.
+// Finished counts a closed connection. Active stops at 0: a connection of
+// a previous owner may finish after the slot restarted.
 func (s *Slot) Finished() {
 	atomic.AddUint64(&s.Closed, 1)
-	atomic.AddUint64(&s.Active, ^uint64(0))
+	subClamped(&s.Active, 1)
 	subClamped(&s.SteerLoad, 1)
 }
 
@@ -172,7 +187,7 @@ func (s *Slot) ResetPending() {
 // connections, accepted or queued: Active, Pending and SteerLoad go to 0, the
 // connections a previous owner left uncounted are counted closed; Accepted,
 // Closed and Steered carry on. Connections of the previous socket that
-// finish later stop SteerLoad at 0 (Active may wrap, as before).
+// finish later stop Active and SteerLoad at 0.
 func (s *Slot) Restart() {
 	if stale := atomic.SwapUint64(&s.Active, 0); stale != 0 {
 		atomic.AddUint64(&s.Closed, stale)
@@ -202,9 +217,11 @@ func (w *Worker) Begin() {
 	atomic.AddUint64(&w.InFlight, 1)
 }
 
-// End counts the end of a request begun with Begin.
+// End counts the end of a request begun with Begin. InFlight stops at 0
+// (see Table.ResetGauges): a wrapped count would look like a worker with
+// 2^64 requests, and placement would never choose it again.
 func (w *Worker) End(failed bool) {
-	atomic.AddUint64(&w.InFlight, ^uint64(0))
+	subClamped(&w.InFlight, 1)
 	if failed {
 		atomic.AddUint64(&w.Errors, 1)
 	}
@@ -224,7 +241,7 @@ func (w *Worker) Retried() { atomic.AddUint64(&w.Retries, 1) }
 
 // ConnOpened and ConnClosed track open upstream connections.
 func (w *Worker) ConnOpened() { atomic.AddUint64(&w.Conns, 1) }
-func (w *Worker) ConnClosed() { atomic.AddUint64(&w.Conns, ^uint64(0)) }
+func (w *Worker) ConnClosed() { subClamped(&w.Conns, 1) }
 
 // WorkerSnapshot is a copy of a Worker for reporting.
 type WorkerSnapshot struct {

@@ -205,3 +205,27 @@ func TestPendingConcurrent(t *testing.T) {
 		t.Fatalf("got %+v: want active %d, steer_load = active + pending", got, n/2)
 	}
 }
+
+// What counts the present never wraps below 0: after ResetGauges (a new
+// owner of the maps), the previous owner's connections and requests that
+// end late stop at 0, while totals carry on.
+func TestGaugesResetAndClamp(t *testing.T) {
+	tab := NewHeap()
+	s, w := tab.Slot(1), tab.Worker(3)
+	s.Opened()
+	w.Begin()
+	w.ConnOpened()
+	tab.ResetGauges()
+	if got := s.Load(); got.Active != 0 || got.Accepted != 1 || got.Closed != 1 {
+		t.Fatalf("slot after reset %+v", got)
+	}
+	s.Finished()
+	w.End(true)
+	w.ConnClosed()
+	if got := s.Load(); got.Active != 0 || got.SteerLoad != 0 || got.Closed != 2 {
+		t.Errorf("slot after a late close %+v", got)
+	}
+	if got := w.Load(); got.InFlight != 0 || got.Conns != 0 || got.Requests != 1 || got.Errors != 1 {
+		t.Errorf("worker after a late end %+v", got)
+	}
+}
