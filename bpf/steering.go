@@ -152,7 +152,7 @@ type Steering struct {
 // present (connections, requests in flight) is reset: a previous owner
 // that was killed left its counts behind.
 func Open(pinDir string) (*Steering, error) {
-	if err := ensurePinDir(pinDir); err != nil {
+	if err := EnsurePinDir(pinDir); err != nil {
 		return nil, err
 	}
 	lockFD, err := lockPinDir(pinDir)
@@ -253,8 +253,9 @@ func OpenPinned(pinDir string, readOnly bool) (*Steering, error) {
 	return s, nil
 }
 
-// ensurePinDir checks that dir is (or would be) on bpffs and creates it.
-func ensurePinDir(dir string) error {
+// EnsurePinDir checks that dir is (or would be) on bpffs and creates it;
+// nothing is created elsewhere.
+func EnsurePinDir(dir string) error {
 	// statfs the directory, or its nearest existing parent.
 	p := filepath.Clean(dir)
 	for {

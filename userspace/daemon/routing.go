@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -202,7 +203,13 @@ func (r *routing) openSticky() (sticky.Table, error) {
 	if o.StickyStore == "bpf" {
 		return nil, fmt.Errorf("--sticky-store=bpf: %w", err)
 	}
-	r.log.Warn("sticky table kept in this process only (other tetherd processes and the next one after an upgrade will not see it)", "err", err)
+	// Without bpffs, steering has already warned (once) under --bpf=auto:
+	// the same cause is not a second warning.
+	level := slog.LevelWarn
+	if errors.Is(err, bpf.ErrNoBPFFS) {
+		level = slog.LevelInfo
+	}
+	r.log.Log(context.Background(), level, "sticky table kept in this process only (other tetherd processes and the next one after an upgrade will not see it)", "err", err)
 	return sticky.NewMemory(0), nil
 }
 

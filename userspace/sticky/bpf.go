@@ -3,11 +3,12 @@ package sticky
 import (
 	"errors"
 	"fmt"
-	"os"
 	"sync/atomic"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/tether-rl/tether/bpf"
 )
 
 // MapName is the name of the map in bpf/steer.c and of its pin.
@@ -63,8 +64,8 @@ func NewBPF(m *ebpf.Map) (*BPF, error) {
 // process did yet. The steering program, when loaded later with the same
 // pin directory, reuses it. Close releases the descriptor; the pin stays.
 func OpenPinned(pinDir string) (*BPF, error) {
-	if err := os.MkdirAll(pinDir, 0o755); err != nil {
-		return nil, fmt.Errorf("sticky: pin directory: %w", err)
+	if err := bpf.EnsurePinDir(pinDir); err != nil {
+		return nil, fmt.Errorf("sticky: %w", err)
 	}
 	m, err := ebpf.NewMapWithOptions(MapSpec(), ebpf.MapOptions{PinPath: pinDir})
 	if err != nil {
