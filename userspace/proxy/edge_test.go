@@ -2,7 +2,10 @@ package proxy
 
 import (
 	"bytes"
+	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -198,5 +201,49 @@ func TestClientAbortAfterPipelinedBytes(t *testing.T) {
 	}
 	if n := p.srv.Counters().ClientAborted.Load(); n != 1 {
 		t.Fatalf("client aborts %d, want 1", n)
+	}
+}
+
+// A client that leaves while its body is still queued (more than the
+// buffer holds) is a client abort, reset or not, Expect or not: never a 502
+// or a worker error. (A peek sees the queued bytes and not the reset.)
+func TestClientLeavesWithBodyQueued(t *testing.T) {
+	body := strings.Repeat("x", 50000)
+	for _, tc := range []struct {
+		name, head string
+		reset      bool
+	}{
+		{"expect length reset", "Expect: 100-continue\r\nContent-Length: 100000\r\n", true},
+		{"expect chunked reset", "Expect: 100-continue\r\nTransfer-Encoding: chunked\r\n", true},
+		{"length reset", "Content-Length: 100000\r\n", true},
+		{"expect length close", "Expect: 100-continue\r\nContent-Length: 100000\r\n", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			be := httpBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				io.Copy(io.Discard, r.Body)
+			}))
+			p := startProxy(t, []string{be}, nil)
+			const n = 10
+			for i := 0; i < n; i++ {
+				c, _ := p.dial()
+				raw := "POST / HTTP/1.1\r\nHost: x\r\n" + tc.head + "\r\n"
+				if strings.Contains(tc.head, "chunked") {
+					raw += fmt.Sprintf("%x\r\n", 2*len(body))
+				}
+				io.WriteString(c, raw+body)
+				if tc.reset {
+					c.(*net.TCPConn).SetLinger(0)
+				}
+				c.Close()
+			}
+			ctr := p.srv.Counters()
+			deadline := time.Now().Add(3 * time.Second)
+			for ctr.ClientAborted.Load()+ctr.BadGateway.Load()+ctr.Rejected.Load() < n && time.Now().Before(deadline) {
+				time.Sleep(5 * time.Millisecond)
+			}
+			if bg, ab, errs := ctr.BadGateway.Load(), ctr.ClientAborted.Load(), p.stats.Worker(0).Load().Errors; bg != 0 || errs != 0 || ab != n {
+				t.Fatalf("bad gateway %d, worker errors %d, client aborts %d: want 0, 0, %d", bg, errs, ab, n)
+			}
+		})
 	}
 }

@@ -274,11 +274,17 @@ var aLongTimeAgo = time.Unix(1, 0)
 func isTimeout(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }
 
 // peerGone reports, without blocking, whether the peer of raw closed or
-// reset the connection.
+// reset the connection. A reset with unread bytes still queued (a body the
+// client was sending) counts: a peek alone sees only the bytes.
 func peerGone(raw syscall.RawConn) bool {
 	gone := false
 	raw.Read(func(fd uintptr) bool {
-		gone = upstream.Peek(fd) == upstream.PeekClosed
+		switch upstream.Peek(fd) {
+		case upstream.PeekClosed:
+			gone = true
+		case upstream.PeekData:
+			gone = upstream.PeerReset(fd)
+		}
 		return true
 	})
 	return gone

@@ -36,7 +36,20 @@ func Peek(fd uintptr) PeekState {
 // its sending side or reset the connection, even with bytes still waiting
 // to be read (where Peek only sees PeekData).
 func PeerShutdown(fd uintptr) bool {
+	return pollNow(fd)&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR) != 0
+}
+
+// PeerReset reports, without blocking, whether the connection on fd was
+// reset or is shut down both ways, even with bytes still waiting to be read.
+func PeerReset(fd uintptr) bool {
+	return pollNow(fd)&(unix.POLLHUP|unix.POLLERR) != 0
+}
+
+// pollNow returns fd's poll(2) events now (POLLRDHUP asked for).
+func pollNow(fd uintptr) int16 {
 	fds := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
-	n, err := unix.Poll(fds[:], 0)
-	return err == nil && n == 1 && fds[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR) != 0
+	if n, err := unix.Poll(fds[:], 0); err != nil || n != 1 {
+		return 0
+	}
+	return fds[0].Revents
 }
