@@ -137,7 +137,7 @@ type Steering struct {
 
 	stats *stats.Table
 
-	lockFD int // flock(2)ed pin directory (Open), -1 without
+	lock *os.File // the flock(2)ed pin directory (Open), nil without
 }
 
 // Open loads the steering program and its maps. Maps already pinned in
@@ -155,13 +155,13 @@ func Open(pinDir string) (*Steering, error) {
 	if err := EnsurePinDir(pinDir); err != nil {
 		return nil, err
 	}
-	lockFD, err := lockPinDir(pinDir)
+	lock, err := lockPinDir(pinDir)
 	if err != nil {
 		return nil, err
 	}
 	spec, err := loadSteer()
 	if err != nil {
-		unix.Close(lockFD)
+		lock.Close()
 		return nil, err
 	}
 	var objs steerObjects
@@ -169,7 +169,7 @@ func Open(pinDir string) (*Steering, error) {
 		Maps: ebpf.MapOptions{PinPath: pinDir},
 	})
 	if err != nil {
-		unix.Close(lockFD)
+		lock.Close()
 		if errors.Is(err, ebpf.ErrMapIncompatible) {
 			return nil, fmt.Errorf("load steering: maps pinned in %s have another layout (an older tetherd? remove the directory): %w", pinDir, err)
 		}
@@ -184,7 +184,7 @@ func Open(pinDir string) (*Steering, error) {
 		decided: objs.DecisionCounters,
 		workers: objs.WorkerStats,
 		sticky:  objs.StickySessions,
-		lockFD:  lockFD,
+		lock:    lock,
 	}
 	if err := s.mapStats(); err != nil {
 		s.Close()
@@ -195,19 +195,19 @@ func Open(pinDir string) (*Steering, error) {
 }
 
 // lockPinDir takes the pin directory's owner lock without waiting.
-func lockPinDir(dir string) (int, error) {
+func lockPinDir(dir string) (*os.File, error) {
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return -1, fmt.Errorf("pin directory %s: %w", dir, err)
+		return nil, fmt.Errorf("pin directory %s: %w", dir, err)
 	}
 	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		unix.Close(fd)
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			return -1, fmt.Errorf("pin directory %s: %w", dir, ErrPinDirBusy)
+			return nil, fmt.Errorf("pin directory %s: %w", dir, ErrPinDirBusy)
 		}
-		return -1, fmt.Errorf("lock pin directory %s: %w", dir, err)
+		return nil, fmt.Errorf("lock pin directory %s: %w", dir, err)
 	}
-	return fd, nil
+	return os.NewFile(uintptr(fd), dir), nil
 }
 
 // OpenPinned opens the maps pinned in pinDir by Open, without loading the
@@ -219,7 +219,7 @@ func OpenPinned(pinDir string, readOnly bool) (*Steering, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Steering{pinDir: pinDir, readOnly: readOnly, lockFD: -1}
+	s := &Steering{pinDir: pinDir, readOnly: readOnly}
 	for _, m := range []struct {
 		name string
 		dst  **ebpf.Map
@@ -519,9 +519,9 @@ func (s *Steering) Close() error {
 			errs = append(errs, err)
 		}
 	}
-	if s.lockFD >= 0 {
-		unix.Close(s.lockFD) // releases the pin directory
-		s.lockFD = -1
+	if s.lock != nil {
+		s.lock.Close() // releases the pin directory
+		s.lock = nil
 	}
 	return errors.Join(errs...)
 }
