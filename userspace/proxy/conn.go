@@ -304,11 +304,15 @@ type exchange struct {
 	keep     bool // client connection may carry another request
 	sent100  bool // a 100 Continue went to the client (never a second)
 	status   int  // status tether answered itself (fail), for Config.Observe
+	// isHead: the request's method was HEAD. Taken before the body is
+	// relayed: a chunked body is read into the buffer the head was parsed
+	// from, so the head's slices no longer hold the head after it.
+	isHead bool
 }
 
 // proxy forwards the parsed request to w and relays the response.
 func (c *conn) proxy(w *route.Worker) bool {
-	x := exchange{w: w}
+	x := exchange{w: w, isHead: c.req.IsMethod("HEAD")}
 	var start time.Time
 	if c.s.cfg.Observe != nil {
 		start = time.Now()
@@ -763,7 +767,7 @@ func (c *conn) relayRequestBody(x *exchange, sc *httphead.Chunked, sent int64) e
 func (c *conn) relayResponse(x *exchange, uw int, bodyRead bool) bool {
 	req, resp := &c.req, &c.resp
 	cfg := &c.s.cfg
-	kind := resp.Body(req.IsMethod("HEAD"))
+	kind := resp.Body(x.isHead)
 	dechunk := kind == httphead.BodyChunked && req.Minor == 0
 	keep := req.KeepAlive && bodyRead && kind != httphead.BodyClose && !c.s.closing.Load()
 	// An unread request body (early answer to Expect) leaves the upstream

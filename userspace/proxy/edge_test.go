@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -246,4 +247,60 @@ func TestClientLeavesWithBodyQueued(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A chunked body read after the head reuses the buffer the head was parsed
+// from. Nothing of the head may be read after that: not the method when
+// framing the response (a body starting "HEAD" once made a POST's response
+// bodiless, leaving its body in a pooled upstream connection, for the next
+// client), not the target or fields of a local endpoint.
+func TestChunkedBodyOverwritesNoHead(t *testing.T) {
+	t.Run("proxied", func(t *testing.T) {
+		be := newBackend(t, func(c *bconn) {
+			for {
+				if _, _, err := c.readRequest(); err != nil {
+					return
+				}
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+			}
+		})
+		p := startProxy(t, []string{be.addr}, nil)
+		c, br := p.dial()
+		io.WriteString(c, "POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n")
+		time.Sleep(20 * time.Millisecond) // the rest arrives in a later read
+		io.WriteString(c, "HEAD\r\n0\r\n\r\n")
+		c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		if resp, body := readResp(t, br, false); resp.StatusCode != 200 || body != "hello" {
+			t.Fatalf("got %d %q, want the 5-byte body", resp.StatusCode, body)
+		}
+		if resp, body := p.roundTrip("GET /b HTTP/1.1\r\nHost: x\r\n\r\n"); resp.StatusCode != 200 || body != "hello" {
+			t.Fatalf("next client got %d %q", resp.StatusCode, body)
+		}
+	})
+	t.Run("local", func(t *testing.T) {
+		var got atomic.Value
+		p := startProxy(t, nil, func(cfg *Config) {
+			cfg.Local = func(method, path []byte) http.Handler {
+				if !bytes.HasPrefix(path, []byte("/local")) {
+					return nil
+				}
+				return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					b, _ := io.ReadAll(r.Body)
+					got.Store(r.Method + " " + r.URL.String() + " " + r.Header.Get("X-Token") + " " + string(b))
+				})
+			}
+		})
+		c, br := p.dial()
+		q := "POST /local?id=BBBB HTTP/1.1\r\nX-Token: evil"
+		io.WriteString(c, "POST /local?id=AAAA HTTP/1.1\r\nHost: x\r\nX-Token: t\r\nTransfer-Encoding: chunked\r\n\r\n"+fmt.Sprintf("%x\r\n", len(q)))
+		time.Sleep(20 * time.Millisecond)
+		io.WriteString(c, q+"\r\n0\r\n\r\n")
+		c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		if resp, _ := readResp(t, br, false); resp.StatusCode != 200 {
+			t.Fatalf("local endpoint answered %d", resp.StatusCode)
+		}
+		if s, _ := got.Load().(string); s != "POST /local?id=AAAA t "+q {
+			t.Fatalf("handler saw %q", s)
+		}
+	})
 }

@@ -91,6 +91,30 @@ func (w *localWriter) Write(p []byte) (int, error) {
 // serveLocal reads the (bounded) body, runs h and writes its answer.
 func (c *conn) serveLocal(h http.Handler) bool {
 	req := &c.req
+	// Everything is taken from the head before the body is read: a chunked
+	// body is read into the buffer the head was parsed from, so the head's
+	// slices (method, target, fields) are gone after it.
+	u, err := url.ParseRequestURI(string(req.Path))
+	if err != nil {
+		c.rejectAndClose(400)
+		return false
+	}
+	hr := &http.Request{
+		Method:     string(req.Method),
+		URL:        u,
+		RequestURI: string(req.Target),
+		Proto:      "HTTP/1." + strconv.Itoa(req.Minor),
+		ProtoMajor: 1,
+		ProtoMinor: req.Minor,
+		Header:     make(http.Header, len(req.Fields)),
+		Host:       string(req.Host),
+		RemoteAddr: c.c.RemoteAddr().String(),
+	}
+	for i := range req.Fields {
+		f := &req.Fields[i]
+		hr.Header.Add(string(f.Name), string(f.Value))
+	}
+	isHead := req.IsMethod("HEAD")
 	body, err := c.readLocalBody()
 	if err != nil {
 		if e, ok := err.(*httphead.Error); ok {
@@ -98,28 +122,8 @@ func (c *conn) serveLocal(h http.Handler) bool {
 		}
 		return false
 	}
-	u, err := url.ParseRequestURI(string(req.Path))
-	if err != nil {
-		c.rejectAndClose(400)
-		return false
-	}
-	hr := &http.Request{
-		Method:        string(req.Method),
-		URL:           u,
-		RequestURI:    string(req.Target),
-		Proto:         "HTTP/1." + strconv.Itoa(req.Minor),
-		ProtoMajor:    1,
-		ProtoMinor:    req.Minor,
-		Header:        make(http.Header, len(req.Fields)),
-		Host:          string(req.Host),
-		RemoteAddr:    c.c.RemoteAddr().String(),
-		ContentLength: int64(len(body)),
-		Body:          io.NopCloser(bytes.NewReader(body)),
-	}
-	for i := range req.Fields {
-		f := &req.Fields[i]
-		hr.Header.Add(string(f.Name), string(f.Value))
-	}
+	hr.ContentLength = int64(len(body))
+	hr.Body = io.NopCloser(bytes.NewReader(body))
 	ctx, cancel := context.WithTimeout(context.Background(), c.s.cfg.ResponseTimeout)
 	defer cancel()
 	hr = hr.WithContext(ctx)
@@ -140,7 +144,7 @@ func (c *conn) serveLocal(h http.Handler) bool {
 		out.WriteString("Connection: close\r\n")
 	}
 	out.WriteString("\r\n")
-	if !req.IsMethod("HEAD") {
+	if !isHead {
 		out.Write(lw.body.Bytes())
 	}
 	if err := c.writeClient(out.Bytes()); err != nil {
