@@ -37,7 +37,8 @@ type conn struct {
 	// Client watch during an exchange (see watchClient).
 	watchTimer *time.Timer
 	watchWG    sync.WaitGroup
-	watchUp    *upstream.Conn
+	watchUp    *upstream.Conn     // closed when the client leaves (proxied)
+	watchStop  context.CancelFunc // called when the client leaves (local)
 	watchGone  atomic.Bool
 	watchFn    func(uintptr) bool
 
@@ -954,10 +955,20 @@ const watchDelay = 2 * time.Millisecond
 // or reset; then it closes up at once, so the engine cancels the
 // generation. stopWatch ends the watch and reports whether the client left.
 func (c *conn) watchClient(up *upstream.Conn) {
+	c.startWatch(up, nil)
+}
+
+// watchLocal watches the client while a local handler runs (abort waves
+// can last minutes): if it leaves, stop is called.
+func (c *conn) watchLocal(stop context.CancelFunc) {
+	c.startWatch(nil, stop)
+}
+
+func (c *conn) startWatch(up *upstream.Conn, stop context.CancelFunc) {
 	// The watch waits under the client's read deadline: clear what the
 	// head or body reads left, or it would give up after IdleTimeout.
 	c.c.SetReadDeadline(time.Time{})
-	c.watchUp = up
+	c.watchUp, c.watchStop = up, stop
 	c.watchGone.Store(false)
 	c.watchWG.Add(1)
 	if c.watchTimer == nil {
@@ -1003,6 +1014,11 @@ func (c *conn) watchPeek(fd uintptr) bool {
 		}
 	}
 	c.watchGone.Store(true)
-	c.watchUp.Close()
+	if c.watchUp != nil {
+		c.watchUp.Close()
+	}
+	if c.watchStop != nil {
+		c.watchStop()
+	}
 	return true
 }

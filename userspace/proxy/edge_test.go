@@ -304,3 +304,39 @@ func TestChunkedBodyOverwritesNoHead(t *testing.T) {
 		}
 	})
 }
+
+// A local endpoint's handler (an abort wave can last minutes) is cancelled
+// when its client leaves, like a proxied request's upstream; a local body
+// that stops coming gets a 408.
+func TestLocalEndpointClient(t *testing.T) {
+	cancelled := make(chan struct{})
+	p := startProxy(t, nil, func(cfg *Config) {
+		cfg.IOTimeout = 300 * time.Millisecond
+		cfg.Local = func(method, path []byte) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				io.ReadAll(r.Body)
+				select {
+				case <-r.Context().Done():
+					close(cancelled)
+				case <-time.After(5 * time.Second):
+				}
+			})
+		}
+	})
+	c, _ := p.dial()
+	io.WriteString(c, "POST /abort_until_idle?timeout_s=600 HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+	time.Sleep(50 * time.Millisecond)
+	c.Close()
+	select {
+	case <-cancelled:
+	case <-time.After(3 * time.Second):
+		t.Fatal("handler still running 3s after its client left")
+	}
+
+	c, br := p.dial()
+	io.WriteString(c, "POST /abort_request HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{\"r")
+	c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if resp, _ := readResp(t, br, false); resp.StatusCode != 408 {
+		t.Fatalf("stalled local body: %d, want 408", resp.StatusCode)
+	}
+}

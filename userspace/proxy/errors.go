@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"net/http"
 	"strconv"
 )
 
@@ -34,6 +35,9 @@ var statusText = map[int]string{
 func StatusText(code int) string {
 	if t, ok := statusText[code]; ok {
 		return t
+	}
+	if t := http.StatusText(code); t != "" {
+		return t // the codes local handlers answer beyond tether's own
 	}
 	return "Status"
 }

@@ -119,6 +119,8 @@ func (c *conn) serveLocal(h http.Handler) bool {
 	if err != nil {
 		if e, ok := err.(*httphead.Error); ok {
 			c.rejectAndClose(e.Status)
+		} else if isTimeout(err) {
+			c.rejectAndClose(408) // a body that stopped coming
 		}
 		return false
 	}
@@ -128,7 +130,15 @@ func (c *conn) serveLocal(h http.Handler) bool {
 	defer cancel()
 	hr = hr.WithContext(ctx)
 	lw := &localWriter{h: make(http.Header)}
+	// A client that leaves cancels the handler (abort waves, fan-outs).
+	c.watchLocal(cancel)
 	h.ServeHTTP(lw, hr)
+	gone := c.stopWatch()
+	c.watchStop = nil
+	if gone {
+		c.s.counters.ClientAborted.Add(1)
+		return false
+	}
 	if lw.status == 0 {
 		lw.status = 200
 	}
