@@ -3,18 +3,10 @@ package engine
 import (
 	"bytes"
 	"testing"
-	"unsafe"
 
+	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/userspace/httphead"
 )
-
-func inside(s, b []byte) bool {
-	if len(s) == 0 {
-		return true
-	}
-	p, q := uintptr(unsafe.Pointer(unsafe.SliceData(s))), uintptr(unsafe.Pointer(unsafe.SliceData(b)))
-	return len(b) > 0 && p >= q && p+uintptr(len(s)) <= q+uintptr(len(b))
-}
 
 // Request ids come from the first bytes of client bodies, possibly cut
 // anywhere by the peek: never a panic, never a byte outside the body, and
@@ -28,7 +20,7 @@ func FuzzRequestID(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte, chunked bool) {
 		req := &httphead.Request{Chunked: chunked, ContentLength: -1}
 		rid := RequestID(req, body)
-		if !inside(rid, body) {
+		if !testenv.Within(rid, body) {
 			t.Fatalf("rid %q is not within the body", rid)
 		}
 		if len(rid) > 0 {

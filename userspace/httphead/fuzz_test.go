@@ -11,7 +11,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"unsafe"
+
+	"github.com/tether-rl/tether/testenv"
 )
 
 // fuzzLimits: the defaults, or small limits so that the limit paths (414,
@@ -42,19 +43,6 @@ func seedRequests(f *testing.F) {
 	f.Add([]byte(head("GET http://[::1]:/?#x HTTP/1.1")), false)
 	f.Add([]byte(head("GET / HTTP/1.1", "Host: [::1]", "Connection: x, close", "Connection: keep-alive")), false)
 	f.Add([]byte(head("POST / HTTP/1.1", "Host: a", "Transfer-Encoding: chunked")+"5\r\nhello\r\n0\r\n\r\n"), false)
-}
-
-// within reports whether s is a subslice of buf (empty slices anywhere).
-func within(s, buf []byte) bool {
-	if len(s) == 0 {
-		return true
-	}
-	if len(buf) == 0 {
-		return false
-	}
-	p := uintptr(unsafe.Pointer(unsafe.SliceData(s)))
-	b := uintptr(unsafe.Pointer(unsafe.SliceData(buf)))
-	return p >= b && p+uintptr(len(s)) <= b+uintptr(len(buf))
 }
 
 // summary renders everything ParseRequest reports, to compare two parses.
@@ -116,10 +104,10 @@ func FuzzParseRequest(f *testing.F) {
 		}
 		h := data[:req.HeadLen]
 		for i, fl := range req.Fields {
-			if !within(fl.Line, h) || !bytes.HasSuffix(fl.Line, []byte("\r\n")) {
+			if !testenv.Within(fl.Line, h) || !bytes.HasSuffix(fl.Line, []byte("\r\n")) {
 				t.Fatalf("field %d Line %q is not a CRLF line of the head", i, fl.Line)
 			}
-			if !within(fl.Name, fl.Line) || !within(fl.Value, fl.Line) || !isToken(fl.Name) {
+			if !testenv.Within(fl.Name, fl.Line) || !testenv.Within(fl.Value, fl.Line) || !isToken(fl.Name) {
 				t.Fatalf("field %d Name/Value %q/%q not in its line", i, fl.Name, fl.Value)
 			}
 			if !bytes.HasPrefix(fl.Line, append(slices.Clip(fl.Name), ':')) {
@@ -146,7 +134,7 @@ func FuzzParseRequest(f *testing.F) {
 		if req.Minor != 0 && req.Minor != 1 || req.KeepAlive && req.Minor != 1 || req.Chunked && req.Minor != 1 {
 			t.Fatalf("Minor %d KeepAlive %v Chunked %v", req.Minor, req.KeepAlive, req.Chunked)
 		}
-		if !within(req.Method, h) || !within(req.Target, h) || !isToken(req.Method) || req.IsMethod("CONNECT") {
+		if !testenv.Within(req.Method, h) || !testenv.Within(req.Target, h) || !isToken(req.Method) || req.IsMethod("CONNECT") {
 			t.Fatalf("method %q target %q", req.Method, req.Target)
 		}
 		if !req.HostRewritten && !bytes.Equal(req.Path, req.Target) || len(req.Path) == 0 ||
@@ -244,7 +232,7 @@ func FuzzParseResponse(f *testing.F) {
 		// the field that carries it is never dropped (rule 18).
 		framing := 0
 		for i, fl := range resp.Fields {
-			if !within(fl.Line, h) || !bytes.HasSuffix(fl.Line, []byte("\r\n")) || !isToken(fl.Name) ||
+			if !testenv.Within(fl.Line, h) || !bytes.HasSuffix(fl.Line, []byte("\r\n")) || !isToken(fl.Name) ||
 				!bytes.HasPrefix(fl.Line, append(slices.Clip(fl.Name), ':')) {
 				t.Fatalf("field %d %q is not a header line of the head", i, fl.Line)
 			}

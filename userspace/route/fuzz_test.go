@@ -4,19 +4,10 @@ import (
 	"bytes"
 	"strconv"
 	"testing"
-	"unsafe"
 
+	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/userspace/httphead"
 )
-
-// inside reports whether s is a subslice of b (empty slices anywhere).
-func inside(s, b []byte) bool {
-	if len(s) == 0 {
-		return true
-	}
-	p, q := uintptr(unsafe.Pointer(unsafe.SliceData(s))), uintptr(unsafe.Pointer(unsafe.SliceData(b)))
-	return len(b) > 0 && p >= q && p+uintptr(len(s)) <= q+uintptr(len(b))
-}
 
 // The peeked body comes straight from the client, before its framing is
 // validated: any bytes, never a panic, never a byte outside the peek.
@@ -29,7 +20,7 @@ func FuzzPeekedBody(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte, chunked bool) {
 		req := &httphead.Request{Chunked: chunked, ContentLength: -1}
 		got := PeekedBody(req, body)
-		if !inside(got, body) {
+		if !testenv.Within(got, body) {
 			t.Fatalf("%q is not within the peek %q", got, body)
 		}
 		if !chunked && !bytes.Equal(got, body) {
@@ -56,7 +47,7 @@ func FuzzSessionID(f *testing.F) {
 		if !ok {
 			return
 		}
-		if !inside(id, path) || len(id) == 0 || bytes.ContainsAny(id, "/?") {
+		if !testenv.Within(id, path) || len(id) == 0 || bytes.ContainsAny(id, "/?") {
 			t.Fatalf("id %q from %q", id, path)
 		}
 		slot, ok := SessionSlot(id)
