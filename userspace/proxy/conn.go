@@ -476,6 +476,7 @@ func (c *conn) proxyExchange(x *exchange) bool {
 		c.out = nout[:0]
 		if err != nil {
 			if e, ok := err.(*httphead.Error); ok {
+				c.s.counters.Rejected.Add(1)
 				c.rejectAndClose(e.Status)
 				return false
 			}
@@ -775,7 +776,8 @@ func (c *conn) relayResponse(x *exchange, uw int, bodyRead bool) bool {
 	// connection mid-message: never reuse it.
 	x.reuse = bodyRead && !resp.Close && kind != httphead.BodyClose
 
-	out := c.appendResponseHead(c.out[:0], !keep, dechunk)
+	// An HTTP/1.0 client never sees Transfer-Encoding, HEAD included.
+	out := c.appendResponseHead(c.out[:0], !keep, req.Minor == 0 && resp.Chunked)
 	body := c.ubuf[resp.HeadLen:uw]
 	var sc httphead.Chunked
 	var left int64 // Content-Length bytes still to come

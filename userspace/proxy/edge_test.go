@@ -340,3 +340,41 @@ func TestLocalEndpointClient(t *testing.T) {
 		t.Fatalf("stalled local body: %d, want 408", resp.StatusCode)
 	}
 }
+
+// A panic in a local handler (a bug) costs its request a 500, not the
+// process.
+func TestLocalHandlerPanic(t *testing.T) {
+	p := startProxy(t, nil, func(cfg *Config) {
+		cfg.Local = func(method, path []byte) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/bug" {
+					panic("handler bug")
+				}
+			})
+		}
+	})
+	if resp, body := p.roundTrip("GET /bug HTTP/1.1\r\nHost: a\r\n\r\n"); resp.StatusCode != 500 || body != fixedError(500) {
+		t.Fatalf("panicking handler: %d %q, want the fixed 500", resp.StatusCode, body)
+	}
+	if resp, _ := p.roundTrip("GET /fine HTTP/1.1\r\nHost: a\r\n\r\n"); resp.StatusCode != 200 {
+		t.Fatalf("after the panic: %d", resp.StatusCode)
+	}
+}
+
+// An HTTP/1.0 client never sees Transfer-Encoding, not even on a HEAD.
+func TestHTTP10HeadNoTransferEncoding(t *testing.T) {
+	be := newBackend(t, func(c *bconn) {
+		if _, err := readHeadFrom(c.br); err != nil {
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+	})
+	p := startProxy(t, []string{be.addr}, nil)
+	c, br := p.dial()
+	io.WriteString(c, "HEAD /x HTTP/1.0\r\n\r\n")
+	c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	head, err := readHeadFrom(br)
+	if err != nil || !strings.HasPrefix(head, "HTTP/1.1 200") || strings.Contains(strings.ToLower(head), "transfer-encoding") {
+		t.Fatalf("got %q (%v)", head, err)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"runtime/debug"
 	"strconv"
 	"time"
 
@@ -132,11 +133,15 @@ func (c *conn) serveLocal(h http.Handler) bool {
 	lw := &localWriter{h: make(http.Header)}
 	// A client that leaves cancels the handler (abort waves, fan-outs).
 	c.watchLocal(cancel)
-	h.ServeHTTP(lw, hr)
+	panicked := c.runLocal(h, lw, hr)
 	gone := c.stopWatch()
 	c.watchStop = nil
 	if gone {
 		c.s.counters.ClientAborted.Add(1)
+		return false
+	}
+	if panicked {
+		c.rejectAndClose(500)
 		return false
 	}
 	if lw.status == 0 {
@@ -161,6 +166,19 @@ func (c *conn) serveLocal(h http.Handler) bool {
 		return false
 	}
 	return keep
+}
+
+// runLocal runs a local handler; a panic in it (a bug) costs this request,
+// answered 500, and not the process, as with net/http.
+func (c *conn) runLocal(h http.Handler, w http.ResponseWriter, r *http.Request) (panicked bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			panicked = true
+			c.s.cfg.Log.Error("local endpoint panicked", "path", r.URL.Path, "panic", v, "stack", string(debug.Stack()))
+		}
+	}()
+	h.ServeHTTP(w, r)
+	return false
 }
 
 // readLocalBody reads a local request's whole body (at most MaxLocalBody).
@@ -197,6 +215,9 @@ func (c *conn) readLocalBody() ([]byte, error) {
 				n, err := c.c.Read(c.buf)
 				c.w = n
 				if n == 0 {
+					if err == nil {
+						err = io.ErrUnexpectedEOF
+					}
 					return nil, err
 				}
 			}
