@@ -155,6 +155,19 @@ func newBackend(t *testing.T, fn func(c *bconn)) *tbackend {
 	return b
 }
 
+// answerEach is a backend handler that answers every request on its
+// connection with resp.
+func answerEach(resp string) func(*bconn) {
+	return func(c *bconn) {
+		for {
+			if _, _, err := c.readRequest(); err != nil {
+				return
+			}
+			io.WriteString(c, resp)
+		}
+	}
+}
+
 func (b *tbackend) received() []byte {
 	b.mu.Lock()
 	defer b.mu.Unlock()

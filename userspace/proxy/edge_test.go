@@ -22,14 +22,7 @@ func TestResponseConnectionNamesFraming(t *testing.T) {
 		{"transfer-encoding", "HTTP/1.1 200 OK\r\nConnection: Transfer-Encoding\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			be := newBackend(t, func(c *bconn) {
-				for {
-					if _, _, err := c.readRequest(); err != nil {
-						return
-					}
-					io.WriteString(c, tc.resp)
-				}
-			})
+			be := newBackend(t, answerEach(tc.resp))
 			p := startProxy(t, []string{be.addr}, nil)
 			c, br := p.dial()
 			io.WriteString(c, "GET /a HTTP/1.1\r\nHost: a\r\n\r\nGET /b HTTP/1.1\r\nHost: a\r\n\r\n")
@@ -51,14 +44,7 @@ func TestResponseConnectionNamesFraming(t *testing.T) {
 // de-chunks for an HTTP/1.0 client.
 func TestTrailerFieldForwarded(t *testing.T) {
 	const response = "HTTP/1.1 200 OK\r\nTrailer: X-Sum\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nX-Sum: 1\r\n\r\n"
-	be := newBackend(t, func(c *bconn) {
-		for {
-			if _, _, err := c.readRequest(); err != nil {
-				return
-			}
-			io.WriteString(c, response)
-		}
-	})
+	be := newBackend(t, answerEach(response))
 	p := startProxy(t, []string{be.addr}, nil)
 	c, br := p.dial()
 	const req = "POST / HTTP/1.1\r\nHost: a\r\nTrailer: X-Sum\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nX-Sum: 1\r\n\r\n"
@@ -256,14 +242,7 @@ func TestClientLeavesWithBodyQueued(t *testing.T) {
 // client), not the target or fields of a local endpoint.
 func TestChunkedBodyOverwritesNoHead(t *testing.T) {
 	t.Run("proxied", func(t *testing.T) {
-		be := newBackend(t, func(c *bconn) {
-			for {
-				if _, _, err := c.readRequest(); err != nil {
-					return
-				}
-				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
-			}
-		})
+		be := newBackend(t, answerEach("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"))
 		p := startProxy(t, []string{be.addr}, nil)
 		c, br := p.dial()
 		io.WriteString(c, "POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n")
