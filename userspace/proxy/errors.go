@@ -23,21 +23,17 @@ var errorText = map[int]string{
 	504: "gateway timeout: the worker did not answer in time",
 }
 
-var statusText = map[int]string{
-	100: "Continue", 200: "OK", 201: "Created", 202: "Accepted", 204: "No Content",
-	400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
-	413: "Content Too Large", 414: "URI Too Long", 417: "Expectation Failed",
-	431: "Request Header Fields Too Large", 500: "Internal Server Error",
-	501: "Not Implemented", 502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout",
-}
+// renamed are the reason phrases RFC 9110 changed; net/http keeps the
+// older ones.
+var renamed = map[int]string{413: "Content Too Large", 414: "URI Too Long"}
 
 // StatusText returns the reason phrase tether uses for code.
 func StatusText(code int) string {
-	if t, ok := statusText[code]; ok {
+	if t, ok := renamed[code]; ok {
 		return t
 	}
 	if t := http.StatusText(code); t != "" {
-		return t // the codes local handlers answer beyond tether's own
+		return t
 	}
 	return "Status"
 }
