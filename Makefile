@@ -50,6 +50,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzRequestVsNetHTTP$$' -fuzztime $(FUZZTIME) ./userspace/httphead/
 	$(GO) test -run '^$$' -fuzz '^FuzzPeekedBody$$' -fuzztime $(FUZZTIME) ./userspace/route/
 	$(GO) test -run '^$$' -fuzz '^FuzzSessionID$$' -fuzztime $(FUZZTIME) ./userspace/route/
+	$(GO) test -run '^$$' -fuzz '^FuzzResponseField$$' -fuzztime $(FUZZTIME) ./userspace/route/
 	$(GO) test -run '^$$' -fuzz '^FuzzRequestID$$' -fuzztime $(FUZZTIME) ./userspace/engine/
 
 clean:

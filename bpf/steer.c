@@ -113,7 +113,7 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } worker_stats SEC(".maps");
 
-/* Routing key hash -> owning worker, for the routing policies (not used yet). */
+/* Key hash -> owning worker, for the routing policies and learned session ids (headers/tether.h). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, TETHER_MAX_STICKY);

@@ -44,7 +44,7 @@ type steerTetherSlotLoad struct {
 type steerTetherSticky struct {
 	_         structs.HostLayout
 	Worker    uint32
-	Pad       uint32
+	WorkerId  uint32
 	ExpiresNs uint64
 }
 

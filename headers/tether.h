@@ -102,10 +102,18 @@ enum tether_decision {
 	TETHER_DECISION_MAX = TETHER_DECISION_MIGRATED_TO + TETHER_MAX_SLOTS,
 };
 
-/* sticky_sessions: routing key hash -> owning worker, LRU-evicted. */
+/*
+ * sticky_sessions: key hash -> owning worker, LRU-evicted. Keys are routing
+ * key hashes (--policy=sticky assignments, --policy=hash spills) and, in a
+ * hash domain of their own, learned bare session ids.
+ *
+ * worker_id was _pad, which older tetherds wrote as zero: an entry with
+ * worker_id 0 matches no worker (it is treated as expired), and older
+ * tetherds ignore the field, so the ABI version did not change.
+ */
 struct tether_sticky {
-	__u32 worker;     /* worker slot */
-	__u32 _pad;
+	__u32 worker;     /* worker slot when stored */
+	__u32 worker_id;  /* identity of the worker (hash of its URL), never 0 */
 	__u64 expires_ns; /* CLOCK_MONOTONIC (bpf_ktime_get_ns) deadline */
 };
 

@@ -25,7 +25,7 @@ type verb struct {
 
 // verbs lists tetherctl's commands; add one by appending here.
 var verbs = []verb{
-	{"status", "status [--json] [--pin-dir DIR]      listeners and workers, from the pinned maps", cmdStatus},
+	{"status", "status [--json] [--pin-dir DIR] [--admin URL]  listeners and workers (pinned maps), routing decisions (admin API)", cmdStatus},
 	{"listeners", "listeners drain N [--pin-dir DIR]   retire listener slot N without resetting a client", cmdListeners},
 	{"workers", workersUsage, cmdWorkers},
 }

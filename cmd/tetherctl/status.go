@@ -4,7 +4,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
+	"os"
+	"sort"
+	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/tether-rl/tether/bpf"
 	"github.com/tether-rl/tether/userspace/stats"
@@ -19,6 +24,22 @@ type Status struct {
 	Listeners []ListenerStatus `json:"listeners"`
 	Decisions bpf.Decisions    `json:"decisions"`
 	Workers   []WorkerStatus   `json:"workers"`
+	// Routing comes from the admin API (GET /routing), not the maps: the
+	// routing decisions by reason. RoutingError says why it is missing.
+	Routing      *RoutingStatus `json:"routing,omitempty"`
+	RoutingError string         `json:"routing_error,omitempty"`
+}
+
+// RoutingStatus is the admin API's GET /routing.
+type RoutingStatus struct {
+	Policy    string            `json:"policy"`
+	Decisions map[string]uint64 `json:"decisions"`
+	Learned   *struct {
+		Learned   uint64 `json:"learned"`
+		NoID      uint64 `json:"no_id"`
+		Forgotten uint64 `json:"forgotten"`
+	} `json:"learned_sessions,omitempty"`
+	StickyShared bool `json:"sticky_shared"`
 }
 
 // ListenerStatus is one listener slot that is in use or has counted anything.
@@ -48,6 +69,8 @@ type WorkerStatus struct {
 func cmdStatus(args []string, stdout io.Writer) error {
 	fs, pinDir := newFlags("status")
 	asJSON := fs.Bool("json", false, "print JSON")
+	admin := fs.String("admin", DefaultAdmin, "tetherd's admin API, for the routing decisions (\"off\": skip)")
+	token := fs.String("token", "", "admin token (default: $TETHER_ADMIN_TOKEN)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -55,15 +78,29 @@ func cmdStatus(args []string, stdout io.Writer) error {
 	if len(pos) != 0 {
 		return usagef("unexpected argument %q", pos[0])
 	}
-	return status(stdout, *pinDir, *asJSON)
+	var ac *adminClient
+	if *admin != "off" && *admin != "" {
+		if *token == "" {
+			*token = os.Getenv("TETHER_ADMIN_TOKEN")
+		}
+		ac = &adminClient{base: strings.TrimSuffix(*admin, "/"), token: *token, http: &http.Client{Timeout: 2 * time.Second}}
+	}
+	return status(stdout, *pinDir, *asJSON, ac)
 }
 
 // status prints tetherd's listeners and workers from the maps pinned in
-// pinDir, opened read-only.
-func status(w io.Writer, pinDir string, asJSON bool) error {
+// pinDir, opened read-only, and the routing decisions from the admin API
+// (when ac is set and answers).
+func status(w io.Writer, pinDir string, asJSON bool, ac *adminClient) error {
 	st, err := readStatus(pinDir)
 	if err != nil {
 		return err
+	}
+	if ac != nil {
+		st.Routing, err = readRouting(ac)
+		if err != nil {
+			st.RoutingError = err.Error()
+		}
 	}
 	if asJSON {
 		enc := json.NewEncoder(w)
@@ -76,6 +113,19 @@ func status(w io.Writer, pinDir string, asJSON bool) error {
 		err = fmt.Errorf("tetherd is not running: no listener socket in %s/listener_sockets (the counters shown are from its last run)", pinDir)
 	}
 	return err
+}
+
+// readRouting asks the admin API for the routing decision counts.
+func readRouting(ac *adminClient) (*RoutingStatus, error) {
+	body, err := ac.do("GET", "/routing", nil)
+	if err != nil {
+		return nil, err
+	}
+	var rs RoutingStatus
+	if err := json.Unmarshal(body, &rs); err != nil {
+		return nil, fmt.Errorf("GET /routing: %w", err)
+	}
+	return &rs, nil
 }
 
 func readStatus(pinDir string) (*Status, error) {
@@ -140,5 +190,51 @@ func (st *Status) print(w io.Writer) error {
 	if len(st.Workers) == 0 {
 		fmt.Fprintln(tw, "(none with a nonzero counter)")
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	return st.printRouting(w)
+}
+
+// printRouting prints the routing decisions with a nonzero count: how many
+// keyed requests stayed on their owner, spilled, came back, failed over,
+// reached a learned session, or named a bad session.
+func (st *Status) printRouting(w io.Writer) error {
+	if st.Routing == nil {
+		if st.RoutingError != "" {
+			_, err := fmt.Fprintf(w, "\nROUTING: not available (%s)\n", st.RoutingError)
+			return err
+		}
+		return nil
+	}
+	r := st.Routing
+	fmt.Fprintf(w, "\nROUTING (policy %s)\n", r.Policy)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "REASON\tREQUESTS")
+	names := make([]string, 0, len(r.Decisions))
+	for name, n := range r.Decisions {
+		if n > 0 {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		fmt.Fprintf(tw, "%s\t%d\n", name, r.Decisions[name])
+	}
+	if len(names) == 0 {
+		fmt.Fprintln(tw, "(nothing routed yet)")
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	where := "in tetherd's memory (forgotten on restart)"
+	if r.StickyShared {
+		where = "in the pinned BPF map (kept across restarts)"
+	}
+	if l := r.Learned; l != nil {
+		fmt.Fprintf(w, "learned sessions: %d learned, %d create answers without an id, %d forgotten; sticky table %s\n", l.Learned, l.NoID, l.Forgotten, where)
+	} else {
+		fmt.Fprintf(w, "learned sessions: off; sticky table %s\n", where)
+	}
+	return nil
 }

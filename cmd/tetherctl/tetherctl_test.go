@@ -106,7 +106,7 @@ func TestStatus(t *testing.T) {
 	g, _, pin := tetherd(t, k)
 
 	var out bytes.Buffer
-	if err := status(&out, pin, false); err != nil {
+	if err := status(&out, pin, false, nil); err != nil {
 		t.Fatal(err)
 	}
 	text := out.String()
@@ -126,7 +126,7 @@ func TestStatus(t *testing.T) {
 	}
 
 	out.Reset()
-	if err := status(&out, pin, true); err != nil {
+	if err := status(&out, pin, true, nil); err != nil {
 		t.Fatal(err)
 	}
 	var st Status
@@ -226,7 +226,7 @@ func TestUsage(t *testing.T) {
 func TestStatusAfterListenersClosed(t *testing.T) {
 	g, _, pin := tetherd(t, 2)
 	var out bytes.Buffer
-	if err := status(&out, pin, true); err != nil {
+	if err := status(&out, pin, true, nil); err != nil {
 		t.Fatalf("running tetherd: %v", err)
 	}
 	var st Status
@@ -237,7 +237,7 @@ func TestStatusAfterListenersClosed(t *testing.T) {
 		ln.Close() // no slot_table update, as after a kill
 	}
 	out.Reset()
-	err := status(&out, pin, true)
+	err := status(&out, pin, true, nil)
 	if err == nil || !strings.Contains(err.Error(), "tetherd is not running") {
 		t.Fatalf("after the sockets closed: err %v", err)
 	}

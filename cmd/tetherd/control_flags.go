@@ -24,6 +24,7 @@ func controlFlags(fs *flag.FlagSet, o *daemon.Options) func(args []string) error
 	fs.IntVar(&o.HealthSuccesses, "health-successes", health.DefaultSuccesses, "consecutive good checks that make an unhealthy worker healthy again")
 	fs.DurationVar(&o.WorkerStartupTimeout, "worker-startup-timeout", 5*time.Minute, "wait this long for an added or spawned worker's first good /health")
 	fs.DurationVar(&o.RemoveGrace, "remove-grace", time.Minute, "a removed worker's requests in flight get this long before its connections are closed and its slot reused")
+	fs.Uint64Var(&o.MaxInFlight, "max-in-flight", 0, "every worker's capacity: at or above this many requests in flight a worker takes no new keys (0: none; per worker: PATCH /workers/{id} {\"max_in_flight\":N} or max_in_flight in POST /workers)")
 	fs.IntVar(&o.Spawn, "spawn", 0, "start N worker processes in slots 0..N-1: tetherd --spawn N -- CMD ARGS ({index} {count} {port} {host} {fd} replaced)")
 	fs.DurationVar(&o.SpawnGrace, "spawn-grace", 10*time.Second, "on stop, time between SIGTERM and SIGKILL to the --spawn processes")
 	return func(args []string) error {

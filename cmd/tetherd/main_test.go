@@ -197,6 +197,10 @@ func TestBadValuesRefused(t *testing.T) {
 		{[]string{"--shutdown-grace=-1s"}, "shutdown-grace"},
 		{[]string{"--hash-load-factor=0.5"}, "hash-load-factor"},
 		{[]string{"--sticky-ttl=-1s"}, "sticky-ttl"},
+		{[]string{"--hash-spill-min=-1"}, "hash-spill-min"},
+		{[]string{"--hash-spill-ttl=-1s"}, "hash-spill-ttl"},
+		{[]string{"--learn-session-path=sessions"}, "learn-session-path"},
+		{[]string{"--learn-session-ttl=-1s"}, "learn-session-ttl"},
 	} {
 		args := append([]string{"--listen", "127.0.0.1:0", "--bpf", "off", "--demo", "1"}, tc.args...)
 		c, err := parse(args)

@@ -2,6 +2,8 @@ package main
 
 import (
 	"flag"
+	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/tether-rl/tether/userspace/daemon"
@@ -34,15 +36,39 @@ func (k *keyHeaders) Set(v string) error {
 	return nil
 }
 
+// count is a flag holding a count (>= 0).
+type count struct {
+	name string
+	n    int
+}
+
+func (c *count) String() string { return strconv.Itoa(c.n) }
+
+func (c *count) Set(v string) error {
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil || n < 0 {
+		return fmt.Errorf("--%s %q: want a whole number >= 0", c.name, v)
+	}
+	c.n = n
+	return nil
+}
+
 // routingFlags registers the routing policy and engine endpoint flags; the
 // returned func copies them into o after Parse.
 func routingFlags(fs *flag.FlagSet, o *daemon.RoutingOptions) func() {
 	var keys keyHeaders
 	fs.StringVar(&o.Policy, "policy", "hash", "placement of requests with a routing key (no /sessions/ path): hash (consistent hashing, bounded load) or sticky (sticky least loaded)")
 	fs.Var(&keys, "key-header", "routing key header, first non-empty value wins (repeatable or comma list; case-insensitive; default X-Session-ID,X-SMG-Routing-Key)")
-	fs.Float64Var(&o.HashLoadFactor, "hash-load-factor", route.DefaultLoadFactor, "--policy=hash: a worker with more than c × mean requests in flight passes a key to its ring successor")
+	fs.Float64Var(&o.HashLoadFactor, "hash-load-factor", route.DefaultLoadFactor, "--policy=hash: relative overload bound c: a key spills from its owner only above c × the mean in flight (and above --hash-spill-min)")
+	spillMin := &count{name: "hash-spill-min", n: route.DefaultSpillMin}
+	fs.Var(spillMin, "hash-spill-min", "--policy=hash: absolute overload bound: a key spills from its owner only more than this many requests in flight above the mean (and above --hash-load-factor); 0: the relative bound alone")
+	fs.DurationVar(&o.HashSpillTTL, "hash-spill-ttl", route.DefaultSpillTTL, "--policy=hash: a spilled key keeps going to the worker it spilled to while its owner stays overloaded, remembered this long after its last request")
 	fs.DurationVar(&o.StickyTTL, "sticky-ttl", route.DefaultStickyTTL, "--policy=sticky: a key's assignment expires this long after its last use (or on POST /finish_session)")
-	fs.StringVar(&o.StickyStore, "sticky-store", "auto", "--policy=sticky table: auto (pinned BPF LRU map shared by every tetherd, else in-process), bpf (required) or memory")
+	fs.StringVar(&o.StickyStore, "sticky-store", "auto", "sticky table (--policy=sticky keys, spills, learned session ids): auto (pinned BPF LRU map shared by every tetherd and kept across restarts, else in-process), bpf (required) or memory (forgotten on restart)")
+	learn := fs.Bool("learn-sessions", true, "learn the worker of bare (not w<idx>-) session ids from the 2xx JSON answers to POST --learn-session-path, and route /sessions/{id}/... there")
+	fs.StringVar(&o.LearnPath, "learn-session-path", route.DefaultCreatePath, "the path whose POST creates a session (--learn-sessions)")
+	fs.StringVar(&o.LearnField, "learn-session-field", route.DefaultIDField, "top-level field of the create answer holding the new session id (--learn-sessions)")
+	fs.DurationVar(&o.LearnTTL, "learn-session-ttl", route.DefaultLearnTTL, "a learned session id is forgotten this long after its last request (or on DELETE /sessions/{id})")
 	fs.StringVar(&o.Keyless, "keyless", "least", "requests without a key: least (fewest in flight, rotating tie-break), p2c (less loaded of two random workers) or prefix (hash the first --peek-bytes of the body, bounded load)")
 	fs.IntVar(&o.PeekBytes, "peek-bytes", route.DefaultPrefixBytes, "body bytes read before routing (request id \"rid\", --keyless=prefix); -1: none")
 	fs.IntVar(&o.MaxTrackedRequests, "max-tracked-requests", 1<<20, "request ids remembered for abort routing (oldest dropped beyond)")
@@ -51,6 +77,11 @@ func routingFlags(fs *flag.FlagSet, o *daemon.RoutingOptions) func() {
 		if keys.set {
 			o.KeyHeaders = keys.list
 		}
+		o.HashSpillMin = spillMin.n
+		if o.HashSpillMin == 0 {
+			o.HashSpillMin = -1 // none (0 in RoutingOptions is the default)
+		}
+		o.NoLearnSessions = !*learn
 		o.NoEngineEndpoints = !*engineEndpoints
 	}
 }

@@ -7,12 +7,14 @@
 //	POST   /add_worker?url=U        (or JSON body {"url":U})  sglang-router legacy
 //	POST   /remove_worker?url=U     (or JSON body {"url":U})
 //	GET    /list_workers            {"urls":[...]}
-//	POST   /workers                 {"url":U}: answers once U passed a health check and routes
+//	POST   /workers                 {"url":U[,"max_in_flight":N]}: answers once U passed a health check and routes
 //	GET    /workers                 {"workers":[...],"total":n,"healthy":k,"panic":b}
 //	GET    /workers/{id}            id: slot number, or the url (URL-escaped)
 //	DELETE /workers/{id}
+//	PATCH  /workers/{id}            {"max_in_flight":N}: the worker's capacity (0: none)
 //	POST   /workers/{id}/drain
 //	GET    /get_loads, /v1/loads    {"workers":[{"worker":url,"load":in_flight}]}
+//	GET    /routing                 routing decisions by reason, learned session counts
 //	GET    /metrics                 Prometheus
 //	GET    /health                  tetherd's own health (admin listener)
 //
@@ -24,9 +26,11 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/tether-rl/tether/userspace/registry"
@@ -37,6 +41,8 @@ type Config struct {
 	Registry *registry.Registry
 	Metrics  http.Handler // GET /metrics; nil: 404
 	Health   http.Handler // GET /health on the admin listener; nil: {"status":"ok"}
+	// Routing returns what GET /routing answers (JSON); nil: 404.
+	Routing func() any
 	// Token, when set, is required as "Authorization: Bearer TOKEN" on
 	// every endpoint, wherever it is served.
 	Token string
@@ -71,6 +77,8 @@ func New(cfg Config) *Server {
 	m.HandleFunc("GET /workers/{id}", s.get)
 	m.HandleFunc("DELETE /workers/{id}", s.delete)
 	m.HandleFunc("POST /workers/{id}/drain", s.drain)
+	m.HandleFunc("PATCH /workers/{id}", s.patch)
+	m.HandleFunc("GET /routing", s.routing)
 	m.HandleFunc("GET /get_loads", s.loads)
 	m.HandleFunc("GET /v1/loads", s.loads)
 	m.HandleFunc("GET /metrics", s.metrics)
@@ -123,7 +131,7 @@ func IsAdminPath(path []byte) bool {
 		}
 	}
 	switch string(path) {
-	case "/add_worker", "/remove_worker", "/list_workers", "/workers", "/get_loads", "/v1/loads", "/metrics":
+	case "/add_worker", "/remove_worker", "/list_workers", "/workers", "/get_loads", "/v1/loads", "/metrics", "/routing":
 		return true
 	}
 	const p = "/workers/"
@@ -205,31 +213,55 @@ func (s *Server) fail(w http.ResponseWriter, err error) {
 	writeError(w, statusOf(err), err.Error())
 }
 
-// workerURL reads the url from the query (?url=U) or a JSON body {"url":U}.
-func workerURL(r *http.Request) (string, error) {
-	if u := r.URL.Query().Get("url"); u != "" {
-		return u, nil
+// workerSpec is what an add names: the url, and optionally the worker's
+// capacity.
+type workerSpec struct {
+	URL         string  `json:"url"`
+	MaxInFlight *uint64 `json:"max_in_flight"`
+}
+
+// workerURL reads the url from the query (?url=U[&max_in_flight=N]) or a
+// JSON body {"url":U[,"max_in_flight":N]}.
+func workerURL(r *http.Request) (workerSpec, error) {
+	q := r.URL.Query()
+	if u := q.Get("url"); u != "" {
+		spec := workerSpec{URL: u}
+		if v := q.Get("max_in_flight"); v != "" {
+			n, err := strconv.ParseUint(v, 10, 64)
+			if err != nil {
+				return spec, fmt.Errorf("max_in_flight %q: want a whole number >= 0", v)
+			}
+			spec.MaxInFlight = &n
+		}
+		return spec, nil
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	body, err := readBody(r)
 	if err != nil {
-		return "", errors.New("cannot read the request body: " + err.Error())
-	}
-	if len(body) > maxBody {
-		return "", errors.New("request body too large")
+		return workerSpec{}, err
 	}
 	if len(strings.TrimSpace(string(body))) == 0 {
-		return "", errors.New("missing url: give ?url=http://host:port or a JSON body {\"url\":\"http://host:port\"}")
+		return workerSpec{}, errors.New("missing url: give ?url=http://host:port or a JSON body {\"url\":\"http://host:port\"}")
 	}
-	var req struct {
-		URL string `json:"url"`
+	var spec workerSpec
+	if err := json.Unmarshal(body, &spec); err != nil {
+		return workerSpec{}, errors.New("invalid JSON body: " + err.Error())
 	}
-	if err := json.Unmarshal(body, &req); err != nil {
-		return "", errors.New("invalid JSON body: " + err.Error())
+	if spec.URL == "" {
+		return workerSpec{}, errors.New("missing url: the JSON body needs {\"url\":\"http://host:port\"}")
 	}
-	if req.URL == "" {
-		return "", errors.New("missing url: the JSON body needs {\"url\":\"http://host:port\"}")
+	return spec, nil
+}
+
+// readBody reads a control request's body (at most maxBody bytes).
+func readBody(r *http.Request) ([]byte, error) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil {
+		return nil, errors.New("cannot read the request body: " + err.Error())
 	}
-	return req.URL, nil
+	if len(body) > maxBody {
+		return nil, errors.New("request body too large")
+	}
+	return body, nil
 }
 
 // Answer is the JSON of a worker created or removed: the worker and a
@@ -241,12 +273,19 @@ type Answer struct {
 }
 
 func (s *Server) add(w http.ResponseWriter, r *http.Request) (registry.Info, bool) {
-	u, err := workerURL(r)
+	spec, err := workerURL(r)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return registry.Info{}, false
 	}
-	info, err := s.cfg.Registry.Add(r.Context(), u, registry.OriginAdmin)
+	if spec.MaxInFlight != nil {
+		// Before the add: the worker routes with its capacity from the start.
+		if _, err := s.cfg.Registry.SetCapacity(spec.URL, *spec.MaxInFlight); err != nil {
+			s.fail(w, err)
+			return registry.Info{}, false
+		}
+	}
+	info, err := s.cfg.Registry.Add(r.Context(), spec.URL, registry.OriginAdmin)
 	if err != nil {
 		s.fail(w, err)
 		return registry.Info{}, false
@@ -269,11 +308,12 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) legacyRemove(w http.ResponseWriter, r *http.Request) {
-	u, err := workerURL(r)
+	spec, err := workerURL(r)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
+	u := spec.URL
 	if _, _, err := registry.ParseURL(u); err != nil {
 		s.fail(w, err)
 		return
@@ -336,6 +376,51 @@ func (s *Server) delete(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, Answer{Info: info, Message: "Successfully removed worker: " + info.URL})
+}
+
+// patch changes a worker's settings: {"max_in_flight":N}.
+func (s *Server) patch(w http.ResponseWriter, r *http.Request) {
+	info, err := s.cfg.Registry.Get(id(r))
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	body, err := readBody(r)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	var req struct {
+		MaxInFlight *uint64 `json:"max_in_flight"`
+	}
+	dec := json.NewDecoder(strings.NewReader(string(body)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid JSON body (want {\"max_in_flight\":N}): "+err.Error())
+		return
+	}
+	if req.MaxInFlight == nil {
+		writeError(w, http.StatusBadRequest, "nothing to change: want {\"max_in_flight\":N}")
+		return
+	}
+	if _, err := s.cfg.Registry.SetCapacity(info.URL, *req.MaxInFlight); err != nil {
+		s.fail(w, err)
+		return
+	}
+	if info, err = s.cfg.Registry.Get(id(r)); err != nil {
+		s.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, info)
+}
+
+// routing answers the routing decision counts.
+func (s *Server) routing(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Routing == nil {
+		writeError(w, http.StatusNotFound, "routing counts not available")
+		return
+	}
+	writeJSON(w, http.StatusOK, s.cfg.Routing())
 }
 
 func (s *Server) drain(w http.ResponseWriter, r *http.Request) {

@@ -194,7 +194,11 @@ func TestRESTEndpoints(t *testing.T) {
 		{"POST", "/workers/9/drain", "", 404},
 		{"GET", "/workers/1/drain", "", 405},
 		{"PUT", "/workers", "", 405},
-		{"PATCH", "/workers/1", "", 405},
+		{"PUT", "/workers/1", "", 405},
+		{"PATCH", "/workers/1", "", 400},
+		{"PATCH", "/workers/1", `{"max_in_flight":-1}`, 400},
+		{"PATCH", "/workers/1", `{"max_inflight":3}`, 400},
+		{"PATCH", "/workers/77", `{"max_in_flight":3}`, 404},
 		{"GET", "/nothing", "", 404},
 	} {
 		if got := e.call(c.method, c.path, c.body, nil); got != c.want {
@@ -284,5 +288,34 @@ func TestIsAdminPath(t *testing.T) {
 	}
 	if s.DataPort(method, []byte("/workers/3")) == nil {
 		t.Fatal("DataPort missed an admin path")
+	}
+}
+
+// A worker's capacity: given with the add (JSON or query), changed with
+// PATCH, listed in the worker's JSON and set on the routed worker.
+func TestMaxInFlight(t *testing.T) {
+	e := newEnv(t, "")
+	var info registry.Info
+	if c := e.call("POST", "/workers", `{"url":"`+wurl(1)+`","max_in_flight":32}`, &info); c != 200 || info.MaxInFlight != 32 {
+		t.Fatalf("add with max_in_flight: %d %+v", c, info)
+	}
+	if w := e.reg.Table().Get(info.Slot); w == nil || w.MaxInFlight() != 32 {
+		t.Fatalf("routed worker capacity: %+v", w)
+	}
+	if c := e.call("POST", "/add_worker?url="+url.QueryEscape(wurl(2))+"&max_in_flight=7", "", &info); c != 200 || info.MaxInFlight != 7 {
+		t.Fatalf("legacy add with max_in_flight: %d %+v", c, info)
+	}
+	if c := e.call("POST", "/add_worker?url="+url.QueryEscape(wurl(3))+"&max_in_flight=-7", "", nil); c != 400 {
+		t.Fatalf("negative max_in_flight: %d", c)
+	}
+	if c := e.call("PATCH", "/workers/0", `{"max_in_flight":0}`, &info); c != 200 || info.MaxInFlight != 0 {
+		t.Fatalf("PATCH: %d %+v", c, info)
+	}
+	if w := e.reg.Table().Get(0); w.MaxInFlight() != 0 {
+		t.Fatalf("after PATCH: capacity %d", w.MaxInFlight())
+	}
+	var l struct{ Workers []registry.Info }
+	if c := e.call("GET", "/workers", "", &l); c != 200 || len(l.Workers) != 2 || l.Workers[1].MaxInFlight != 7 {
+		t.Fatalf("GET /workers: %+v", l)
 	}
 }

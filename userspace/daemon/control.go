@@ -50,6 +50,7 @@ func (d *Daemon) newRegistry(opts Options, demos int) error {
 		Successes:      opts.HealthSuccesses,
 		StartupTimeout: opts.WorkerStartupTimeout,
 		RemoveGrace:    opts.RemoveGrace,
+		MaxInFlight:    opts.MaxInFlight,
 		Probe:          d.ctl.prober,
 		OnPut: func(w *route.Worker) {
 			if d.Metrics != nil {
@@ -114,6 +115,7 @@ func (d *Daemon) newControl(opts Options) error {
 		Registry: d.Registry,
 		Metrics:  d.Metrics.Handler(),
 		Health:   http.HandlerFunc(d.serveAdminHealth),
+		Routing:  func() any { return d.RoutingCounts() },
 		Token:    opts.AdminToken,
 		Log:      d.log,
 	})

@@ -57,6 +57,7 @@ type Options struct {
 	HealthSuccesses      int           // consecutive successes to healthy; default 2
 	WorkerStartupTimeout time.Duration // wait for a new worker's /health; default 5m
 	RemoveGrace          time.Duration // wait for a removed worker's requests; default 60s
+	MaxInFlight          uint64        // every worker's capacity unless the admin API set its own; 0: none
 	Spawn                int           // start this many worker processes in slots 0..Spawn-1
 	SpawnCommand         []string      // their command, with {index} {count} {port} {host} {fd}
 	SpawnGrace           time.Duration // SIGTERM to SIGKILL on stop; default 10s

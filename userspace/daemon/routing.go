@@ -26,11 +26,24 @@ import (
 // with a rotating tie-break (issue 2's rule; "p2c" gives two random
 // choices, "prefix" hashes the body's start), request ids tracked from X-Request-ID and the first 4 KiB of the body.
 type RoutingOptions struct {
-	Policy         string        // "hash" (default) or "sticky"
-	KeyHeaders     []string      // routing key headers in order; nil: route.DefaultKeyHeaders
-	HashLoadFactor float64       // bounded load c; 0: 1.25
-	StickyTTL      time.Duration // 0: 30m
-	// StickyStore: where --policy=sticky keeps its table. "auto" (default):
+	Policy         string   // "hash" (default) or "sticky"
+	KeyHeaders     []string // routing key headers in order; nil: route.DefaultKeyHeaders
+	HashLoadFactor float64  // relative overload bound c; 0: 1.25
+	// HashSpillMin: the absolute overload bound, requests in flight above
+	// the mean; 0: route.DefaultSpillMin, negative: none.
+	HashSpillMin int
+	HashSpillTTL time.Duration // a spilled key is remembered this long; 0: 2m
+	StickyTTL    time.Duration // 0: 30m
+	// NoLearnSessions turns off the learning of bare session ids (on by
+	// default): LearnPath (default /sessions) is the create path whose 2xx
+	// JSON answer's LearnField (default session_id) is remembered for
+	// LearnTTL (default 2h) after the session's last request.
+	NoLearnSessions bool
+	LearnPath       string
+	LearnField      string
+	LearnTTL        time.Duration
+	// StickyStore: where the sticky table (--policy=sticky assignments,
+	// remembered spills, learned session ids) is kept. "auto" (default):
 	// StickyMap if set, else the sticky_sessions map pinned in StickyPinDir
 	// (created if missing) when BPF works, else in-process; "bpf": fail
 	// without BPF; "memory": in-process only.
@@ -69,7 +82,9 @@ type routing struct {
 
 	mu     sync.Mutex    // serializes reloads
 	policy *route.Policy // the policy set up first (the one in use: rt.CurrentPolicy)
-	sticky sticky.Table  // opened by the first sticky policy, kept across reloads
+	// sticky holds sticky assignments, remembered spills and learned
+	// session ids; opened at setup, kept across reloads.
+	sticky sticky.Table
 }
 
 // setupRouting builds the policy, the sticky table, the request id table
@@ -83,6 +98,7 @@ func setupRouting(opts Options, g *listener.Group, rt *route.Router) (*routing, 
 	if o.StickyPinDir == "" {
 		o.StickyPinDir = opts.PinDir
 	}
+	var err error
 	peek := o.PeekBytes
 	switch {
 	case peek == 0:
@@ -93,13 +109,22 @@ func setupRouting(opts Options, g *listener.Group, rt *route.Router) (*routing, 
 		return nil, fmt.Errorf("--peek-bytes %d: at most 8192", peek)
 	}
 	r := &routing{rt: rt, log: opts.Log, opts: o, bpfOff: opts.BPF == string(bpf.ModeOff), peek: peek}
+	if r.sticky, err = r.openSticky(); err != nil {
+		return nil, err
+	}
 	p, err := r.newPolicy(o)
+	if err != nil {
+		r.close()
+		return nil, err
+	}
+	l, err := r.newLearning(o)
 	if err != nil {
 		r.close()
 		return nil, err
 	}
 	r.policy = p
 	rt.SetPolicy(p)
+	rt.SetLearning(l)
 	r.owners = engine.NewOwners(o.MaxTrackedRequests)
 	r.router = &engine.Tracker{Router: rt, Owners: r.owners}
 	if !o.NoEngineEndpoints {
@@ -129,15 +154,12 @@ func (r *routing) newPolicy(o RoutingOptions) (*route.Policy, error) {
 	if keyless == route.KeylessPrefix && r.peek == 0 {
 		return nil, errors.New("--keyless=prefix needs --peek-bytes > 0")
 	}
-	if kind == route.PolicySticky && r.sticky == nil {
-		if r.sticky, err = r.openSticky(); err != nil {
-			return nil, err
-		}
-	}
 	return route.NewPolicy(route.PolicyConfig{
 		Kind:        kind,
 		KeyHeaders:  o.KeyHeaders,
 		LoadFactor:  o.HashLoadFactor,
+		SpillMin:    o.HashSpillMin,
+		SpillTTL:    o.HashSpillTTL,
 		Keyless:     keyless,
 		PrefixBytes: max(r.peek, 1),
 		Sticky:      r.sticky,
@@ -145,23 +167,46 @@ func (r *routing) newPolicy(o RoutingOptions) (*route.Policy, error) {
 	})
 }
 
+// newLearning builds the learning of bare session ids from o (nil: off).
+func (r *routing) newLearning(o RoutingOptions) (*route.Learning, error) {
+	if o.NoLearnSessions {
+		return nil, nil
+	}
+	return route.NewLearning(route.LearnConfig{
+		CreatePath: o.LearnPath,
+		IDField:    o.LearnField,
+		TTL:        o.LearnTTL,
+		Table:      r.sticky,
+	})
+}
+
 func (r *routing) logPolicy(msg string, p *route.Policy) {
 	cfg := p.Config()
 	args := []any{"policy", cfg.Kind.String(), "key_headers", cfg.KeyHeaders,
-		"hash_load_factor", cfg.LoadFactor, "keyless", cfg.Keyless.String(), "peek_bytes", r.peek}
+		"hash_load_factor", cfg.LoadFactor, "hash_spill_min", cfg.SpillMin, "keyless", cfg.Keyless.String(), "peek_bytes", r.peek}
 	if cfg.Kind == route.PolicySticky {
-		args = append(args, "sticky_ttl", cfg.StickyTTL, "sticky_shared", cfg.Sticky.Shared())
+		args = append(args, "sticky_ttl", cfg.StickyTTL)
 	}
+	if l := r.rt.CurrentLearning(); l != nil {
+		lc := l.Config()
+		args = append(args, "learn_sessions", lc.CreatePath, "learn_field", lc.IDField, "learn_ttl", lc.TTL)
+	} else {
+		args = append(args, "learn_sessions", false)
+	}
+	args = append(args, "sticky_shared", r.sticky.Shared())
 	r.log.Info(msg, args...)
 }
 
-// reload applies the reloadable routing options of a SIGHUP: --policy,
-// --key-header, --hash-load-factor, --sticky-ttl and --keyless. The others
-// (--peek-bytes, --sticky-store, --max-tracked-requests,
-// --engine-endpoints) need a restart.
+// reload applies the reloadable routing options of a SIGHUP (see
+// RoutingReloadable). The others (--peek-bytes, --sticky-store,
+// --max-tracked-requests, --engine-endpoints) need a restart.
 func (r *routing) reload(opts Options) (func(), error) {
 	r.mu.Lock()
 	p, err := r.newPolicy(opts.Routing)
+	var l *route.Learning
+	if err == nil {
+		l, err = r.newLearning(opts.Routing)
+	}
 	r.mu.Unlock()
 	if err != nil {
 		return nil, fmt.Errorf("routing: %w", err)
@@ -170,12 +215,14 @@ func (r *routing) reload(opts Options) (func(), error) {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		r.rt.SetPolicy(p)
+		r.rt.SetLearning(l)
 		r.logPolicy("routing policy reloaded", p)
 	}, nil
 }
 
 // RoutingReloadable are the routing flags a SIGHUP applies.
-var RoutingReloadable = []string{"policy", "key-header", "hash-load-factor", "sticky-ttl", "keyless"}
+var RoutingReloadable = []string{"policy", "key-header", "hash-load-factor", "hash-spill-min", "hash-spill-ttl",
+	"sticky-ttl", "keyless", "learn-sessions", "learn-session-path", "learn-session-field", "learn-session-ttl"}
 
 func (r *routing) openSticky() (sticky.Table, error) {
 	o := r.opts
@@ -224,4 +271,43 @@ func (r *routing) close() {
 	if r.engine != nil {
 		r.engine.Close()
 	}
+}
+
+// RoutingCounts is GET /routing of the admin API and the routing part of
+// tetherctl status: routing decisions by reason since start, and the
+// learning of bare session ids.
+type RoutingCounts struct {
+	Policy    string            `json:"policy"`
+	Decisions map[string]uint64 `json:"decisions"`
+	Learned   *LearnedCounts    `json:"learned_sessions,omitempty"`
+	// StickyShared: the sticky table (spills, sticky keys, learned ids) is
+	// the pinned BPF map, kept across restarts; false: in this process.
+	StickyShared bool `json:"sticky_shared"`
+}
+
+// LearnedCounts are the learned-session events.
+type LearnedCounts struct {
+	Learned   uint64 `json:"learned"`
+	NoID      uint64 `json:"no_id"`
+	Forgotten uint64 `json:"forgotten"`
+}
+
+// RoutingCounts returns the routing decision counts.
+func (d *Daemon) RoutingCounts() RoutingCounts {
+	rc := RoutingCounts{Decisions: make(map[string]uint64, route.NumReasons)}
+	for r := route.Reason(0); r < route.NumReasons; r++ {
+		rc.Decisions[r.String()] = d.Router.Count(r)
+	}
+	rc.Policy = "spread"
+	if p := d.Router.CurrentPolicy(); p != nil {
+		rc.Policy = p.Config().Kind.String()
+	}
+	if l := d.Router.CurrentLearning(); l != nil {
+		c := l.Counts()
+		rc.Learned = &LearnedCounts{Learned: c.Learned, NoID: c.NoID, Forgotten: c.Forgotten}
+	}
+	if d.routing != nil && d.routing.sticky != nil {
+		rc.StickyShared = d.routing.sticky.Shared()
+	}
+	return rc
 }

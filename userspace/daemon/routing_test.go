@@ -120,8 +120,27 @@ func TestRoutingPolicyEndToEnd(t *testing.T) {
 	if d.Router.CurrentPolicy().Config().Kind != route.PolicySticky {
 		t.Error("invalid reload changed the policy")
 	}
+	// Learned sessions and spill settings reload too; a bad learn path
+	// changes nothing.
+	if l := d.Router.CurrentLearning(); l == nil || l.Config().CreatePath != "/sessions" {
+		t.Fatalf("learning on by default: %+v", l)
+	}
+	bad = opts
+	bad.Routing.LearnPath = "sessions"
+	if err := d.Reload(bad); err == nil || d.Router.CurrentLearning().Config().CreatePath != "/sessions" {
+		t.Errorf("bad learn path: %v", err)
+	}
+	opts.Routing.NoLearnSessions = true
+	opts.Routing.HashSpillMin = 5
+	if err := d.Reload(opts); err != nil {
+		t.Fatal(err)
+	}
+	if d.Router.CurrentLearning() != nil || d.Router.CurrentPolicy().Config().SpillMin != 5 {
+		t.Error("reload did not turn learning off or set the spill bound")
+	}
 	// Invalid options refuse to start.
-	for _, ro := range []RoutingOptions{{Policy: "x"}, {Keyless: "x"}, {HashLoadFactor: 0.5}, {Keyless: "prefix", PeekBytes: -1}, {PeekBytes: 1 << 20}, {KeyHeaders: []string{"a b"}}} {
+	for _, ro := range []RoutingOptions{{Policy: "x"}, {Keyless: "x"}, {HashLoadFactor: 0.5}, {Keyless: "prefix", PeekBytes: -1}, {PeekBytes: 1 << 20}, {KeyHeaders: []string{"a b"}},
+		{HashSpillTTL: time.Millisecond}, {LearnPath: "/sessions?x"}, {LearnTTL: time.Millisecond}} {
 		o := Options{Listen: "127.0.0.1:0", Demo: 1, BPF: "off", Routing: ro, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 		if d, err := New(o); err == nil {
 			d.Close()
@@ -143,7 +162,11 @@ func TestStickyTableInSteeringMap(t *testing.T) {
 	if _, err := New(Options{Listen: "127.0.0.1:0", Demo: 1, BPF: "required", PinDir: pins}); !errors.Is(err, bpf.ErrPinDirBusy) {
 		t.Fatalf("second tetherd with --bpf=required on the same pins: %v, want ErrPinDirBusy", err)
 	}
+	// It routes to the same engines (entries name their worker: another
+	// engine in the same slot would not inherit the key).
 	opts.BPF = "auto"
+	opts.Demo = 0
+	opts.Workers = d1.Registry.URLs()
 	d2, do2 := runRouting(t, opts)
 	if d1.Group.Steering() == nil || d2.Group.Steering() != nil {
 		t.Fatal("steering: the first tetherd should have it, the second not")

@@ -175,7 +175,9 @@ var (
 	dPanicEntered = prometheus.NewDesc("tether_panic_entered_total",
 		"Times every routable worker became unhealthy.", nil, nil)
 	dDecisions = prometheus.NewDesc("tether_route_decisions_total",
-		"Routing decisions by reason: session, spread, and the fallbacks bad_session_spread, bad_session_reject, no_worker, panic.", []string{"reason"}, nil)
+		"Routing decisions by reason: session (w<idx>- id), learned (bare session id), spread, hash (ring owner), hash_spill / hash_spilled / hash_return (overload spills: new, kept, back to the owner), hash_failover, sticky, sticky_new, sticky_failover, prefix, rid, target, and the fallbacks bad_session_spread, bad_session_reject, bad_target, no_worker, panic.", []string{"reason"}, nil)
+	dLearned = prometheus.NewDesc("tether_learned_sessions_total",
+		"Learned bare session ids by event: learned (stored from a create answer), no_id (2xx create answer without an id in the bytes read), forgotten (DELETE /sessions/{id}).", []string{"event"}, nil)
 	dListenerActive = prometheus.NewDesc("tether_listener_connections_active",
 		"Client connections open on the listener.", []string{"listener"}, nil)
 	dListenerAccepted = prometheus.NewDesc("tether_listener_connections_accepted_total",
@@ -203,7 +205,7 @@ var (
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{dWorkerRequests, dWorkerErrors, dWorkerInFlight, dWorkerBytes,
 		dWorkerRetries, dWorkerConns, dWorkerHealthy, dWorkerState, dWorkers, dPanic, dPanicEntered,
-		dDecisions, dListenerActive, dListenerAccepted, dListenerClosed, dListenerSelected,
+		dDecisions, dLearned, dListenerActive, dListenerAccepted, dListenerClosed, dListenerSelected,
 		dListenerMigrated, dSteeringFallbacks, dProxyAccepted, dProxyRequests, dProxyLocal, dProxyErrors, dProxyBuffers} {
 		ch <- d
 	}
@@ -268,6 +270,12 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	if src.Router != nil {
 		for r := route.Reason(0); r < route.NumReasons; r++ {
 			ch <- counter(dDecisions, src.Router.Count(r), r.String())
+		}
+		if l := src.Router.CurrentLearning(); l != nil {
+			c := l.Counts()
+			ch <- counter(dLearned, c.Learned, "learned")
+			ch <- counter(dLearned, c.NoID, "no_id")
+			ch <- counter(dLearned, c.Forgotten, "forgotten")
 		}
 	}
 	if src.Stats != nil && src.Listeners != nil {

@@ -44,6 +44,11 @@ type conn struct {
 
 	lr io.LimitedReader // the splice source of conn.move, reused
 
+	// learn is shown the response body bytes that conn.move copies to the
+	// client while the exchange's route.Learner still wants them (see
+	// exchange.learn); nil otherwise.
+	learn *route.Learner
+
 	idleFn  func(uintptr) bool // readIdle's callback, bound once
 	idleErr error
 }
@@ -121,7 +126,7 @@ func (c *conn) serveOne() bool {
 		}
 		return keep
 	}
-	return c.proxy(dec.Worker)
+	return c.proxy(dec.Worker, dec.Learn)
 }
 
 // peekBody returns the body bytes buffered behind the head, first reading
@@ -309,11 +314,16 @@ type exchange struct {
 	// relayed: a chunked body is read into the buffer the head was parsed
 	// from, so the head's slices no longer hold the head after it.
 	isHead bool
+	// learn, when the router set one, is shown the final status and the
+	// first body bytes before they go to the client (learned session ids:
+	// route/learn.go); lsc frames its view of a chunked body.
+	learn *route.Learner
+	lsc   httphead.Chunked
 }
 
 // proxy forwards the parsed request to w and relays the response.
-func (c *conn) proxy(w *route.Worker) bool {
-	x := exchange{w: w, isHead: c.req.IsMethod("HEAD")}
+func (c *conn) proxy(w *route.Worker, learn *route.Learner) bool {
+	x := exchange{w: w, isHead: c.req.IsMethod("HEAD"), learn: learn}
 	var start time.Time
 	if c.s.cfg.Observe != nil {
 		start = time.Now()
@@ -321,6 +331,10 @@ func (c *conn) proxy(w *route.Worker) bool {
 	w.Stats.Begin()
 	keep := c.proxyExchange(&x)
 	w.Stats.End(x.failed)
+	if x.learn != nil {
+		c.learn = nil
+		x.learn.End()
+	}
 	if obs := c.s.cfg.Observe; obs != nil {
 		st := x.status
 		if x.sentHead {
@@ -814,6 +828,9 @@ func (c *conn) relayResponse(x *exchange, uw int, bodyRead bool) bool {
 	}
 	out = append(out, body...)
 	c.out = out[:0]
+	if x.learn != nil && x.learn.Status(resp.Status) {
+		c.learnBody(x, body, kind == httphead.BodyChunked && !dechunk)
+	}
 	if err := c.writeClient(out); err != nil {
 		x.reuse = false
 		c.s.counters.ClientAborted.Add(1)
@@ -879,7 +896,7 @@ func (c *conn) clientGone() bool {
 func (c *conn) relayChunkedResponse(x *exchange, sc *httphead.Chunked, dechunk bool) error {
 	cfg := &c.s.cfg
 	for !sc.Done() {
-		if d := sc.Data(); d >= cfg.SpliceMin && !dechunk {
+		if d := sc.Data(); d >= cfg.SpliceMin && !dechunk && c.learn == nil {
 			n, err := c.move(c.c, x.up.TCPConn, d, nil, cfg.ResponseTimeout)
 			sc.Skip(n)
 			x.w.Stats.AddDown(n)
@@ -906,6 +923,9 @@ func (c *conn) relayChunkedResponse(x *exchange, sc *httphead.Chunked, dechunk b
 			if m < n && sc.Done() {
 				x.reuse = false
 			}
+			if c.learn != nil {
+				c.learnBody(x, out, !dechunk)
+			}
 			if len(out) > 0 {
 				if err := c.writeClient(out); err != nil {
 					return err
@@ -923,6 +943,19 @@ func (c *conn) relayChunkedResponse(x *exchange, sc *httphead.Chunked, dechunk b
 		}
 	}
 	return nil
+}
+
+// learnBody shows response body bytes to the exchange's Learner before they
+// go to the client (chunked: the chunk data only), and keeps c.learn set
+// while it wants more.
+func (c *conn) learnBody(x *exchange, p []byte, chunked bool) {
+	c.learn = x.learn
+	if chunked {
+		p, _, _ = appendDechunked(nil, &x.lsc, p)
+	}
+	if len(p) > 0 && !x.learn.Body(p) {
+		c.learn = nil
+	}
 }
 
 // appendDechunked appends only the chunk data of p to out, validating the

@@ -322,7 +322,9 @@ func (c *conn) moveSteps(dst, src *net.TCPConn, n int64, scratch []byte, timeout
 		now := time.Now()
 		src.SetReadDeadline(now.Add(timeout))
 		dst.SetWriteDeadline(now.Add(timeout))
-		if left >= c.s.cfg.SpliceMin || len(scratch) == 0 {
+		// A Learner that wants the response's first bytes sees them
+		// copied (route/learn.go; at most a few KiB); then splice again.
+		if len(scratch) == 0 || left >= c.s.cfg.SpliceMin && (c.learn == nil || dst != c.c) {
 			if left > step {
 				left = step
 			}
@@ -343,6 +345,9 @@ func (c *conn) moveSteps(dst, src *net.TCPConn, n int64, scratch []byte, timeout
 		}
 		k, rerr := src.Read(scratch[:left])
 		if k > 0 {
+			if c.learn != nil && dst == c.c && !c.learn.Body(scratch[:k]) {
+				c.learn = nil
+			}
 			w, werr := dst.Write(scratch[:k])
 			moved += int64(w)
 			if werr != nil {

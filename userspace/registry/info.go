@@ -24,8 +24,11 @@ type Info struct {
 	Origin  Origin `json:"origin"`
 	// From the slot's counters (shared with the BPF maps when BPF is on).
 	InFlight uint64 `json:"in_flight"`
-	Requests uint64 `json:"requests"`
-	Errors   uint64 `json:"errors"`
+	// MaxInFlight: the capacity above which the worker takes no new keys
+	// (0: none).
+	MaxInFlight uint64 `json:"max_in_flight"`
+	Requests    uint64 `json:"requests"`
+	Errors      uint64 `json:"errors"`
 
 	ConsecutiveFailures int        `json:"consecutive_failures"`
 	LastError           string     `json:"last_error,omitempty"`
@@ -59,6 +62,7 @@ func (r *Registry) infoLocked(e *entry) Info {
 		LastError:           e.lastErr,
 		Since:               e.since,
 	}
+	in.MaxInFlight = r.capacityLocked(e.url)
 	if !e.checked.IsZero() {
 		t := e.checked
 		in.LastCheck = &t

@@ -119,6 +119,9 @@ type Options struct {
 	RemoveGrace time.Duration
 	// Probe checks a pending worker; required for Add.
 	Probe Prober
+	// MaxInFlight is every worker's capacity unless SetCapacity gave it its
+	// own: at or above it in flight a worker takes no new keys (0: none).
+	MaxInFlight uint64
 	// OnPut is called (outside the registry's lock) when a worker takes a
 	// slot, e.g. to create its metric children.
 	OnPut func(w *route.Worker)
@@ -177,10 +180,11 @@ type Registry struct {
 	log  *slog.Logger
 
 	mu       sync.Mutex
-	entries  map[int]*entry   // by slot, pending ones included
-	retiring map[int]*retiree // by slot
-	lastURL  map[int]string   // last worker url that held each slot in this process
-	panic    bool             // every routable worker unhealthy
+	entries  map[int]*entry    // by slot, pending ones included
+	retiring map[int]*retiree  // by slot
+	lastURL  map[int]string    // last worker url that held each slot in this process
+	capacity map[string]uint64 // max_in_flight by worker url (SetCapacity)
+	panic    bool              // every routable worker unhealthy
 	closed   bool
 	stop     chan struct{}
 	wg       sync.WaitGroup
@@ -203,6 +207,7 @@ func New(opts Options) *Registry {
 		entries:  make(map[int]*entry),
 		retiring: make(map[int]*retiree),
 		lastURL:  make(map[int]string),
+		capacity: make(map[string]uint64),
 		stop:     make(chan struct{}),
 	}
 }
@@ -358,8 +363,9 @@ func (r *Registry) Retarget(slot int, rawURL string) error {
 	r.lastURL[slot] = canon
 	var w *route.Worker
 	if old != nil {
-		w = &route.Worker{Slot: slot, URL: canon, Addr: addr, Stats: old.Stats,
+		w = &route.Worker{Slot: slot, URL: canon, Addr: addr, ID: route.WorkerID(canon), Stats: old.Stats,
 			Pool: upstream.New(addr, old.Stats, r.opts.Pool)}
+		w.SetMaxInFlight(r.capacityLocked(canon))
 		w.SetState(old.State())
 		e.w = w
 		r.opts.Table.Put(w)
@@ -390,7 +396,8 @@ func (r *Registry) activateLocked(e *entry) *route.Worker {
 		resetCumulative(ws)
 	}
 	r.lastURL[e.slot] = e.url
-	w := &route.Worker{Slot: e.slot, URL: e.url, Addr: e.addr, Stats: ws, Pool: upstream.New(e.addr, ws, r.opts.Pool)}
+	w := &route.Worker{Slot: e.slot, URL: e.url, Addr: e.addr, ID: route.WorkerID(e.url), Stats: ws, Pool: upstream.New(e.addr, ws, r.opts.Pool)}
+	w.SetMaxInFlight(r.capacityLocked(e.url))
 	w.SetState(route.Healthy)
 	e.w, e.healthy, e.fails, e.succs, e.cancel = w, true, 0, 0, nil
 	e.since = time.Now()
@@ -398,6 +405,34 @@ func (r *Registry) activateLocked(e *entry) *route.Worker {
 	r.changes.Add(1)
 	r.updatePanicLocked()
 	return w
+}
+
+// capacityLocked returns the max_in_flight of the worker at url.
+func (r *Registry) capacityLocked(url string) uint64 {
+	if n, ok := r.capacity[url]; ok {
+		return n
+	}
+	return r.opts.MaxInFlight
+}
+
+// SetCapacity gives the worker at rawURL its own max_in_flight (0: no
+// limit), now if it is in a slot and whenever it takes one later (an
+// admin add names it before the worker is routable). It returns the
+// canonical url.
+func (r *Registry) SetCapacity(rawURL string, n uint64) (string, error) {
+	canon, _, err := ParseURL(rawURL)
+	if err != nil {
+		return "", err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.capacity[canon] = n
+	for _, e := range r.entries {
+		if e.url == canon && e.w != nil {
+			e.w.SetMaxInFlight(n)
+		}
+	}
+	return canon, nil
 }
 
 // resetCumulative zeroes a slot's running totals but not its gauges (in

@@ -13,12 +13,16 @@ package route
 //     state: the client asked for it.
 //  2. The routing key: the first non-empty value among KeyHeaders, in the
 //     order given, names matched case-insensitively.
-//     - hash (default): consistent hashing with bounded loads. The key's
-//     ring position (KeyHash) picks an owner among VirtualNodes points per
-//     worker; an owner at or above ceil(c × (in flight + 1) / healthy
-//     workers) passes the request on to its ring successor, and so does an
-//     unhealthy or draining owner (until it recovers: nothing is stored).
-//     Adding or removing one of N workers moves about 1/N of the keys.
+//     - hash (default): consistent hashing, bounded only under real
+//     overload. The key's ring position (KeyHash) picks an owner among
+//     VirtualNodes points per worker. An owner above both c × the mean in
+//     flight and the mean + SpillMin, or at its max_in_flight, spills the
+//     key to its ring successor, and the spill is remembered (sticky
+//     table, SpillTTL) so that the key stays there until the owner is back
+//     under the bounds with hysteresis (policy_hash.go). An unhealthy or
+//     draining owner passes its keys to their ring successors until it
+//     recovers (nothing is stored). Adding or removing one of N workers
+//     moves about 1/N of the keys.
 //     - sticky: the first request of a key goes to the least loaded
 //     healthy worker (rotating tie-break), later ones to the same worker,
 //     kept in a sticky.Table (the BPF LRU map shared by every tetherd, or an
@@ -114,7 +118,18 @@ const TargetWorkerHeader = "X-SMG-Target-Worker"
 
 // Defaults.
 const (
-	DefaultLoadFactor    = 1.25
+	DefaultLoadFactor = 1.25
+	// DefaultSpillMin: a key spills only from an owner more than this many
+	// requests in flight above the mean. SGLang and vLLM engines batch
+	// hundreds of requests at once (vLLM's max_num_seqs defaults to 256,
+	// SGLang sizes its running batch from KV memory, typically 128-1024),
+	// so 64 more than the mean is a real queue, while a few dozen is noise
+	// that a prefix-cache miss would cost far more than; sgl-model-gateway's
+	// cache_aware policy balances from the same absolute gap (64).
+	DefaultSpillMin = 64
+	// DefaultSpillTTL: how long a spilled key is remembered after its last
+	// request (a session's turns come seconds to a minute apart).
+	DefaultSpillTTL      = 2 * time.Minute
 	DefaultStickyTTL     = 30 * time.Minute
 	DefaultStickyRefresh = 5 * time.Second
 	DefaultPrefixBytes   = 4096
@@ -128,11 +143,18 @@ type PolicyConfig struct {
 	Kind       PolicyKind
 	KeyHeaders []string // routing key headers in order; nil: DefaultKeyHeaders
 	LoadFactor float64  // c of the bounded load, >= 1; 0: DefaultLoadFactor
-	Keyless    KeylessMode
+	// SpillMin: the absolute overload bound (in flight above the mean);
+	// 0: DefaultSpillMin, negative: none (the relative bound alone).
+	SpillMin int
+	// SpillTTL: a spilled key is remembered this long after its last
+	// request; 0: DefaultSpillTTL.
+	SpillTTL time.Duration
+	Keyless  KeylessMode
 	// PrefixBytes bounds the body bytes hashed by KeylessPrefix; the proxy
 	// must peek at least as many (proxy Config.PeekBody).
 	PrefixBytes int
-	// Sticky holds the sticky assignments; required for PolicySticky.
+	// Sticky holds the sticky assignments (required for PolicySticky) and
+	// the remembered spills of PolicyHash (none remembered when nil).
 	Sticky    sticky.Table
 	StickyTTL time.Duration
 	// StickyRefresh: a used entry's TTL is pushed back (one table write)
@@ -146,9 +168,10 @@ type PolicyConfig struct {
 // Policy routes the requests that name no session. It is safe for
 // concurrent use.
 type Policy struct {
-	cfg     PolicyConfig
-	ttl     int64
-	refresh int64
+	cfg      PolicyConfig
+	ttl      int64
+	refresh  int64
+	spillTTL int64
 
 	ringMu sync.Mutex
 	ring   atomic.Pointer[ring]
@@ -177,6 +200,18 @@ func NewPolicy(cfg PolicyConfig) (*Policy, error) {
 	if !(cfg.LoadFactor >= 1 && cfg.LoadFactor <= 100) {
 		return nil, fmt.Errorf("--hash-load-factor %v: want 1 <= c <= 100", cfg.LoadFactor)
 	}
+	switch {
+	case cfg.SpillMin == 0:
+		cfg.SpillMin = DefaultSpillMin
+	case cfg.SpillMin < 0:
+		cfg.SpillMin = 0
+	}
+	if cfg.SpillTTL == 0 {
+		cfg.SpillTTL = DefaultSpillTTL
+	}
+	if cfg.SpillTTL < time.Second {
+		return nil, fmt.Errorf("--hash-spill-ttl %v: want at least 1s", cfg.SpillTTL)
+	}
 	if cfg.PrefixBytes == 0 {
 		cfg.PrefixBytes = DefaultPrefixBytes
 	}
@@ -198,7 +233,7 @@ func NewPolicy(cfg PolicyConfig) (*Policy, error) {
 	if cfg.Now == nil {
 		cfg.Now = sticky.Now
 	}
-	return &Policy{cfg: cfg, ttl: int64(cfg.StickyTTL), refresh: int64(cfg.StickyRefresh)}, nil
+	return &Policy{cfg: cfg, ttl: int64(cfg.StickyTTL), refresh: int64(cfg.StickyRefresh), spillTTL: int64(cfg.SpillTTL)}, nil
 }
 
 // Config returns the policy's settings, defaults applied.
@@ -226,11 +261,11 @@ func (p *Policy) RoutingKey(req *httphead.Request) []byte {
 	return nil
 }
 
-// FinishSession forgets the sticky assignment of a routing key (POST
-// /finish_session). It reports whether there was one; with the hash policy
-// there is nothing to forget.
+// FinishSession forgets the sticky assignment (or, with the hash policy,
+// the remembered spill) of a routing key (POST /finish_session). It
+// reports whether there was one.
 func (p *Policy) FinishSession(key string) bool {
-	if p.cfg.Kind != PolicySticky {
+	if p.cfg.Sticky == nil {
 		return false
 	}
 	return p.cfg.Sticky.Delete(KeyHashString(key))
@@ -247,14 +282,14 @@ func (p *Policy) route(rt *Router, req *httphead.Request, body []byte) Decision 
 		if p.cfg.Kind == PolicySticky {
 			return p.routeSticky(rt, ws, h)
 		}
-		return p.routeRing(rt, ws, h, false)
+		return p.routeKey(rt, ws, h)
 	}
 	if p.cfg.Keyless == KeylessPrefix && len(body) > 0 {
 		if body = PeekedBody(req, body); len(body) > 0 {
 			if len(body) > p.cfg.PrefixBytes {
 				body = body[:p.cfg.PrefixBytes]
 			}
-			return p.routeRing(rt, ws, PrefixHash(body), true)
+			return p.routeRing(rt, ws, PrefixHash(body))
 		}
 	}
 	if p.cfg.Keyless == KeylessP2C {

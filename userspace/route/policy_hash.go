@@ -1,9 +1,10 @@
 package route
 
 import (
-	"math"
 	"slices"
 	"strconv"
+
+	"github.com/tether-rl/tether/userspace/sticky"
 )
 
 // Hashing: FNV-1a 64 followed by the MurmurHash3 finalizer (fmix64), so
@@ -162,95 +163,203 @@ type ringOutcome int
 
 const (
 	ringOwner    ringOutcome = iota // the key's owner
-	ringOverflow                    // owner above the load bound: a successor
+	ringSpill                       // owner overloaded: a successor
 	ringFailover                    // owner unhealthy or draining: a successor
 	ringPanic                       // no healthy worker: owner among non-draining
 	ringNone                        // nothing to route to
 )
 
-// capacity is the bounded-load limit: a worker takes a new request only
-// while its in-flight count is below ceil(c × (total+1) / n), total being
-// the requests in flight on the n healthy workers. Some healthy worker is
-// always below it, and the one chosen ends at most at c × mean + 1.
-func (p *Policy) capacity(total uint64, n int) uint64 {
-	return uint64(math.Ceil(p.cfg.LoadFactor * float64(total+1) / float64(n)))
+// load is the healthy workers' load at one decision: n workers, total
+// requests in flight on them.
+type load struct {
+	n     int
+	total uint64
 }
 
-// pick walks the ring from h: the first healthy worker below the load
-// bound takes the request (consistent hashing with bounded loads).
-func (p *Policy) pick(ws []*Worker, h uint64) (*Worker, ringOutcome) {
+func loadOf(ws []*Worker) load {
+	var l load
+	for _, w := range ws {
+		if w != nil && w.State() == Healthy {
+			l.n++
+			l.total += w.Stats.Pending()
+		}
+	}
+	return l
+}
+
+// overloaded reports whether w should take no new request of a key it
+// owns (the key spills to a ring successor). That is so only when w is at
+// its capacity (max_in_flight), or above both bounds at once once it took
+// the request: relative, more than c × the mean in flight, and absolute,
+// more than SpillMin above the mean. An inference engine runs hundreds of
+// requests at once and one prefix-cache miss costs far more than a few
+// dozen requests of imbalance, so a key stays put at light load, where the
+// relative bound alone (c × a mean of 2) would move it at 3.
+//
+// With low set, the bounds are those of the way back (hysteresis): c' =
+// 1 + (c-1)/2, SpillMin/2, capacity minus an eighth. A spilled key returns
+// to its owner only once the owner is below them, so a load that hovers
+// at the bound does not make the key flap.
+func (p *Policy) overloaded(w *Worker, l load, low bool) bool {
+	c, abs, capacity := p.cfg.LoadFactor, float64(p.cfg.SpillMin), w.MaxInFlight()
+	if low {
+		c, abs = 1+(c-1)/2, abs/2
+		if capacity > 1 {
+			capacity -= max(capacity/8, 1)
+		}
+	}
+	if w.full(capacity) {
+		return true
+	}
+	n := max(l.n, 1)
+	mean := float64(l.total+1) / float64(n)
+	after := float64(w.Stats.Pending() + 1)
+	return after > c*mean && after > mean+abs
+}
+
+// pick walks the ring from h: the first healthy worker (the owner) takes
+// the request unless it is overloaded, then the next healthy one that is
+// not (consistent hashing with bounded loads, bounded only under real
+// overload). It also returns the owner.
+func (p *Policy) pick(ws []*Worker, h uint64, l load) (*Worker, *Worker, ringOutcome) {
 	r := p.ringFor(ws)
 	np := len(r.points)
 	if np == 0 {
-		return nil, ringNone
-	}
-	n := 0
-	var total uint64
-	for _, w := range ws {
-		if w != nil && w.State() == Healthy {
-			n++
-			total += w.Stats.Pending()
-		}
+		return nil, nil, ringNone
 	}
 	i := r.search(h)
-	if n == 0 {
+	if l.n == 0 {
 		// Every worker unhealthy: the owner among those not draining,
 		// load ignored (the panic rule of spread).
 		for k := 0; k < np; k++ {
 			if w := ws[r.points[i].slot]; w.State() != Draining {
-				return w, ringPanic
+				return w, w, ringPanic
 			}
 			if i++; i == np {
 				i = 0
 			}
 		}
-		return nil, ringNone
+		return nil, nil, ringNone
 	}
-	limit := p.capacity(total, n)
+	var owner *Worker
 	out := ringOwner
 	for k := 0; k < np; k++ {
 		w := ws[r.points[i].slot]
-		if w.State() != Healthy {
-			if out == ringOwner {
+		switch {
+		case w.State() != Healthy:
+			if owner == nil {
 				out = ringFailover
 			}
-		} else if w.Stats.Pending() < limit {
-			return w, out
-		} else if out == ringOwner {
-			out = ringOverflow
+		case owner == nil:
+			owner = w
+			if !p.overloaded(w, l, false) {
+				return w, owner, out
+			}
+			out = ringSpill
+		case w != owner && !p.overloaded(w, l, false):
+			return w, owner, ringSpill
 		}
 		if i++; i == np {
 			i = 0
 		}
 	}
-	// Loads moved under us: the least loaded healthy worker.
+	// Every healthy worker is at its capacity: the least loaded one.
 	if w := LeastLoaded(ws, h, isHealthy); w != nil {
-		return w, ringOverflow
+		return w, owner, ringSpill
 	}
-	return nil, ringNone
+	return nil, nil, ringNone
 }
 
 func isHealthy(w *Worker) bool { return w.State() == Healthy }
 
-// routeRing routes by ring position h; prefix marks keyless prefix hashing.
-func (p *Policy) routeRing(rt *Router, ws []*Worker, h uint64, prefix bool) Decision {
-	w, out := p.pick(ws, h)
-	var reason Reason
-	switch {
-	case out == ringNone:
+// routeRing routes by ring position h without memory (--keyless=prefix).
+func (p *Policy) routeRing(rt *Router, ws []*Worker, h uint64) Decision {
+	w, _, out := p.pick(ws, h, loadOf(ws))
+	reason := ReasonPrefix
+	switch out {
+	case ringNone:
 		rt.reasons[ReasonNoWorker].Add(1)
 		return Decision{Status: 503, Reason: ReasonNoWorker}
-	case out == ringPanic:
+	case ringPanic:
 		reason = ReasonPanic
-	case prefix:
-		reason = ReasonPrefix
-	case out == ringOverflow:
-		reason = ReasonHashOverflow
-	case out == ringFailover:
-		reason = ReasonHashFailover
-	default:
-		reason = ReasonHash
 	}
 	rt.reasons[reason].Add(1)
 	return Decision{Worker: w, Reason: reason}
+}
+
+// routeKey routes a routing key by its hash h (--policy=hash). A key whose
+// owner is overloaded spills to a ring successor and the spill is
+// remembered in the sticky table for SpillTTL (pushed back while used):
+// while the owner stays overloaded (by the bounds of the way back), the
+// key keeps going to the worker it spilled to instead of bouncing between
+// successors as loads move; once the owner is below them, the entry is
+// dropped and the key returns (hash_return). Until some key spilled, no
+// request pays for a table lookup (Router.spillUntil).
+func (p *Policy) routeKey(rt *Router, ws []*Worker, h uint64) Decision {
+	l := loadOf(ws)
+	w, owner, out := p.pick(ws, h, l)
+	t := p.cfg.Sticky
+	var now int64
+	if t != nil && out != ringPanic && out != ringNone {
+		if until := rt.spillUntil.Load(); until != 0 {
+			if now = p.cfg.Now(); now < until {
+				if d, ok := p.remembered(rt, ws, h, l, owner, now); ok {
+					return d
+				}
+			}
+		}
+	}
+	reason := ReasonHash
+	switch out {
+	case ringNone:
+		rt.reasons[ReasonNoWorker].Add(1)
+		return Decision{Status: 503, Reason: ReasonNoWorker}
+	case ringPanic:
+		reason = ReasonPanic
+	case ringFailover:
+		reason = ReasonHashFailover
+	case ringSpill:
+		reason = ReasonHashSpill
+		if t != nil {
+			if now == 0 {
+				now = p.cfg.Now()
+			}
+			t.Put(h, sticky.Entry{Worker: uint32(w.Slot), ID: w.Ident(), Expires: now + p.spillTTL})
+			if until := now + p.spillTTL; until > rt.spillUntil.Load() {
+				rt.spillUntil.Store(until)
+			}
+		}
+	}
+	rt.reasons[reason].Add(1)
+	return Decision{Worker: w, Reason: reason}
+}
+
+// remembered applies a key's remembered spill, if it has one: to the
+// spill target while the owner is still overloaded and the target is not;
+// back to the owner (entry dropped) once the owner is not. ok false: no
+// spill to apply, route as usual (a spill that moves to another target is
+// stored again by the caller).
+func (p *Policy) remembered(rt *Router, ws []*Worker, h uint64, l load, owner *Worker, now int64) (Decision, bool) {
+	t := p.cfg.Sticky
+	e, found := t.Lookup(h)
+	if !found || !e.Live(now) {
+		return Decision{}, false
+	}
+	sw := entryWorker(ws, e)
+	if sw == nil || owner == nil || sw == owner {
+		return Decision{}, false
+	}
+	if !p.overloaded(owner, l, true) {
+		t.Delete(h)
+		rt.reasons[ReasonHashReturn].Add(1)
+		return Decision{Worker: owner, Reason: ReasonHashReturn}, true
+	}
+	if sw.State() != Healthy || p.overloaded(sw, l, false) {
+		return Decision{}, false
+	}
+	if uint32(sw.Slot) != e.Worker || now-(e.Expires-p.spillTTL) >= p.refresh {
+		t.Put(h, sticky.Entry{Worker: uint32(sw.Slot), ID: e.ID, Expires: now + p.spillTTL})
+	}
+	rt.reasons[ReasonHashSpilled].Add(1)
+	return Decision{Worker: sw, Reason: ReasonHashSpilled}, true
 }

@@ -5,48 +5,77 @@ import "github.com/tether-rl/tether/userspace/sticky"
 // routeSticky implements --policy=sticky for key hash h: one table lookup
 // per request; a table write only on a first assignment, a reassignment,
 // or a TTL refresh (at most every StickyRefresh per key).
+//
+// A key whose owner is unhealthy, draining or gone is reassigned (reason
+// sticky_failover) and stays with its new worker when the old one
+// recovers: the new worker holds the session's cache by then, and moving
+// it back would cost a second miss.
 func (p *Policy) routeSticky(rt *Router, ws []*Worker, h uint64) Decision {
 	t := p.cfg.Sticky
 	now := p.cfg.Now()
 	e, found := t.Lookup(h)
+	lost := false
 	if found && e.Live(now) {
-		if w := liveOwner(ws, e.Worker); w != nil {
-			if now-(e.Expires-p.ttl) >= p.refresh {
-				t.Put(h, sticky.Entry{Worker: e.Worker, Expires: now + p.ttl})
+		if w := entryWorker(ws, e); w != nil && w.State() == Healthy {
+			if uint32(w.Slot) != e.Worker || now-(e.Expires-p.ttl) >= p.refresh {
+				t.Put(h, sticky.Entry{Worker: uint32(w.Slot), ID: e.ID, Expires: now + p.ttl})
 			}
 			rt.reasons[ReasonSticky].Add(1)
 			return Decision{Worker: w, Reason: ReasonSticky}
 		}
+		lost = true
 	}
-	w := LeastLoaded(ws, rt.rr.Add(1), isHealthy)
+	// A new key: the least loaded healthy worker with room (capacity).
+	w := LeastLoaded(ws, rt.rr.Add(1), hasRoom)
+	if w == nil {
+		w = LeastLoaded(ws, rt.rr.Add(1), isHealthy)
+	}
 	if w == nil {
 		// Nothing healthy: spread's panic rule, nothing stored.
 		return rt.spread(ReasonStickyNew)
 	}
-	ne := sticky.Entry{Worker: uint32(w.Slot), Expires: now + p.ttl}
+	ne := sticky.Entry{Worker: uint32(w.Slot), ID: w.Ident(), Expires: now + p.ttl}
 	if found {
 		t.Put(h, ne) // expired, or its worker gone or unhealthy
 	} else if cur, ok := t.Insert(h, ne); !ok {
 		// Another request or tetherd process assigned the key first.
 		if cur.Live(now) {
-			if cw := liveOwner(ws, cur.Worker); cw != nil {
+			if cw := entryWorker(ws, cur); cw != nil && cw.State() == Healthy {
 				rt.reasons[ReasonSticky].Add(1)
 				return Decision{Worker: cw, Reason: ReasonSticky}
 			}
 		}
 		t.Put(h, ne)
 	}
-	rt.reasons[ReasonStickyNew].Add(1)
-	return Decision{Worker: w, Reason: ReasonStickyNew}
+	reason := ReasonStickyNew
+	if lost {
+		reason = ReasonStickyFailover
+	}
+	rt.reasons[reason].Add(1)
+	return Decision{Worker: w, Reason: reason}
 }
 
-// liveOwner returns the healthy worker in slot, or nil.
-func liveOwner(ws []*Worker, slot uint32) *Worker {
-	if int(slot) >= len(ws) {
+// entryWorker returns the worker a sticky entry names, whatever its state:
+// the worker in the entry's slot if it has the entry's identity, else the
+// worker with that identity in another slot (the same engine after a
+// restart with the workers in another order), else nil (the worker is
+// gone, or the entry predates identities).
+func entryWorker(ws []*Worker, e sticky.Entry) *Worker {
+	if e.ID == 0 {
 		return nil
 	}
-	if w := ws[slot]; w != nil && w.State() == Healthy {
-		return w
+	if int(e.Worker) < len(ws) {
+		if w := ws[e.Worker]; w != nil && w.Ident() == e.ID {
+			return w
+		}
+	}
+	for _, w := range ws {
+		if w != nil && w.Ident() == e.ID {
+			return w
+		}
 	}
 	return nil
 }
+
+// hasRoom: healthy and below its capacity (max_in_flight).
+func hasRoom(w *Worker) bool { return w.State() == Healthy && !w.full(w.MaxInFlight()) }

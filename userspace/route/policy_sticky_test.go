@@ -156,7 +156,7 @@ func TestStickyPolicy(t *testing.T) {
 			lost := d.Worker
 			lost.SetState(Unhealthy)
 			d2 := route("traj-1")
-			if d2.Worker == lost || d2.Reason != ReasonStickyNew {
+			if d2.Worker == lost || d2.Reason != ReasonStickyFailover {
 				t.Fatalf("unhealthy owner: %+v", d2)
 			}
 			lost.SetState(Healthy)

@@ -262,13 +262,18 @@ func TestHashSameAcrossProcesses(t *testing.T) {
 }
 
 // A hot key (and a background of other keys) never puts a worker above
-// c × mean + 1 requests in flight.
+// both bounds: max(c × mean, mean + SpillMin) + 1 requests in flight.
 func TestBoundedLoadHotKey(t *testing.T) {
-	for _, c := range []float64{1.25, 1.5, 2} {
-		t.Run(fmt.Sprint(c), func(t *testing.T) {
+	for _, tc := range []struct {
+		c   float64
+		abs int
+	}{{1.25, -1}, {1.5, -1}, {2, -1}, {1.25, 8}, {1.25, DefaultSpillMin}} {
+		c := tc.c
+		abs := float64(max(tc.abs, 0))
+		t.Run(fmt.Sprintf("c=%v,spill-min=%v", c, abs), func(t *testing.T) {
 			const n = 8
 			tab, _ := testWorkers(t, n)
-			rt := testRouter(t, tab, PolicyConfig{LoadFactor: c})
+			rt := testRouter(t, tab, PolicyConfig{LoadFactor: c, SpillMin: tc.abs})
 			ws := tab.Snapshot()
 			hot := keyReq(t, "hot-trajectory")
 			owner := rt.CurrentPolicy().Owner(ws, KeyHashString("hot-trajectory"))
@@ -285,8 +290,8 @@ func TestBoundedLoadHotKey(t *testing.T) {
 				mean := float64(total) / n
 				for _, w := range ws {
 					l := float64(w.Stats.Pending())
-					if l > c*mean+1 {
-						t.Fatalf("after %d requests worker %d has %v in flight > c×mean+1 = %.2f", total, w.Slot, l, c*mean+1)
+					if bound := max(c*mean, mean+abs) + 1; l > bound {
+						t.Fatalf("after %d requests worker %d has %v in flight > max(c×mean, mean+%v)+1 = %.2f", total, w.Slot, l, abs, bound)
 					}
 					if total >= 4*n {
 						worst = max(worst, l/mean)
@@ -307,10 +312,10 @@ func TestBoundedLoadHotKey(t *testing.T) {
 			}
 			mean := float64(total) / n
 			maxl := slicesMax(loads)
-			t.Logf("c=%v: hot key owner %d, final loads %v, max/mean %.3f (bound %.3f), worst max/mean once 4 per worker %.3f, overflows %d",
-				c, owner, loads, float64(maxl)/mean, c+1/mean, worst, rt.Count(ReasonHashOverflow))
-			if rt.Count(ReasonHashOverflow) == 0 {
-				t.Error("hot key never overflowed")
+			t.Logf("c=%v spill-min=%v: hot key owner %d, final loads %v, max/mean %.3f (bound %.3f), worst max/mean once 4 per worker %.3f, spills %d",
+				c, abs, owner, loads, float64(maxl)/mean, max(c, 1+abs/mean)+1/mean, worst, rt.Count(ReasonHashSpill))
+			if rt.Count(ReasonHashSpill) == 0 {
+				t.Error("hot key never spilled")
 			}
 		})
 	}

@@ -8,6 +8,7 @@
 package route
 
 import (
+	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -39,13 +40,54 @@ func (s State) String() string {
 
 // Worker is one backend in its slot.
 type Worker struct {
-	Slot  int
-	URL   string // as configured, e.g. http://10.0.0.5:30001
-	Addr  string // host:port to dial
+	Slot int
+	URL  string // as configured, e.g. http://10.0.0.5:30001
+	Addr string // host:port to dial
+	// ID names the worker in the sticky table (WorkerID of its URL): an
+	// entry whose ID is not the ID of the worker in its slot is stale, so
+	// a worker added into a removed worker's slot inherits none of its
+	// keys, and one that moved to another slot keeps them. 0: computed
+	// from URL on use.
+	ID    uint32
 	Pool  *upstream.Pool
 	Stats *stats.Worker
 	state atomic.Int32
+	// maxInFlight: at or above this many requests in flight the worker
+	// takes no new keys (0: no limit).
+	maxInFlight atomic.Uint64
 }
+
+// WorkerID is the identity of the worker at url in sticky entries: 32 bits
+// of its fixed hash, never 0 (0 marks entries written before identities
+// existed, which match no worker).
+func WorkerID(url string) uint32 {
+	if id := uint32(KeyHashString(url)); id != 0 {
+		return id
+	}
+	return 1
+}
+
+// Ident returns the worker's identity (ID, or WorkerID of its URL).
+func (w *Worker) Ident() uint32 {
+	if w.ID != 0 {
+		return w.ID
+	}
+	if w.URL == "" {
+		return WorkerID("slot:" + strconv.Itoa(w.Slot))
+	}
+	return WorkerID(w.URL)
+}
+
+// MaxInFlight returns the worker's capacity (0: no limit).
+func (w *Worker) MaxInFlight() uint64 { return w.maxInFlight.Load() }
+
+// SetMaxInFlight sets the worker's capacity: at or above n requests in
+// flight it takes no new keys; 0 removes the limit.
+func (w *Worker) SetMaxInFlight(n uint64) { w.maxInFlight.Store(n) }
+
+// full reports whether the worker is at or above limit requests in flight
+// (limit 0: never).
+func (w *Worker) full(limit uint64) bool { return limit > 0 && w.Stats.Pending() >= limit }
 
 // State returns the worker's state.
 func (w *Worker) State() State { return State(w.state.Load()) }
@@ -147,20 +189,25 @@ const (
 	ReasonNoWorker                       // nothing to route to
 	ReasonPanic                          // every worker unhealthy: routed anyway
 	// Policy reasons (policy*.go).
-	ReasonTarget       // X-SMG-Target-Worker named the worker
-	ReasonBadTarget    // X-SMG-Target-Worker named no worker: 400
-	ReasonHash         // key: its ring owner
-	ReasonHashOverflow // key: owner above the load bound, a ring successor
-	ReasonHashFailover // key: owner unhealthy or draining, a ring successor
-	ReasonSticky       // key: its sticky owner
-	ReasonStickyNew    // key: first seen (or owner lost), least loaded
-	ReasonPrefix       // no key, --keyless=prefix: body prefix on the ring
-	ReasonRid          // request id already in flight: its owner
+	ReasonTarget         // X-SMG-Target-Worker named the worker
+	ReasonBadTarget      // X-SMG-Target-Worker named no worker: 400
+	ReasonHash           // key: its ring owner
+	ReasonHashSpill      // key: owner overloaded, spilled to a ring successor (remembered)
+	ReasonHashSpilled    // key: owner still overloaded, to the worker it spilled to before
+	ReasonHashReturn     // key: owner no longer overloaded, back from its spill target
+	ReasonHashFailover   // key: owner unhealthy or draining, a ring successor
+	ReasonSticky         // key: its sticky owner
+	ReasonStickyNew      // key: first seen, least loaded
+	ReasonStickyFailover // key: owner unhealthy, draining or gone, reassigned
+	ReasonPrefix         // no key, --keyless=prefix: body prefix on the ring
+	ReasonRid            // request id already in flight: its owner
+	ReasonLearned        // bare session id: the worker that created it
 	NumReasons
 )
 
 var reasonNames = [NumReasons]string{"session", "spread", "bad_session_spread", "bad_session_reject", "no_worker", "panic",
-	"target", "bad_target", "hash", "hash_overflow", "hash_failover", "sticky", "sticky_new", "prefix", "rid"}
+	"target", "bad_target", "hash", "hash_spill", "hash_spilled", "hash_return", "hash_failover",
+	"sticky", "sticky_new", "sticky_failover", "prefix", "rid", "learned"}
 
 func (r Reason) String() string { return reasonNames[r] }
 
@@ -169,11 +216,17 @@ type Router struct {
 	Table *Table
 
 	// Settings a reload (SIGHUP) may change while requests are routed.
-	policy     atomic.Pointer[Policy] // nil: least in flight (spread)
-	badSession atomic.Int32           // BadSession
+	policy     atomic.Pointer[Policy]   // nil: least in flight (spread)
+	badSession atomic.Int32             // BadSession
+	learning   atomic.Pointer[Learning] // nil: bare session ids are not learned
 
 	rr      atomic.Uint64
 	reasons [NumReasons]atomic.Uint64
+	// spillUntil: until this CLOCK_MONOTONIC time some key may have a
+	// remembered spill (policy_hash.go); before, keyed requests skip the
+	// sticky table lookup. Kept here, not in the Policy, so a reload does
+	// not forget that spills exist.
+	spillUntil atomic.Int64
 }
 
 // Count returns how many requests were routed for reason r.
@@ -194,16 +247,39 @@ type Decision struct {
 	// (whatever the outcome): policies that track requests in flight by
 	// id release them here.
 	Done func()
+	// Learn, when set, wants to see the response (learn.go): the proxy
+	// calls its Status, Body and End before relaying what it shows.
+	Learn *Learner
 }
 
 // Route picks the worker for a request. body holds the first bytes of the
 // request body that were buffered with the head (possibly none).
 func (rt *Router) Route(req *httphead.Request, body []byte) Decision {
+	l := rt.learning.Load()
+	if l != nil && l.isCreate(req) {
+		// A new session: placed like any request that names none, and its
+		// id learned from the answer.
+		d := rt.unnamed(req, body)
+		if d.Worker != nil {
+			d.Learn = l.creating(d.Worker)
+		}
+		return d
+	}
 	if id, ok := SessionID(req.Path); ok {
-		if slot, ok := SessionSlot(id); ok {
+		slot, stamped := SessionSlot(id)
+		if stamped {
 			if w := rt.Table.Get(slot); w != nil {
 				rt.reasons[ReasonSession].Add(1)
 				return Decision{Worker: w, Reason: ReasonSession}
+			}
+		} else if l != nil {
+			if w := l.lookup(rt.Table.Snapshot(), id); w != nil {
+				rt.reasons[ReasonLearned].Add(1)
+				d := Decision{Worker: w, Reason: ReasonLearned}
+				if req.IsMethod("DELETE") && isSessionRoot(req.Path) {
+					d.Learn = l.deleting(id)
+				}
+				return d
 			}
 		}
 		if rt.BadSessionMode() == BadSessionReject {
@@ -213,11 +289,28 @@ func (rt *Router) Route(req *httphead.Request, body []byte) Decision {
 		rt.reasons[ReasonBadSessionSpread].Add(1)
 		return rt.spread(ReasonBadSessionSpread)
 	}
+	return rt.unnamed(req, body)
+}
+
+// unnamed routes a request that names no session: the policy, else spread.
+func (rt *Router) unnamed(req *httphead.Request, body []byte) Decision {
 	if p := rt.CurrentPolicy(); p != nil {
 		return p.route(rt, req, body)
 	}
 	return rt.spread(ReasonSpread)
 }
+
+// SetLearning sets (nil: turns off) the learning of bare session ids. A
+// new Learning (a reload) carries on the counts of the one it replaces.
+func (rt *Router) SetLearning(l *Learning) {
+	if old := rt.learning.Load(); old != nil && l != nil && l != old {
+		l.n = old.n
+	}
+	rt.learning.Store(l)
+}
+
+// CurrentLearning returns the learning in effect, or nil.
+func (rt *Router) CurrentLearning() *Learning { return rt.learning.Load() }
 
 // spread picks the routable worker with the fewest requests in flight,
 // starting at a rotating slot so that ties rotate instead of always
@@ -279,6 +372,21 @@ func SessionID(path []byte) ([]byte, bool) {
 		}
 	}
 	return rest, len(rest) > 0
+}
+
+// isSessionRoot reports whether path is /sessions/{id} itself (no
+// sub-path; a query is allowed).
+func isSessionRoot(path []byte) bool {
+	const prefix = "/sessions/"
+	for _, c := range path[len(prefix):] {
+		if c == '/' {
+			return false
+		}
+		if c == '?' {
+			break
+		}
+	}
+	return true
 }
 
 // SessionSlot parses the worker slot of a w<idx>-<rest> session id: a

@@ -17,7 +17,7 @@ const MapName = "sticky_sessions"
 // bpfValue mirrors struct tether_sticky in headers/tether.h.
 type bpfValue struct {
 	Worker    uint32
-	Pad       uint32
+	WorkerID  uint32
 	ExpiresNs uint64
 }
 
@@ -100,12 +100,12 @@ func (t *BPF) Lookup(key uint64) (Entry, bool) {
 		}
 		return Entry{}, false
 	}
-	return Entry{Worker: v.Worker, Expires: int64(v.ExpiresNs)}, true
+	return Entry{Worker: v.Worker, ID: v.WorkerID, Expires: int64(v.ExpiresNs)}, true
 }
 
 // Insert implements Table (BPF_NOEXIST, then a lookup of the winner).
 func (t *BPF) Insert(key uint64, e Entry) (Entry, bool) {
-	v := bpfValue{Worker: e.Worker, ExpiresNs: uint64(e.Expires)}
+	v := bpfValue{Worker: e.Worker, WorkerID: e.ID, ExpiresNs: uint64(e.Expires)}
 	err := t.m.Update(&key, &v, ebpf.UpdateNoExist)
 	if err == nil {
 		return e, true
@@ -124,7 +124,7 @@ func (t *BPF) Insert(key uint64, e Entry) (Entry, bool) {
 
 // Put implements Table.
 func (t *BPF) Put(key uint64, e Entry) {
-	v := bpfValue{Worker: e.Worker, ExpiresNs: uint64(e.Expires)}
+	v := bpfValue{Worker: e.Worker, WorkerID: e.ID, ExpiresNs: uint64(e.Expires)}
 	if err := t.m.Update(&key, &v, ebpf.UpdateAny); err != nil {
 		t.errors.Add(1)
 	}

@@ -1,5 +1,7 @@
-// Package sticky is the table of --policy=sticky: routing key hash -> the
-// worker slot that owns the key, with a CLOCK_MONOTONIC expiry.
+// Package sticky is the table of key -> owning worker that routing keeps:
+// the assignments of --policy=sticky, the remembered spills of
+// --policy=hash and the learned bare session ids (each under its own key
+// hash), with the worker's slot and identity and a CLOCK_MONOTONIC expiry.
 //
 // Two implementations share one interface and one semantics:
 //
@@ -27,8 +29,13 @@ const MaxEntries = 65536
 
 // Entry is one key's owner.
 type Entry struct {
-	Worker  uint32 // worker slot
-	Expires int64  // CLOCK_MONOTONIC deadline, ns (see Now)
+	Worker uint32 // worker slot (where the worker was when stored)
+	// ID is the worker's identity (route.WorkerID of its URL): the entry
+	// names the worker, not its slot, so it is stale once another worker
+	// holds the slot and follows its worker to another slot. 0: an entry of
+	// a tetherd that stored no identity, which matches no worker.
+	ID      uint32
+	Expires int64 // CLOCK_MONOTONIC deadline, ns (see Now)
 }
 
 // Live reports whether e has not expired at now.
