@@ -1,7 +1,7 @@
 // Command tether-demo serves one demo session worker (package
 // userspace/demo) until SIGINT or SIGTERM:
 //
-//	tether-demo --listen 127.0.0.1:30001 --index 0 [--stream-delay 0] [--stream-chunks 4]
+//	tether-demo --listen 127.0.0.1:30001 --index 0 [--stream-delay 0] [--stream-chunks 4] [--bare-ids]
 package main
 
 import (
@@ -21,6 +21,7 @@ func main() {
 	index := flag.Int("index", 0, "worker index: session ids are w<index>-<32 hex>")
 	delay := flag.Duration("stream-delay", 0, "pause between stream chunks")
 	chunks := flag.Int("stream-chunks", demo.DefaultStreamChunks, "content chunks per stream")
+	bare := flag.Bool("bare-ids", false, "mint plain uuid session ids (no w<index>- prefix) and 404 turns of sessions not minted here, as a session server that knows nothing of tether")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		slog.Error("unexpected arguments", "args", flag.Args())
@@ -30,7 +31,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	s, err := demo.Start(*listen, demo.Options{Index: *index, StreamDelay: *delay, StreamChunks: *chunks})
+	s, err := demo.Start(*listen, demo.Options{Index: *index, StreamDelay: *delay, StreamChunks: *chunks, BareIDs: *bare})
 	if err != nil {
 		slog.Error("tether-demo: listen failed", "listen", *listen, "err", err)
 		os.Exit(1)

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -90,6 +91,11 @@ func bareSessionServers(t *testing.T, n int) []string {
 // at addr: create a session, then turns; it returns each session's id and
 // creator, and fails the test if a turn reached another engine.
 func trajectories(t *testing.T, addr string, m, turns int) map[string]string {
+	return trajectoriesBy(t, addr, m, turns, "X-Engine")
+}
+
+// trajectoriesBy is trajectories with the engine named by header hdr.
+func trajectoriesBy(t *testing.T, addr string, m, turns int, hdr string) map[string]string {
 	t.Helper()
 	kc := newKeyClient(t, addr, m)
 	var mu sync.Mutex
@@ -109,13 +115,13 @@ func trajectories(t *testing.T, addr string, m, turns int) map[string]string {
 			}
 			json.NewDecoder(resp.Body).Decode(&s)
 			resp.Body.Close()
-			creator := resp.Header.Get("X-Engine")
+			creator := resp.Header.Get(hdr)
 			if resp.StatusCode != 201 || s.SessionID == "" {
 				t.Errorf("create: %d %+v", resp.StatusCode, s)
 				return
 			}
 			for turn := 0; turn < turns; turn++ {
-				if st, e := sessionTurn(kc, addr, s.SessionID); st != 200 || e != creator {
+				if st, e := sessionTurnBy(kc, addr, s.SessionID, hdr); st != 200 || e != creator {
 					t.Errorf("session %s (engine %s) turn %d: %d from engine %q", s.SessionID, creator, turn, st, e)
 					return
 				}
@@ -130,13 +136,53 @@ func trajectories(t *testing.T, addr string, m, turns int) map[string]string {
 }
 
 func sessionTurn(kc *keyClient, addr, id string) (int, string) {
-	resp, err := kc.c.Post("http://"+addr+"/sessions/"+id+"/v1/chat/completions", "application/json", nil)
+	return sessionTurnBy(kc, addr, id, "X-Engine")
+}
+
+func sessionTurnBy(kc *keyClient, addr, id, hdr string) (int, string) {
+	resp, err := kc.c.Post("http://"+addr+"/sessions/"+id+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"messages":[{"role":"user","content":"next turn"}]}`))
 	if err != nil {
 		return 0, err.Error()
 	}
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	return resp.StatusCode, resp.Header.Get("X-Engine")
+	return resp.StatusCode, resp.Header.Get(hdr)
+}
+
+// Learned affinity with --spawn: 4 tether-demo --bare-ids processes (uuid
+// ids, strict about them), 64 concurrent trajectories of 5 turns, every
+// turn on the worker that created its session.
+func TestLearnedSessionsSpawned(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds tether-demo")
+	}
+	bin := buildDemo(t)
+	opts := Options{Spawn: 4, SpawnCommand: []string{bin, "--listen", "127.0.0.1:{port}", "--index", "{index}", "--bare-ids"},
+		SpawnGrace: 5 * time.Second, SpawnOutput: io.Discard, WorkerStartupTimeout: 20 * time.Second, BadSession: "reject"}
+	opts.BPF = "off"
+	opts.HealthInterval = 100 * time.Millisecond
+	d := serveDaemon(t, opts)
+	deadline := time.Now().Add(30 * time.Second)
+	for d.Registry.Counts()["healthy"] < 4 {
+		if time.Now().After(deadline) {
+			t.Fatalf("spawned workers not up: %+v", d.Registry.List())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	sessions := trajectoriesBy(t, d.Addr(), 64, 5, "X-Tether-Demo-Worker")
+	per := map[string]int{}
+	for _, w := range sessions {
+		per[w]++
+	}
+	c := d.RoutingCounts()
+	t.Logf("64 trajectories over workers %v; decisions %v; learned %+v", per, decisions(d), c.Learned)
+	if len(sessions) != 64 || c.Decisions["learned"] != 64*5 || c.Learned.Learned != 64 {
+		t.Errorf("%d sessions, %d learned turns, %+v", len(sessions), c.Decisions["learned"], c.Learned)
+	}
+	if len(per) < 3 {
+		t.Errorf("64 sessions created on %d workers only", len(per))
+	}
 }
 
 // Learned affinity: 64 concurrent trajectories against unmodified

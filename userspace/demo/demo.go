@@ -7,7 +7,9 @@
 // Every response carries the header X-Tether-Demo-Worker: <index> and, unless
 // it is a byte stream or server-sent events, a JSON body.
 //
-// Sessions (ids "w<index>-<32 lowercase hex>"):
+// Sessions (ids "w<index>-<32 lowercase hex>", or with Options.BareIDs plain
+// uuids such as "3f2a9c1e-4b7d-4e21-9a0b-1c2d3e4f5a6b", as a session server
+// that knows nothing of tether mints them):
 //
 //	POST   /sessions                               201 {"session_id":id,"worker":i}
 //	GET    /sessions/{id}                          200 {"session_id":id,"worker":i,"turns":n} or 404
@@ -19,7 +21,8 @@
 //	POST   /sessions/{id}/slow?chunks=K&delay_ms=D K server-sent events D ms apart
 //
 // The chat endpoint creates a session it has never seen ("reseeding": a
-// rolling resize may route a foreign id here); GET and DELETE of an unknown
+// rolling resize may route a foreign id here), except with BareIDs, where a
+// turn of an id this worker did not mint is a 404; GET and DELETE of an unknown
 // id are 404. echo, sha256, blob and slow accept any id and neither create
 // nor count a session.
 //
@@ -78,6 +81,11 @@ type Options struct {
 	Index        int           // worker index i: session ids are "w<i>-<32 lowercase hex>"
 	StreamDelay  time.Duration // pause between SSE chunks / generate chunks (default 0)
 	StreamChunks int           // number of content chunks in a stream (default 4)
+	// BareIDs: mint plain uuids (8-4-4-4-12 lowercase hex, version 4) as
+	// a session server that knows nothing of tether does (miles'
+	// single-process server), and be strict about them: a chat turn of a
+	// session this worker did not mint is a 404, no reseeding.
+	BareIDs bool
 }
 
 // Worker is the demo session worker, an http.Handler. It is safe for
@@ -372,15 +380,34 @@ func (w *Worker) newRid() string {
 
 // --- sessions ---
 
-func (w *Worker) createSession(rw http.ResponseWriter) {
+// newSessionID returns a fresh id: w<i>-<32 hex>, or with BareIDs a uuid.
+func (w *Worker) newSessionID(buf []byte) []byte {
 	var raw [16]byte
-	buf := make([]byte, len(w.idPrefix)+32)
-	copy(buf, w.idPrefix)
+	rand.Read(raw[:]) // never fails
+	if !w.opts.BareIDs {
+		buf = append(buf[:0], w.idPrefix...)
+		n := len(buf)
+		buf = append(buf, make([]byte, 32)...)
+		hex.Encode(buf[n:], raw[:])
+		return buf
+	}
+	raw[6] = raw[6]&0x0f | 0x40 // version 4
+	raw[8] = raw[8]&0x3f | 0x80 // RFC 4122 variant
+	var h [32]byte
+	hex.Encode(h[:], raw[:])
+	buf = append(buf[:0], h[0:8]...)
+	for _, part := range [][]byte{h[8:12], h[12:16], h[16:20], h[20:32]} {
+		buf = append(append(buf, '-'), part...)
+	}
+	return buf
+}
+
+func (w *Worker) createSession(rw http.ResponseWriter) {
+	buf := make([]byte, 0, len(w.idPrefix)+36)
 	var id string
 	w.mu.Lock()
 	for {
-		rand.Read(raw[:]) // never fails
-		hex.Encode(buf[len(w.idPrefix):], raw[:])
+		buf = w.newSessionID(buf)
 		if _, dup := w.sessions[string(buf)]; !dup {
 			id = string(buf)
 			w.sessions[id] = 0
@@ -602,9 +629,16 @@ func (w *Worker) chat(rw http.ResponseWriter, r *http.Request, id string, sessio
 	turn := 0
 	if session {
 		w.mu.Lock()
-		turn = w.sessions[id] + 1
-		w.sessions[id] = turn
+		prev, known := w.sessions[id]
+		if known || !w.opts.BareIDs {
+			turn = prev + 1
+			w.sessions[id] = turn
+		}
 		w.mu.Unlock()
+		if !known && w.opts.BareIDs {
+			w.writeError(rw, http.StatusNotFound, "not_found_error", "unknown session "+id)
+			return
+		}
 	}
 
 	if req.Stream {
