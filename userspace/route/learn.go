@@ -163,8 +163,13 @@ func (l *Learning) Forget(id string) bool {
 	return false
 }
 
-// creating returns the Learner of a create request sent to w.
-func (l *Learning) creating(w *Worker) *Learner { return &Learner{l: l, w: w} }
+// creating attaches the Learner of a create request to its decision.
+func (l *Learning) creating(d Decision) Decision {
+	if d.Worker != nil {
+		d.Learn = &Learner{l: l, w: d.Worker}
+	}
+	return d
+}
 
 // deleting returns the Learner of DELETE /sessions/{id}.
 func (l *Learning) deleting(id []byte) *Learner {

@@ -40,18 +40,18 @@ func (s State) String() string {
 
 // Worker is one backend in its slot.
 type Worker struct {
-	Slot int
-	URL  string // as configured, e.g. http://10.0.0.5:30001
-	Addr string // host:port to dial
+	Slot  int
+	URL   string // as configured, e.g. http://10.0.0.5:30001
+	Addr  string // host:port to dial
+	Pool  *upstream.Pool
+	Stats *stats.Worker
+	state atomic.Int32
 	// ID names the worker in the sticky table (WorkerID of its URL): an
 	// entry whose ID is not the ID of the worker in its slot is stale, so
 	// a worker added into a removed worker's slot inherits none of its
 	// keys, and one that moved to another slot keeps them. 0: computed
 	// from URL on use.
-	ID    uint32
-	Pool  *upstream.Pool
-	Stats *stats.Worker
-	state atomic.Int32
+	ID uint32
 	// maxInFlight: at or above this many requests in flight the worker
 	// takes no new keys (0: no limit).
 	maxInFlight atomic.Uint64
@@ -256,16 +256,7 @@ type Decision struct {
 // request body that were buffered with the head (possibly none).
 func (rt *Router) Route(req *httphead.Request, body []byte) Decision {
 	l := rt.learning.Load()
-	if l != nil && l.isCreate(req) {
-		// A new session: placed like any request that names none, and its
-		// id learned from the answer.
-		d := rt.unnamed(req, body)
-		if d.Worker != nil {
-			d.Learn = l.creating(d.Worker)
-		}
-		return d
-	}
-	if id, ok := SessionID(req.Path); ok {
+	if id, ok := SessionID(req.Path); ok && (l == nil || !l.isCreate(req)) {
 		slot, stamped := SessionSlot(id)
 		if stamped {
 			if w := rt.Table.Get(slot); w != nil {
@@ -288,6 +279,11 @@ func (rt *Router) Route(req *httphead.Request, body []byte) Decision {
 		}
 		rt.reasons[ReasonBadSessionSpread].Add(1)
 		return rt.spread(ReasonBadSessionSpread)
+	}
+	if l != nil && l.isCreate(req) {
+		// A new session, placed like any request that names none: its id
+		// is learned from the answer.
+		return l.creating(rt.unnamed(req, body))
 	}
 	return rt.unnamed(req, body)
 }

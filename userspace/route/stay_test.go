@@ -332,7 +332,7 @@ func TestLearnedSessions(t *testing.T) {
 			// does not.
 			var id string
 			for id = range ids {
-				if id != id0 {
+				if ids[id].Slot != 0 { // slot 0's worker moved above
 					break
 				}
 			}
@@ -354,7 +354,7 @@ func TestLearnedSessions(t *testing.T) {
 			// A sub-path DELETE is a turn, not the end of the session.
 			other := ""
 			for o := range ids {
-				if o != id && o != id0 {
+				if o != id && ids[o].Slot != 0 {
 					other = o
 					break
 				}
