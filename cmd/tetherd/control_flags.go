@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/tether-rl/tether/userspace/daemon"
@@ -22,6 +23,8 @@ func controlFlags(fs *flag.FlagSet, o *daemon.Options) func(args []string) error
 	fs.DurationVar(&o.HealthTimeout, "health-timeout", health.DefaultTimeout, "a health check without a 2xx answer in this time failed")
 	fs.IntVar(&o.HealthFailures, "health-failures", health.DefaultFailures, "consecutive failed checks (or data-path connect failures) that make a worker unhealthy")
 	fs.IntVar(&o.HealthSuccesses, "health-successes", health.DefaultSuccesses, "consecutive good checks that make an unhealthy worker healthy again")
+	fs.StringVar(&o.HealthPath, "health-path", health.Path, "the endpoint the health checks GET on every worker (e.g. /health_generate)")
+	fs.StringVar(&o.WorkerAPIKey, "worker-api-key", "", "the workers' API key (engines started with --api-key): sent as a Bearer token on health checks and on the fan-outs of clients that send no Authorization (default: $TETHER_WORKER_API_KEY)")
 	fs.DurationVar(&o.WorkerStartupTimeout, "worker-startup-timeout", 5*time.Minute, "wait this long for an added or spawned worker's first good /health")
 	fs.DurationVar(&o.RemoveGrace, "remove-grace", time.Minute, "a removed worker's requests in flight get this long before its connections are closed and its slot reused")
 	fs.Uint64Var(&o.MaxInFlight, "max-in-flight", 0, "every worker's capacity: at or above this many requests in flight a worker takes no new keys (0: none; per worker: PATCH /workers/{id} {\"max_in_flight\":N} or max_in_flight in POST /workers)")
@@ -33,6 +36,12 @@ func controlFlags(fs *flag.FlagSet, o *daemon.Options) func(args []string) error
 		}
 		if o.AdminToken == "" {
 			o.AdminToken = os.Getenv("TETHER_ADMIN_TOKEN")
+		}
+		if o.WorkerAPIKey == "" {
+			o.WorkerAPIKey = os.Getenv("TETHER_WORKER_API_KEY")
+		}
+		if !strings.HasPrefix(o.HealthPath, "/") {
+			return fmt.Errorf("--health-path %q: want an absolute path such as /health", o.HealthPath)
 		}
 		for _, c := range []struct {
 			name string

@@ -41,7 +41,7 @@ type control struct {
 // --spawn processes and puts the start-up workers (--worker, then --demo)
 // in the slots after them.
 func (d *Daemon) newRegistry(opts Options, demos int) error {
-	d.ctl.prober = health.NewProber(opts.HealthTimeout)
+	d.ctl.prober = health.NewProberWith(health.ProbeOptions{Timeout: opts.HealthTimeout, Path: opts.HealthPath, APIKey: opts.WorkerAPIKey})
 	d.Registry = registry.New(registry.Options{
 		Table:          d.Table,
 		Stats:          d.Stats,

@@ -48,13 +48,18 @@ type Options struct {
 	Routing RoutingOptions
 
 	// Control plane (control.go). Zero values take the defaults.
-	Admin                string        // admin API address; "" turns it off (cmd/tetherd: DefaultAdmin)
-	AdminOnDataPort      bool          // also serve the admin API on the data port
-	AdminToken           string        // Bearer token the admin API requires, wherever served
-	HealthInterval       time.Duration // active checks; default 5s
-	HealthTimeout        time.Duration // of one check; default 2s
-	HealthFailures       int           // consecutive failures to unhealthy; default 3
-	HealthSuccesses      int           // consecutive successes to healthy; default 2
+	Admin           string        // admin API address; "" turns it off (cmd/tetherd: DefaultAdmin)
+	AdminOnDataPort bool          // also serve the admin API on the data port
+	AdminToken      string        // Bearer token the admin API requires, wherever served
+	HealthInterval  time.Duration // active checks; default 5s
+	HealthTimeout   time.Duration // of one check; default 2s
+	HealthFailures  int           // consecutive failures to unhealthy; default 3
+	HealthSuccesses int           // consecutive successes to healthy; default 2
+	HealthPath      string        // the endpoint checked on every worker; default /health
+	// WorkerAPIKey is sent as "Authorization: Bearer KEY" on health checks
+	// and on the engine fan-outs of clients that sent no Authorization
+	// (engines started with --api-key).
+	WorkerAPIKey         string
 	WorkerStartupTimeout time.Duration // wait for a new worker's /health; default 5m
 	RemoveGrace          time.Duration // wait for a removed worker's requests; default 60s
 	MaxInFlight          uint64        // every worker's capacity unless the admin API set its own; 0: none

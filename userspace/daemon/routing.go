@@ -133,6 +133,7 @@ func setupRouting(opts Options, g *listener.Group, rt *route.Router) (*routing, 
 			Owners: r.owners,
 			// The policy in use, across reloads.
 			FinishSession: func(key string) bool { return rt.CurrentPolicy().FinishSession(key) },
+			WorkerAPIKey:  opts.WorkerAPIKey,
 			Log:           opts.Log,
 		})
 		r.local = r.engine.Local

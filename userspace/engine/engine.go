@@ -6,12 +6,17 @@
 //	POST /abort_request      SGLang form {"rid": "..."} or {"abort_all": true}:
 //	                         to the owner of rid when known, else to every worker
 //	POST /abort_requests     vLLM form {"request_ids": [...]}: grouped per owner,
-//	                         unknown ids to every worker
+//	                         unknown ids to every worker; {} (abort
+//	                         everything) to every worker
 //	POST /abort_until_idle?timeout_s=T
 //	                         abort_all in waves until tetherd has nothing in
 //	                         flight to any worker, or T seconds (default 30) pass
 //	POST /flush_cache        to every worker (GET accepted too)
-//	GET  /get_loads          every worker's GET /get_load
+//	GET  /get_loads, /v1/loads
+//	                         every worker's GET /get_load, and the loads list
+//	                         of sgl-model-gateway ({"loads":[{"worker":url,
+//	                         "worker_type":"regular","load":n}]}, n: tetherd's
+//	                         requests in flight to it)
 //	POST /finish_session?session_id=ID
 //	                         forget a sticky routing key (best effort)
 //
@@ -20,7 +25,9 @@
 //	{"successful":[{"worker":0,"status":200,"response":{...}}],
 //	 "failed":[{"worker":2,"error":"connect failed"}]}
 //
-// with status 200, or 502 when every call failed, or 503 without workers.
+// with status 200, or 502 when every call failed, or 503 without workers
+// (/flush_cache: not 200 unless every worker flushed). Every call carries
+// the client's Authorization (else Config.WorkerAPIKey as a Bearer token).
 // Malformed requests are answered 400 with {"error":{"code":400,"message":...}}
 // and nothing is sent to any worker. Error texts are fixed (never a Go
 // error string or an address); the details go to the log.
@@ -59,6 +66,11 @@ type Config struct {
 	WaveInterval time.Duration
 	// MaxIdleTimeout caps timeout_s of /abort_until_idle; default 1h.
 	MaxIdleTimeout time.Duration
+	// WorkerAPIKey, when set, goes to the workers as "Authorization:
+	// Bearer KEY" on the calls of a client that sent no Authorization of
+	// its own (engines started with --api-key). A client's Authorization
+	// is always forwarded as it came.
+	WorkerAPIKey string
 	Log            *slog.Logger
 }
 
@@ -103,6 +115,7 @@ const (
 	PathAbortUntilIdle = "/abort_until_idle"
 	PathFlushCache     = "/flush_cache"
 	PathGetLoads       = "/get_loads"
+	PathV1Loads        = "/v1/loads"
 	PathFinishSession  = "/finish_session"
 )
 
@@ -121,7 +134,7 @@ func (e *Engine) Local(method, path []byte) http.Handler {
 		return http.HandlerFunc(e.abortUntilIdle)
 	case PathFlushCache:
 		return http.HandlerFunc(e.flushCache)
-	case PathGetLoads:
+	case PathGetLoads, PathV1Loads:
 		return e.GetLoadsHandler()
 	case PathFinishSession:
 		return http.HandlerFunc(e.finishSession)
@@ -167,13 +180,30 @@ type call struct {
 	path   string
 	body   []byte
 	rids   []string
+	auth   string // Authorization to send (the client's, or the worker API key)
 }
 
 // maxWorkerResponse bounds a worker's answer kept in a result.
 const maxWorkerResponse = 64 << 10
 
-// fanout runs the calls concurrently, each bounded by the Timeout.
-func (e *Engine) fanout(ctx context.Context, calls []call) Results {
+// auth is the Authorization the calls for client request r carry: the
+// client's own, else the configured worker API key.
+func (e *Engine) auth(r *http.Request) string {
+	if a := r.Header.Get("Authorization"); a != "" {
+		return a
+	}
+	if e.cfg.WorkerAPIKey != "" {
+		return "Bearer " + e.cfg.WorkerAPIKey
+	}
+	return ""
+}
+
+// fanout runs the calls concurrently, each bounded by the Timeout, with
+// the Authorization auth.
+func (e *Engine) fanout(ctx context.Context, auth string, calls []call) Results {
+	for i := range calls {
+		calls[i].auth = auth
+	}
 	out := make([]Result, len(calls))
 	var wg sync.WaitGroup
 	for i := range calls {
@@ -214,6 +244,9 @@ func (e *Engine) do(ctx context.Context, c *call) Result {
 	}
 	if c.body != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.auth != "" {
+		req.Header.Set("Authorization", c.auth)
 	}
 	resp, err := e.client.Do(req)
 	if err != nil {
@@ -401,7 +434,7 @@ func (e *Engine) abortRequest(w http.ResponseWriter, r *http.Request) {
 	for i, wk := range targets {
 		calls[i] = call{w: wk, method: http.MethodPost, path: PathAbortRequest, body: body}
 	}
-	res := e.fanout(r.Context(), calls)
+	res := e.fanout(r.Context(), e.auth(r), calls)
 	writeJSON(w, fanoutStatus(res), AbortAnswer{Rid: rid, Routed: routed, Successful: res.Successful, Failed: res.Failed})
 }
 
@@ -416,8 +449,22 @@ func (e *Engine) abortRequests(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	raw, ok := m["request_ids"]
+	if !ok && len(m) == 0 {
+		// vLLM's abort-everything form, {}: as it came, to every worker.
+		// (Any other body without ids is a mistake, refused below: an
+		// SGLang {"rid":..} sent here must not abort everything.)
+		body, _ := json.Marshal(m)
+		ws := e.workers()
+		calls := make([]call, len(ws))
+		for i, wk := range ws {
+			calls[i] = call{w: wk, method: http.MethodPost, path: PathAbortRequests, body: body}
+		}
+		res := e.fanout(r.Context(), e.auth(r), calls)
+		writeJSON(w, fanoutStatus(res), AbortAnswer{Routed: "all", Successful: res.Successful, Failed: res.Failed})
+		return
+	}
 	if !ok {
-		writeError(w, http.StatusBadRequest, `missing "request_ids" (a list of strings)`)
+		writeError(w, http.StatusBadRequest, `missing "request_ids" (a list of strings; {} aborts everything)`)
 		return
 	}
 	if k := jsonKind(raw); k != "a list" {
@@ -474,7 +521,7 @@ func (e *Engine) abortRequests(w http.ResponseWriter, r *http.Request) {
 	if len(unknown) > 0 {
 		routed = "all"
 	}
-	res := e.fanout(r.Context(), calls)
+	res := e.fanout(r.Context(), e.auth(r), calls)
 	writeJSON(w, fanoutStatus(res), AbortAnswer{RequestIDs: len(ids), Routed: routed, Successful: res.Successful, Failed: res.Failed})
 }
 
@@ -536,6 +583,7 @@ func (e *Engine) abortUntilIdle(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithDeadline(r.Context(), deadline)
 	defer cancel()
 	body := []byte(`{"abort_all":true}`)
+	auth := e.auth(r)
 	var ans IdleAnswer
 	ans.Failed = []Result{}
 	var lastWave time.Time
@@ -555,7 +603,7 @@ func (e *Engine) abortUntilIdle(w http.ResponseWriter, r *http.Request) {
 			for i, wk := range busy {
 				calls[i] = call{w: wk, method: http.MethodPost, path: PathAbortRequest, body: body}
 			}
-			res := e.fanout(ctx, calls)
+			res := e.fanout(ctx, auth, calls)
 			ans.Failed = res.Failed
 			ans.Waves++
 			lastWave = time.Now()
@@ -587,15 +635,61 @@ func (e *Engine) all(r *http.Request, method, path string) Results {
 	for i, wk := range ws {
 		calls[i] = call{w: wk, method: method, path: path}
 	}
-	return e.fanout(r.Context(), calls)
+	return e.fanout(r.Context(), e.auth(r), calls)
 }
 
+// FlushAnswer is the answer of /flush_cache.
+type FlushAnswer struct {
+	Results
+	TotalWorkers int    `json:"total_workers"`
+	Message      string `json:"message"`
+}
+
+// flushCache flushes every worker. The cache is flushed only if every
+// worker flushed it (an SGLang engine refuses, 400, while it runs
+// requests): otherwise the answer is not 200, so that a client retrying
+// until 200 retries. A refusal that every failed worker gave alike is
+// passed on (400 from busy engines), anything else is a 502.
 func (e *Engine) flushCache(w http.ResponseWriter, r *http.Request) {
 	if !allowMethods(w, r, http.MethodPost, http.MethodGet) {
 		return
 	}
 	res := e.all(r, http.MethodPost, PathFlushCache)
-	writeJSON(w, fanoutStatus(res), res)
+	ans := FlushAnswer{Results: res, TotalWorkers: len(res.Successful) + len(res.Failed)}
+	code := fanoutStatus(res)
+	switch {
+	case ans.TotalWorkers == 0:
+		ans.Message = "no workers"
+	case len(res.Failed) == 0:
+		ans.Message = "cache flushed on all " + strconv.Itoa(ans.TotalWorkers) + " workers"
+	default:
+		ans.Message = "cache not flushed on " + strconv.Itoa(len(res.Failed)) + " of " + strconv.Itoa(ans.TotalWorkers) + " workers"
+		code = res.Failed[0].Status
+		for _, f := range res.Failed {
+			if f.Status != code || f.Status < 400 || f.Status > 499 {
+				code = http.StatusBadGateway
+				break
+			}
+		}
+	}
+	writeJSON(w, code, ans)
+}
+
+// Load is one worker's load in sgl-model-gateway's shape: load is the
+// requests tetherd has in flight to the worker (exact: every request goes
+// through tetherd).
+type Load struct {
+	Worker     string `json:"worker"`
+	WorkerType string `json:"worker_type"`
+	Load       int64  `json:"load"`
+}
+
+// LoadsAnswer is the answer of the data port's /get_loads and /v1/loads:
+// sgl-model-gateway's loads list, and each worker's own /get_load answer.
+type LoadsAnswer struct {
+	Loads        []Load `json:"loads"`
+	TotalWorkers int    `json:"total_workers"`
+	Results
 }
 
 func (e *Engine) getLoads(w http.ResponseWriter, r *http.Request) {
@@ -603,6 +697,7 @@ func (e *Engine) getLoads(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res := e.all(r, http.MethodGet, "/get_load")
+	ans := LoadsAnswer{Loads: []Load{}, Results: res}
 	for _, list := range [][]Result{res.Successful, res.Failed} {
 		for i := range list {
 			if wk := e.cfg.Table.Get(list[i].Worker); wk != nil {
@@ -611,7 +706,11 @@ func (e *Engine) getLoads(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	writeJSON(w, fanoutStatus(res), res)
+	for _, wk := range e.workers() {
+		ans.Loads = append(ans.Loads, Load{Worker: wk.URL, WorkerType: "regular", Load: int64(wk.Stats.Pending())})
+	}
+	ans.TotalWorkers = len(ans.Loads)
+	writeJSON(w, fanoutStatus(res), ans)
 }
 
 // --- /finish_session ---

@@ -98,7 +98,8 @@ func equalFold(b []byte, s string) bool {
 }
 
 // bodyRID scans the top-level object of a (possibly truncated) JSON body
-// for the key "rid" with a string value, without allocating.
+// for the first key "rid" (SGLang) or "request_id" (vLLM) with a string
+// value, without allocating.
 func bodyRID(b []byte) []byte {
 	i := skipWS(b, 0)
 	if i >= len(b) || b[i] != '{' {
@@ -120,7 +121,7 @@ func bodyRID(b []byte) []byte {
 			return nil
 		}
 		i = skipWS(b, i+1)
-		if string(key) == "rid" {
+		if string(key) == "rid" || string(key) == "request_id" { // SGLang, vLLM
 			if i < len(b) && b[i] == '"' {
 				if ve, ok := scanString(b, i); ok {
 					return b[i+1 : ve-1]

@@ -36,6 +36,9 @@ func TestRequestID(t *testing.T) {
 		{plain, `{"rid":"a\"b"}`, `a\"b`},
 		{plain, `{"rid":["r1","r2"]}`, ""}, // batch: not tracked
 		{plain, `{"rid":7}`, ""},
+		{plain, `{"request_id":"vllm-1","prompt":"hi"}`, "vllm-1"}, // vLLM
+		{plain, `{"request_id":"v2","rid":"s2"}`, "v2"},            // the first of the two
+		{plain, `{"x":{"request_id":"nested"},"rid":"s3"}`, "s3"},
 		{plain, `{"text":"` + strings.Repeat("x", 100), ""}, // cut by the peek
 		{plain, `["rid","r1"]`, ""},
 		{plain, `not json "rid":"r1"`, ""},

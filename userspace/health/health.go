@@ -41,8 +41,29 @@ const Path = "/health"
 // timeout on a fresh connection (so that a worker that went away is seen
 // at once, not through a stale pooled connection).
 func NewProber(timeout time.Duration) registry.Prober {
+	return NewProberWith(ProbeOptions{Timeout: timeout})
+}
+
+// ProbeOptions configure a prober. Zero values take the defaults.
+type ProbeOptions struct {
+	Timeout time.Duration // of one check; default DefaultTimeout
+	// Path is the endpoint checked (SGLang users often check
+	// /health_generate); default Path.
+	Path string
+	// APIKey, when set, is sent as "Authorization: Bearer KEY" (engines
+	// started with --api-key answer 401 to a check without it).
+	APIKey string
+}
+
+// NewProberWith returns a prober: GET url+Path with a 2xx answer within
+// the timeout is healthy.
+func NewProberWith(o ProbeOptions) registry.Prober {
+	timeout, path := o.Timeout, o.Path
 	if timeout <= 0 {
 		timeout = DefaultTimeout
+	}
+	if path == "" {
+		path = Path
 	}
 	tr := &http.Transport{
 		Proxy:                  nil, // never through an HTTP proxy from the environment
@@ -56,11 +77,14 @@ func NewProber(timeout time.Duration) registry.Prober {
 	return func(ctx context.Context, url string) error {
 		ctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(url, "/")+Path, nil)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(url, "/")+path, nil)
 		if err != nil {
 			return err
 		}
 		req.Header.Set("User-Agent", "tetherd-health")
+		if o.APIKey != "" {
+			req.Header.Set("Authorization", "Bearer "+o.APIKey)
+		}
 		resp, err := client.Do(req)
 		if err != nil {
 			return err
@@ -68,7 +92,7 @@ func NewProber(timeout time.Duration) registry.Prober {
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		resp.Body.Close()
 		if resp.StatusCode < 200 || resp.StatusCode > 299 {
-			return fmt.Errorf("GET %s: %s", Path, resp.Status)
+			return fmt.Errorf("GET %s: %s", path, resp.Status)
 		}
 		return nil
 	}

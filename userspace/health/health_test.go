@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -166,4 +167,25 @@ func TestPassive(t *testing.T) {
 		t.Fatal("connected to a closed port")
 	}
 	waitState(t, w, route.Unhealthy)
+}
+
+// A configured path and API key: engines started with --api-key answer
+// 401 without it; SGLang users check /health_generate.
+func TestProberPathAndKey(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/health_generate" || r.Header.Get("Authorization") != "Bearer sk-1" {
+			w.WriteHeader(401)
+			return
+		}
+	}))
+	defer srv.Close()
+	if err := NewProber(time.Second)(context.Background(), srv.URL); err == nil {
+		t.Fatal("default prober passed a keyed engine")
+	}
+	if err := NewProberWith(ProbeOptions{Timeout: time.Second, APIKey: "sk-1"})(context.Background(), srv.URL); err == nil {
+		t.Fatal("wrong path passed")
+	}
+	if err := NewProberWith(ProbeOptions{Timeout: time.Second, Path: "/health_generate", APIKey: "sk-1"})(context.Background(), srv.URL); err != nil {
+		t.Fatal(err)
+	}
 }
