@@ -7,13 +7,15 @@
 //	POST   /add_worker?url=U        (or JSON body {"url":U})  sglang-router legacy
 //	POST   /remove_worker?url=U     (or JSON body {"url":U})
 //	GET    /list_workers            {"urls":[...]}
-//	POST   /workers                 {"url":U[,"max_in_flight":N]}: answers once U passed a health check and routes
+//	POST   /workers                 {"url":U[,"max_in_flight":N]}: answers once U passed a health check and routes;
+//	                                re-adding a registered url is a no-op (200); prefill/decode refused (400)
 //	GET    /workers                 {"workers":[...],"total":n,"healthy":k,"panic":b}
-//	GET    /workers/{id}            id: slot number, or the url (URL-escaped)
+//	GET    /workers/{id}            id: the worker's "id" (stable per url), slot number, or the url (URL-escaped)
 //	DELETE /workers/{id}
 //	PATCH  /workers/{id}            {"max_in_flight":N}: the worker's capacity (0: none)
-//	POST   /workers/{id}/drain
-//	GET    /get_loads, /v1/loads    {"workers":[{"worker":url,"load":in_flight}]}
+//	POST   /workers/{id}/drain      no new sessions or keys; existing sessions go on
+//	POST   /workers/{id}/undrain    routable again (weight-sync cycles)
+//	GET    /get_loads, /v1/loads    {"loads":[{"worker":url,"worker_type":"regular","load":in_flight}],"total_workers":n} (also under "workers")
 //	GET    /routing                 routing decisions by reason, learned session counts
 //	GET    /metrics                 Prometheus
 //	GET    /health                  tetherd's own health (admin listener)
@@ -77,6 +79,7 @@ func New(cfg Config) *Server {
 	m.HandleFunc("GET /workers/{id}", s.get)
 	m.HandleFunc("DELETE /workers/{id}", s.delete)
 	m.HandleFunc("POST /workers/{id}/drain", s.drain)
+	m.HandleFunc("POST /workers/{id}/undrain", s.undrain)
 	m.HandleFunc("PATCH /workers/{id}", s.patch)
 	m.HandleFunc("GET /routing", s.routing)
 	m.HandleFunc("GET /get_loads", s.loads)
@@ -218,6 +221,24 @@ func (s *Server) fail(w http.ResponseWriter, err error) {
 type workerSpec struct {
 	URL         string  `json:"url"`
 	MaxInFlight *uint64 `json:"max_in_flight"`
+	// sglang-router's fields: only regular workers are routed yet.
+	WorkerType    string          `json:"worker_type"`
+	BootstrapPort json.RawMessage `json:"bootstrap_port"`
+}
+
+// check refuses what tether cannot route, with a message that says so.
+func (s workerSpec) check() error {
+	switch s.WorkerType {
+	case "", "regular":
+	case "prefill", "decode":
+		return fmt.Errorf("worker_type %q: prefill/decode (PD disaggregation) workers are not supported yet; tether routes regular workers only", s.WorkerType)
+	default:
+		return fmt.Errorf("worker_type %q: want regular", s.WorkerType)
+	}
+	if len(s.BootstrapPort) > 0 && string(s.BootstrapPort) != "null" {
+		return errors.New("bootstrap_port: prefill (PD disaggregation) workers are not supported yet; tether routes regular workers only")
+	}
+	return nil
 }
 
 // workerURL reads the url from the query (?url=U[&max_in_flight=N]) or a
@@ -274,6 +295,9 @@ type Answer struct {
 
 func (s *Server) add(w http.ResponseWriter, r *http.Request) (registry.Info, bool) {
 	spec, err := workerURL(r)
+	if err == nil {
+		err = spec.check()
+	}
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return registry.Info{}, false
@@ -286,6 +310,14 @@ func (s *Server) add(w http.ResponseWriter, r *http.Request) (registry.Info, boo
 		}
 	}
 	info, err := s.cfg.Registry.Add(r.Context(), spec.URL, registry.OriginAdmin)
+	if errors.Is(err, registry.ErrDuplicate) {
+		// An engine restarted on the same host:port registers again: the
+		// routers this replaces treat that as a no-op, and clients call
+		// raise_for_status() after registering.
+		if cur, gerr := s.cfg.Registry.Get(spec.URL); gerr == nil {
+			return cur, true
+		}
+	}
 	if err != nil {
 		s.fail(w, err)
 		return registry.Info{}, false
@@ -423,6 +455,15 @@ func (s *Server) routing(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, s.cfg.Routing())
 }
 
+func (s *Server) undrain(w http.ResponseWriter, r *http.Request) {
+	info, err := s.cfg.Registry.Undrain(id(r))
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, info)
+}
+
 func (s *Server) drain(w http.ResponseWriter, r *http.Request) {
 	info, err := s.cfg.Registry.Drain(id(r))
 	if err != nil {
@@ -432,23 +473,32 @@ func (s *Server) drain(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, info)
 }
 
-// Load is one entry of /get_loads: sglang-router's shape, the load being
-// tetherd's own count of requests in flight to the worker.
+// Load is one entry of /get_loads: sgl-model-gateway's shape, the load
+// being tetherd's own count of requests in flight to the worker (exact:
+// every request goes through tetherd).
 type Load struct {
-	Worker string `json:"worker"`
-	Load   int64  `json:"load"`
+	Worker     string `json:"worker"`
+	WorkerType string `json:"worker_type"`
+	Load       int64  `json:"load"`
+}
+
+// LoadsAnswer is /get_loads and /v1/loads: the list under "loads" (what
+// sgl-model-gateway clients sum) and, as before, under "workers".
+type LoadsAnswer struct {
+	Loads        []Load `json:"loads"`
+	Workers      []Load `json:"workers"`
+	TotalWorkers int    `json:"total_workers"`
 }
 
 func (s *Server) loads(w http.ResponseWriter, r *http.Request) {
-	out := struct {
-		Workers []Load `json:"workers"`
-	}{Workers: []Load{}}
+	out := LoadsAnswer{Loads: []Load{}}
 	for _, in := range s.cfg.Registry.List() {
 		if in.State == registry.StatePending || in.State == registry.StateRemoved {
 			continue
 		}
-		out.Workers = append(out.Workers, Load{Worker: in.URL, Load: int64(in.InFlight)})
+		out.Loads = append(out.Loads, Load{Worker: in.URL, WorkerType: "regular", Load: int64(in.InFlight)})
 	}
+	out.Workers, out.TotalWorkers = out.Loads, len(out.Loads)
 	writeJSON(w, http.StatusOK, out)
 }
 

@@ -113,8 +113,8 @@ func TestLegacyEndpoints(t *testing.T) {
 		{"POST", "/add_worker", `[1]`, 400},
 		{"POST", "/add_worker?url=https://127.0.0.1:1", "", 400},
 		{"POST", "/add_worker?url=127.0.0.1:1", "", 400},
-		{"POST", "/add_worker?url=" + url.QueryEscape(wurl(0)), "", 409},
-		{"POST", "/add_worker?url=" + url.QueryEscape(wurl(0)+"/"), "", 409},
+		{"POST", "/add_worker?url=" + url.QueryEscape(wurl(0)), "", 200}, // a re-add is a no-op
+		{"POST", "/add_worker?url=" + url.QueryEscape(wurl(0)+"/"), "", 200},
 		{"GET", "/add_worker?url=" + url.QueryEscape(wurl(5)), "", 405},
 		{"POST", "/remove_worker", "", 400},
 		{"POST", "/remove_worker?url=ftp://x", "", 400},
@@ -184,7 +184,7 @@ func TestRESTEndpoints(t *testing.T) {
 		{"POST", "/workers", "", 400},
 		{"POST", "/workers", `{}`, 400},
 		{"POST", "/workers", `{"url":"https://127.0.0.1:2"}`, 400},
-		{"POST", "/workers", `{"url":"` + wurl(1) + `"}`, 409},
+		{"POST", "/workers", `{"url":"` + wurl(1) + `"}`, 200}, // a re-add is a no-op
 		{"POST", "/workers", strings.Repeat(" ", 2<<20), 400},
 		{"GET", "/workers/0", "", 404},
 		{"GET", "/workers/77", "", 404},
@@ -219,10 +219,10 @@ func TestLoadsAndMetrics(t *testing.T) {
 	e.reg.Table().Get(1).Stats.Begin()
 	e.reg.Table().Get(1).Stats.Begin()
 	for _, p := range []string{"/get_loads", "/v1/loads"} {
-		var l struct {
-			Workers []Load `json:"workers"`
-		}
-		if c := e.call("GET", p, "", &l); c != 200 || len(l.Workers) != 2 || l.Workers[0] != (Load{wurl(0), 0}) || l.Workers[1] != (Load{wurl(1), 2}) {
+		var l LoadsAnswer
+		// sgl-model-gateway's shape: a client summing loads[].load reads 2.
+		if c := e.call("GET", p, "", &l); c != 200 || len(l.Loads) != 2 || l.TotalWorkers != 2 ||
+			l.Loads[0] != (Load{wurl(0), "regular", 0}) || l.Loads[1] != (Load{wurl(1), "regular", 2}) || len(l.Workers) != 2 {
 			t.Fatalf("%s: %d %+v", p, c, l)
 		}
 		if c := e.call("POST", p, "", nil); c != 405 {
@@ -317,5 +317,66 @@ func TestMaxInFlight(t *testing.T) {
 	var l struct{ Workers []registry.Info }
 	if c := e.call("GET", "/workers", "", &l); c != 200 || len(l.Workers) != 2 || l.Workers[1].MaxInFlight != 7 {
 		t.Fatalf("GET /workers: %+v", l)
+	}
+}
+
+// sglang-router clients (slime, miles) as their code is written: worker
+// "id" in the list, stable for a url; removal by that id; a re-add of a
+// registered engine (restarted on the same host:port) is a no-op 200;
+// dp-rank urls and prefill/decode workers are refused with a clear
+// message; aliases of one engine share a slot; drain and undrain.
+func TestSGLangRouterClients(t *testing.T) {
+	e := newEnv(t, "")
+	var a Answer
+	if c := e.call("POST", "/workers", `{"url":"`+wurl(1)+`","worker_type":"regular"}`, &a); c != 200 || a.ID == "" {
+		t.Fatalf("add: %d %+v", c, a)
+	}
+	id := a.ID
+	// The same url again (slime/miles raise_for_status after registering).
+	if c := e.call("POST", "/add_worker?url="+url.QueryEscape(wurl(1)), "", &a); c != 200 || a.ID != id || a.Slot != 0 {
+		t.Fatalf("re-add: %d %+v", c, a)
+	}
+	// An alias of the same engine: same slot.
+	alias := fmt.Sprintf("http://localhost:%d", 21001)
+	if c := e.call("POST", "/workers", `{"url":"`+alias+`"}`, &a); c != 200 || a.Slot != 0 {
+		t.Fatalf("alias: %d %+v", c, a)
+	}
+	var l struct {
+		Workers []map[string]any `json:"workers"`
+	}
+	if c := e.call("GET", "/workers", "", &l); c != 200 || len(l.Workers) != 1 || l.Workers[0]["id"] != id {
+		t.Fatalf("GET /workers: %+v", l)
+	}
+	for _, c := range []struct {
+		body, want string
+	}{
+		{`{"url":"` + wurl(2) + `@1"}`, "data-parallel rank"},
+		{`{"url":"` + wurl(2) + `","worker_type":"prefill","bootstrap_port":8998}`, "prefill/decode"},
+		{`{"url":"` + wurl(2) + `","worker_type":"decode"}`, "prefill/decode"},
+		{`{"url":"` + wurl(2) + `","bootstrap_port":8998}`, "bootstrap_port"},
+	} {
+		var eb ErrorBody
+		if code := e.call("POST", "/workers", c.body, &eb); code != 400 || !strings.Contains(eb.Error.Message, c.want) {
+			t.Errorf("%s: %d %q", c.body, code, eb.Error.Message)
+		}
+	}
+	// Drain, undrain by id.
+	var info registry.Info
+	if c := e.call("POST", "/workers/"+id+"/drain", "", &info); c != 200 || info.State != "draining" {
+		t.Fatalf("drain: %d %+v", c, info)
+	}
+	if c := e.call("POST", "/workers/"+id+"/undrain", "", &info); c != 200 || info.State != "healthy" {
+		t.Fatalf("undrain: %d %+v", c, info)
+	}
+	// slime's shutdown: DELETE /workers/{id}.
+	if c := e.call("DELETE", "/workers/"+id, "", nil); c != 200 {
+		t.Fatalf("delete by id: %d", c)
+	}
+	if c := e.call("GET", "/workers/"+id, "", nil); c != 404 {
+		t.Fatalf("after delete: %d", c)
+	}
+	// The id is the url's: the same after a restart (a new registry).
+	if registry.StableID("http://127.0.0.1:21001") != id {
+		t.Error("id is not a function of the url")
 	}
 }

@@ -71,7 +71,7 @@ type Config struct {
 	// its own (engines started with --api-key). A client's Authorization
 	// is always forwarded as it came.
 	WorkerAPIKey string
-	Log            *slog.Logger
+	Log          *slog.Logger
 }
 
 // Engine serves the endpoints.

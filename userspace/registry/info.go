@@ -2,10 +2,12 @@ package registry
 
 import (
 	"context"
+	"crypto/sha1"
 	"fmt"
 	"net/url"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/tether-rl/tether/userspace/route"
@@ -13,6 +15,11 @@ import (
 
 // Info describes one worker (the JSON of the admin API).
 type Info struct {
+	// ID names the worker for sglang-router clients (slime reads
+	// worker["id"]): a uuid derived from the URL, so the same engine has
+	// the same id across restarts. /workers/{id} accepts it, the slot or
+	// the URL.
+	ID       string `json:"id"`
 	WorkerID string `json:"worker_id"` // the slot, in decimal
 	Slot     int    `json:"slot"`
 	URL      string `json:"url"`
@@ -51,6 +58,7 @@ func (r *Registry) stateLocked(e *entry) string {
 func (r *Registry) infoLocked(e *entry) Info {
 	st := r.stateLocked(e)
 	in := Info{
+		ID:                  StableID(e.url),
 		WorkerID:            strconv.Itoa(e.slot),
 		Slot:                e.slot,
 		URL:                 e.url,
@@ -109,8 +117,17 @@ func (r *Registry) URLs() []string {
 	return urls
 }
 
-// Get returns one worker: id is its slot in decimal, or its url (escaped
-// or not).
+// StableID is the id of the worker at canonical url: a name-based uuid
+// (version 5 layout over SHA-1 of the url), the same in every process.
+func StableID(url string) string {
+	h := sha1.Sum([]byte("tether-worker:" + url))
+	h[6] = h[6]&0x0f | 0x50
+	h[8] = h[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", h[0:4], h[4:6], h[6:8], h[8:10], h[10:16])
+}
+
+// Get returns one worker: id is its slot in decimal, its stable id, or its
+// url (escaped or not).
 func (r *Registry) Get(id string) (Info, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -130,6 +147,14 @@ func (r *Registry) lookupLocked(id string) (*entry, error) {
 			return e, nil
 		}
 		return nil, fmt.Errorf("%w: slot %s is empty", ErrNotFound, id)
+	}
+	if len(id) == 36 && strings.Count(id, "-") == 4 {
+		for _, e := range r.entries {
+			if StableID(e.url) == id {
+				return e, nil
+			}
+		}
+		return nil, fmt.Errorf("%w: id %s", ErrNotFound, id)
 	}
 	raw := id
 	if u, err := url.PathUnescape(id); err == nil {

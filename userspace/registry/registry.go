@@ -21,6 +21,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -68,6 +69,9 @@ var (
 func ParseURL(raw string) (canon, addr string, err error) {
 	if strings.TrimSpace(raw) == "" {
 		return "", "", fmt.Errorf("%w: missing url", ErrBadURL)
+	}
+	if i := strings.Index(raw, "://"); i >= 0 && strings.Contains(raw[i+3:], "@") {
+		return "", "", fmt.Errorf("%w %q: data-parallel rank URLs (url@rank) are not supported: register the engine's base URL http://host:port once (the engine spreads over its own ranks)", ErrBadURL, raw)
 	}
 	u, err := url.Parse(raw)
 	if err != nil {
@@ -159,6 +163,9 @@ type entry struct {
 	// cancel ends a pending Add (remove while starting).
 	cancel context.CancelFunc
 
+	keys   []string // the ip:port endpoints addr resolved to (findAddrLocked)
+	keysOf string   // the addr keys belong to
+
 	draining bool
 	healthy  bool
 	fails    int // consecutive failed checks
@@ -235,13 +242,53 @@ func (r *Registry) Thresholds() (failures, successes int) {
 }
 
 // findLocked returns the entry whose canonical url or address is addr.
+// findAddrLocked returns the entry at addr, or at an alias of it (a host
+// name and the address it resolves to, localhost and 127.0.0.1: one
+// engine, one slot).
 func (r *Registry) findAddrLocked(addr string) *entry {
 	for _, e := range r.entries {
 		if e.addr == addr {
 			return e
 		}
 	}
+	keys := endpointKeys(addr)
+	for _, e := range r.entries {
+		if e.keys == nil || e.keysOf != e.addr {
+			e.keys, e.keysOf = endpointKeys(e.addr), e.addr // resolved once per address
+		}
+		for _, k := range e.keys {
+			if slices.Contains(keys, k) {
+				return e
+			}
+		}
+	}
 	return nil
+}
+
+// endpointKeys returns the ip:port endpoints addr names: itself for an IP
+// address, else those its host resolves to (at most a few; none when it
+// does not resolve).
+func endpointKeys(addr string) []string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip != nil {
+		return []string{net.JoinHostPort(ip.String(), port)}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	ips, err := net.DefaultResolver.LookupHost(ctx, host)
+	if err != nil {
+		return nil
+	}
+	out := make([]string, 0, len(ips))
+	for _, ip := range ips {
+		if p := net.ParseIP(ip); p != nil {
+			out = append(out, net.JoinHostPort(p.String(), port))
+		}
+	}
+	return out
 }
 
 // freeSlotLocked returns the first slot with no worker, no pending add and
@@ -682,6 +729,29 @@ func (r *Registry) Drain(id string) (Info, error) {
 	info := r.infoLocked(e)
 	r.mu.Unlock()
 	r.log.Info("worker draining", "slot", info.Slot, "url", info.URL, "state_was", was, "in_flight", info.InFlight)
+	return info, nil
+}
+
+// Undrain ends a worker's draining (weight-sync cycles drain and resume
+// engines): it routes new sessions and keys again as soon as it is
+// healthy. A worker that is not draining is left as it is.
+func (r *Registry) Undrain(id string) (Info, error) {
+	r.mu.Lock()
+	e, err := r.lookupLocked(id)
+	if err != nil {
+		r.mu.Unlock()
+		return Info{}, err
+	}
+	if !e.draining {
+		info := r.infoLocked(e)
+		r.mu.Unlock()
+		return info, nil
+	}
+	e.draining = false
+	r.applyLocked(e)
+	info := r.infoLocked(e)
+	r.mu.Unlock()
+	r.log.Info("worker undrained", "slot", info.Slot, "url", info.URL, "state", info.State)
 	return info, nil
 }
 
