@@ -23,6 +23,7 @@ func controlFlags(fs *flag.FlagSet, o *daemon.Options) func(args []string) error
 	fs.DurationVar(&o.HealthTimeout, "health-timeout", health.DefaultTimeout, "a health check without a 2xx answer in this time failed")
 	fs.IntVar(&o.HealthFailures, "health-failures", health.DefaultFailures, "consecutive failed checks (or data-path connect failures) that make a worker unhealthy")
 	fs.IntVar(&o.HealthSuccesses, "health-successes", health.DefaultSuccesses, "consecutive good checks that make an unhealthy worker healthy again")
+	fs.StringVar(&o.InstanceID, "instance-id", "", "the id /health reports as instance_id and session_server_instance_id (miles' launcher passes one; default: random per process)")
 	fs.StringVar(&o.HealthPath, "health-path", health.Path, "the endpoint the health checks GET on every worker (e.g. /health_generate)")
 	fs.StringVar(&o.WorkerAPIKey, "worker-api-key", "", "the workers' API key (engines started with --api-key): sent as a Bearer token on health checks and on the fan-outs of clients that send no Authorization (default: $TETHER_WORKER_API_KEY)")
 	fs.DurationVar(&o.WorkerStartupTimeout, "worker-startup-timeout", 5*time.Minute, "wait this long for an added or spawned worker's first good /health")

@@ -31,13 +31,16 @@ import (
 
 // Options are tetherd's settings.
 type Options struct {
-	Listen          string        // data-plane address, e.g. 127.0.0.1:8080
-	Listeners       int           // sockets in the SO_REUSEPORT group; default 1
-	BPF             string        // steering: auto (default), required or off
-	PinDir          string        // bpffs directory of the maps; default bpf.DefaultPinDir
-	Workers         []string      // backend URLs, slot = index
-	Demo            int           // start this many demo workers and route to them
-	BadSession      string        // "spread" (default) or "reject"
+	Listen     string   // data-plane address, e.g. 127.0.0.1:8080
+	Listeners  int      // sockets in the SO_REUSEPORT group; default 1
+	BPF        string   // steering: auto (default), required or off
+	PinDir     string   // bpffs directory of the maps; default bpf.DefaultPinDir
+	Workers    []string // backend URLs, slot = index
+	Demo       int      // start this many demo workers and route to them
+	BadSession string   // "spread" (default) or "reject"
+	// InstanceID names this tetherd in /health (instance_id and miles'
+	// session_server_instance_id); default a random id per process.
+	InstanceID      string
 	ResponseTimeout time.Duration // default 30m
 	SpliceMin       int64         // body remainders this large move with splice(2); default proxy's
 	Pool            upstream.Options
@@ -176,9 +179,13 @@ func New(opts Options) (*Daemon, error) {
 		addrs = append(addrs, a)
 	}
 
-	var idb [8]byte
-	rand.Read(idb[:])
-	d := &Daemon{opts: opts, log: opts.Log, InstanceID: hex.EncodeToString(idb[:]), Table: route.NewTable()}
+	id := opts.InstanceID
+	if id == "" {
+		var idb [8]byte
+		rand.Read(idb[:])
+		id = hex.EncodeToString(idb[:])
+	}
+	d := &Daemon{opts: opts, log: opts.Log, InstanceID: id, Table: route.NewTable()}
 	ok := false
 	defer func() {
 		if !ok {

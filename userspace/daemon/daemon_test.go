@@ -337,6 +337,46 @@ func TestHealthLocal(t *testing.T) {
 	}
 }
 
+// miles' health contract and the probes: --instance-id is reported as
+// session_server_instance_id; /readiness and /liveness are answered by
+// tetherd; with no healthy worker /health and /readiness are 503 and
+// /liveness stays 200.
+func TestHealthProbes(t *testing.T) {
+	d := startDaemon(t, Options{Demo: 2, InstanceID: "miles-abc123"})
+	c := newClient(t)
+	get := func(path string) (int, map[string]any) {
+		t.Helper()
+		r, err := do(c, "GET", "http://"+d.Addr()+path, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.header.Get("X-Tether-Demo-Worker") != "" {
+			t.Fatalf("%s was proxied", path)
+		}
+		var m map[string]any
+		json.Unmarshal(r.body, &m)
+		return r.status, m
+	}
+	if st, m := get("/health"); st != 200 || m["session_server_instance_id"] != "miles-abc123" || m["instance_id"] != "miles-abc123" {
+		t.Fatalf("/health: %d %v", st, m)
+	}
+	if st, m := get("/readiness"); st != 200 || m["status"] != "ready" || m["healthy_workers"] != 2.0 || m["total_workers"] != 2.0 {
+		t.Fatalf("/readiness: %d %v", st, m)
+	}
+	for _, w := range d.Table.Snapshot() {
+		w.SetState(route.Unhealthy)
+	}
+	if st, m := get("/health"); st != 503 || m["session_server_instance_id"] != "miles-abc123" {
+		t.Fatalf("/health with no healthy worker: %d %v", st, m)
+	}
+	if st, m := get("/readiness"); st != 503 || m["status"] != "not ready" {
+		t.Fatalf("/readiness with no healthy worker: %d %v", st, m)
+	}
+	if st, m := get("/liveness"); st != 200 || m["status"] != "alive" {
+		t.Fatalf("/liveness: %d %v", st, m)
+	}
+}
+
 // dialRaw opens a raw connection with a deadline.
 func dialRaw(t *testing.T, addr string) (net.Conn, *bufio.Reader) {
 	t.Helper()

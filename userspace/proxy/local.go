@@ -22,8 +22,13 @@ const MaxLocalBody = 1 << 20
 // localHandler returns the handler for a request tetherd answers itself.
 func (c *conn) localHandler() http.Handler {
 	req := &c.req
-	if isPath(req.Path, "/health") {
+	switch {
+	case isPath(req.Path, "/health"):
 		return http.HandlerFunc(c.s.serveHealth)
+	case isPath(req.Path, "/readiness"):
+		return http.HandlerFunc(c.s.serveReadiness)
+	case isPath(req.Path, "/liveness"):
+		return http.HandlerFunc(c.s.serveLiveness)
 	}
 	if c.s.cfg.Local != nil {
 		return c.s.cfg.Local(req.Method, req.Path)
@@ -31,20 +36,23 @@ func (c *conn) localHandler() http.Handler {
 	return nil
 }
 
-// HealthBody is the JSON of GET /health.
+// HealthBody is the JSON of GET /health and /readiness.
 type HealthBody struct {
-	Status         string `json:"status"`
-	InstanceID     string `json:"instance_id"`
-	Workers        int    `json:"workers"`
-	HealthyWorkers int    `json:"healthy_workers"`
+	// Status: "ok" (/health) or "ready" (/readiness) when some worker can
+	// take work (200), else "no healthy workers" / "not ready" (503).
+	Status     string `json:"status"`
+	InstanceID string `json:"instance_id"`
+	// SessionServerInstanceID repeats InstanceID under the name the miles
+	// agent server reads (a change means "session server identity
+	// changed"); --instance-id sets it.
+	SessionServerInstanceID string `json:"session_server_instance_id"`
+	Workers                 int    `json:"workers"`
+	TotalWorkers            int    `json:"total_workers"`
+	HealthyWorkers          int    `json:"healthy_workers"`
 }
 
-func (s *Server) serveHealth(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		w.Header().Set("Allow", "GET, HEAD")
-		writeJSONError(w, 405, "method not allowed")
-		return
-	}
+// health counts the workers: in the table, and healthy.
+func (s *Server) health() HealthBody {
 	var n, healthy int
 	for _, wk := range s.cfg.Table.Snapshot() {
 		if wk == nil {
@@ -55,12 +63,64 @@ func (s *Server) serveHealth(w http.ResponseWriter, r *http.Request) {
 			healthy++
 		}
 	}
-	status := "ok"
-	if healthy == 0 {
-		status = "degraded"
+	return HealthBody{InstanceID: s.cfg.InstanceID, SessionServerInstanceID: s.cfg.InstanceID,
+		Workers: n, TotalWorkers: n, HealthyWorkers: healthy}
+}
+
+func getOnly(w http.ResponseWriter, r *http.Request) bool {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		writeJSONError(w, 405, "method not allowed")
+		return false
+	}
+	return true
+}
+
+func writeHealth(w http.ResponseWriter, code int, b HealthBody) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(b)
+}
+
+// serveHealth: 200 while some worker is healthy, else 503 (a router with
+// nothing to route to is not healthy to a load balancer either).
+func (s *Server) serveHealth(w http.ResponseWriter, r *http.Request) {
+	if !getOnly(w, r) {
+		return
+	}
+	b := s.health()
+	if b.HealthyWorkers == 0 {
+		b.Status = "no healthy workers"
+		writeHealth(w, http.StatusServiceUnavailable, b)
+		return
+	}
+	b.Status = "ok"
+	writeHealth(w, http.StatusOK, b)
+}
+
+// serveReadiness: sgl-model-gateway's readiness probe, 503 when no worker
+// can take work.
+func (s *Server) serveReadiness(w http.ResponseWriter, r *http.Request) {
+	if !getOnly(w, r) {
+		return
+	}
+	b := s.health()
+	if b.HealthyWorkers == 0 {
+		b.Status = "not ready"
+		writeHealth(w, http.StatusServiceUnavailable, b)
+		return
+	}
+	b.Status = "ready"
+	writeHealth(w, http.StatusOK, b)
+}
+
+// serveLiveness: tetherd itself is alive (whatever its workers).
+func (s *Server) serveLiveness(w http.ResponseWriter, r *http.Request) {
+	if !getOnly(w, r) {
+		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(w).Encode(HealthBody{Status: status, InstanceID: s.cfg.InstanceID, Workers: n, HealthyWorkers: healthy})
+	io.WriteString(w, `{"status":"alive"}`+"\n")
 }
 
 func writeJSONError(w http.ResponseWriter, code int, msg string) {
