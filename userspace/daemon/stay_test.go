@@ -9,6 +9,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tether-rl/tether/userspace/proxy"
+	"github.com/tether-rl/tether/userspace/route"
 )
 
 // engines starts n loopback "engines" that hold every request for hold
@@ -234,4 +237,71 @@ func TestAddRemoveWorkerMovesFewKeys(t *testing.T) {
 	if lost != 0 {
 		t.Errorf("%d keys did not come back", lost)
 	}
+}
+
+// A keyed request whose engine refuses the connection (it died; the
+// health checks have not noticed yet) goes to the key's ring successor:
+// nothing was sent, so no 502. Pinned requests (a w<idx>- session) get a
+// 502 that says nothing was sent.
+func TestRefusedConnectRerouted(t *testing.T) {
+	var srvs []*http.Server
+	var urls []string
+	for i := 0; i < 4; i++ {
+		ln, err := net.Listen("tcp4", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		idx := strconv.Itoa(i)
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("X-Engine", idx)
+		})}
+		go srv.Serve(ln)
+		t.Cleanup(func() { srv.Close() })
+		srvs = append(srvs, srv)
+		urls = append(urls, "http://"+ln.Addr().String())
+	}
+	d := startDaemon(t, Options{Workers: urls, HealthInterval: time.Hour})
+	kc := newKeyClient(t, d.Addr(), 8)
+	owner := map[string]string{}
+	for k := 0; k < 100; k++ {
+		key := fmt.Sprint("traj-", k)
+		e, err := kc.engine(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		owner[key] = e
+	}
+	srvs[2].Close() // engine 2 dies: its port refuses connections
+	moved := 0
+	for key, was := range owner {
+		e, err := kc.engine(key)
+		if err != nil {
+			t.Fatalf("key %s (engine %s): %v", key, was, err)
+		}
+		if was == "2" {
+			moved++
+			if e == "2" {
+				t.Fatalf("key %s still on the dead engine", key)
+			}
+		} else if e != was {
+			t.Errorf("key %s moved from live engine %s to %s", key, was, e)
+		}
+	}
+	if moved == 0 {
+		t.Fatal("no key owned by engine 2")
+	}
+	// (Once passive health checks mark the engine down, its keys fail
+	// over without a refused connect: at least the first one rerouted.)
+	if got := d.Router.Count(route.ReasonReroute); got == 0 {
+		t.Errorf("no reroute for %d requests to the dead engine", moved)
+	}
+	resp, err := kc.c.Post("http://"+d.Addr()+"/sessions/w2-abc/x", "application/json", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 502 || resp.Header.Get(proxy.UpstreamStateHeader) != "not-sent" {
+		t.Fatalf("pinned session on the dead engine: %d %q", resp.StatusCode, resp.Header.Get(proxy.UpstreamStateHeader))
+	}
+	t.Logf("%d keys of the dead engine answered by their ring successors, 0 errors", moved)
 }

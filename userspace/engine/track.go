@@ -54,6 +54,20 @@ func (t *Tracker) Route(req *httphead.Request, body []byte) route.Decision {
 	return d
 }
 
+// Reroute implements proxy.Rerouter: the router places the request again
+// (its first worker refused the connection), and the request id, if any,
+// is recorded under the new worker.
+func (t *Tracker) Reroute(req *httphead.Request, body []byte, d route.Decision) route.Decision {
+	d = t.Router.Reroute(req, body, d)
+	if d.Worker == nil {
+		return d
+	}
+	if rid := RequestID(req, body); rid != nil {
+		d.Done = t.Owners.Acquire(ridString(rid), d.Worker.Slot)
+	}
+	return d
+}
+
 // ridString returns the id, unescaping a JSON string body when needed.
 func ridString(rid []byte) string {
 	for _, c := range rid {

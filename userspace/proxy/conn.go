@@ -93,6 +93,10 @@ func (c *conn) serveOne() bool {
 	if err := c.readHead(); err != nil {
 		if e, ok := err.(*httphead.Error); ok {
 			c.s.counters.Rejected.Add(1)
+			if bytes.HasPrefix(c.buf[c.r:c.w], h2Preface) {
+				c.refuseHTTP2()
+				return false
+			}
 			c.rejectAndClose(e.Status)
 		}
 		return false
@@ -110,9 +114,11 @@ func (c *conn) serveOne() bool {
 		peek = c.peekBody()
 	}
 	dec := c.s.cfg.Router.Route(req, peek)
-	if dec.Done != nil {
-		defer dec.Done()
-	}
+	defer func() {
+		if dec.Done != nil {
+			dec.Done()
+		}
+	}()
 	if dec.Worker == nil {
 		c.s.counters.Rejected.Add(1)
 		// The body was not read: the connection cannot go on after it.
@@ -126,7 +132,24 @@ func (c *conn) serveOne() bool {
 		}
 		return keep
 	}
-	return c.proxy(dec.Worker, dec.Learn)
+	rr, _ := c.s.cfg.Router.(Rerouter)
+	keep, refused := c.proxy(dec.Worker, dec.Learn, rr != nil)
+	if !refused {
+		return keep
+	}
+	// The worker refused the connection: nothing was sent, so another
+	// worker may take the request (once).
+	if dec.Done != nil {
+		dec.Done()
+	}
+	dec = rr.Reroute(req, peek, dec)
+	if dec.Worker == nil {
+		c.s.counters.BadGateway.Add(1)
+		c.writeClient(upstreamError(502, false, true))
+		return false
+	}
+	keep, _ = c.proxy(dec.Worker, dec.Learn, false)
+	return keep
 }
 
 // peekBody returns the body bytes buffered behind the head, first reading
@@ -269,6 +292,32 @@ func (c *conn) idleRead(fd uintptr) bool {
 	}
 }
 
+// h2Preface starts the connection of an HTTP/2 client with prior
+// knowledge (RFC 9113 §3.4).
+var h2Preface = []byte("PRI * HTTP/2.0\r\n")
+
+// h2Refusal is what such a client is answered: the server preface (an
+// empty SETTINGS frame), then GOAWAY with HTTP_1_1_REQUIRED (0xd) and a
+// reason, so that it reports why instead of a dropped connection.
+var h2Refusal = func() []byte {
+	msg := "tetherd speaks HTTP/1.1 only"
+	b := []byte{0, 0, 0, 0x4, 0, 0, 0, 0, 0} // SETTINGS, empty, stream 0
+	n := 8 + len(msg)
+	b = append(b, byte(n>>16), byte(n>>8), byte(n), 0x7, 0, 0, 0, 0, 0) // GOAWAY, stream 0
+	b = append(b, 0, 0, 0, 0)                                           // last stream id
+	b = append(b, 0, 0, 0, 0xd)                                         // HTTP_1_1_REQUIRED
+	return append(b, msg...)
+}()
+
+// refuseHTTP2 answers an HTTP/2 prior-knowledge connection and closes it.
+func (c *conn) refuseHTTP2() {
+	c.c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.c.Write(h2Refusal); err != nil {
+		return
+	}
+	c.lingerClose()
+}
+
 // rejectAndClose answers status, then half-closes and drains briefly so
 // the client reads the answer rather than a reset (checklist "Reject").
 func (c *conn) rejectAndClose(status int) {
@@ -306,6 +355,7 @@ type exchange struct {
 	up       *upstream.Conn
 	failed   bool // counts as a worker error
 	sentHead bool // response head written to the client
+	sentUp   bool // some request byte was written to the worker
 	reuse    bool // upstream connection may go back to the pool
 	keep     bool // client connection may carry another request
 	sent100  bool // a 100 Continue went to the client (never a second)
@@ -314,6 +364,8 @@ type exchange struct {
 	// relayed: a chunked body is read into the buffer the head was parsed
 	// from, so the head's slices no longer hold the head after it.
 	isHead bool
+	// reroutable: a refused connect is reported (refused), not answered.
+	reroutable, refused bool
 	// learn, when the router set one, is shown the final status and the
 	// first body bytes before they go to the client (learned session ids:
 	// route/learn.go); lsc frames its view of a chunked body.
@@ -321,21 +373,24 @@ type exchange struct {
 	lsc   httphead.Chunked
 }
 
-// proxy forwards the parsed request to w and relays the response.
-func (c *conn) proxy(w *route.Worker, learn *route.Learner) bool {
-	x := exchange{w: w, isHead: c.req.IsMethod("HEAD"), learn: learn}
+// proxy forwards the parsed request to w and relays the response. With
+// reroutable set, a worker that refuses the connection gets no answer
+// written: proxy reports refused instead, and the caller may place the
+// request again.
+func (c *conn) proxy(w *route.Worker, learn *route.Learner, reroutable bool) (keep, refused bool) {
+	x := exchange{w: w, isHead: c.req.IsMethod("HEAD"), learn: learn, reroutable: reroutable}
 	var start time.Time
 	if c.s.cfg.Observe != nil {
 		start = time.Now()
 	}
 	w.Stats.Begin()
-	keep := c.proxyExchange(&x)
+	keep = c.proxyExchange(&x)
 	w.Stats.End(x.failed)
-	if x.learn != nil {
+	if x.learn != nil && !x.refused {
 		c.learn = nil
 		x.learn.End()
 	}
-	if obs := c.s.cfg.Observe; obs != nil {
+	if obs := c.s.cfg.Observe; obs != nil && !x.refused {
 		st := x.status
 		if x.sentHead {
 			st = c.resp.Status
@@ -353,7 +408,18 @@ func (c *conn) proxy(w *route.Worker, learn *route.Learner) bool {
 		c.s.putBuf(c.ubuf)
 		c.ubuf = nil
 	}
-	return keep
+	return keep, x.refused
+}
+
+// refusedOrFail ends an exchange whose worker could not be connected to
+// (nothing was sent): reported as refused when the request may be placed
+// again, else a 502 not-sent.
+func (c *conn) refusedOrFail(x *exchange) bool {
+	if x.reroutable {
+		x.refused, x.failed = true, true
+		return false
+	}
+	return c.fail(x, 502)
 }
 
 // fail answers status if no response head went out yet; either way the
@@ -368,7 +434,7 @@ func (c *conn) fail(x *exchange, status int) bool {
 		case 504:
 			c.s.counters.Timeouts.Add(1)
 		}
-		c.writeClient(errorResponse(status, true))
+		c.writeClient(upstreamError(status, x.sentUp, true))
 	}
 	return false
 }
@@ -378,7 +444,7 @@ func (c *conn) proxyExchange(x *exchange) bool {
 	cfg := &c.s.cfg
 	up, err := x.w.Pool.Get(context.Background())
 	if err != nil {
-		return c.fail(x, 502)
+		return c.refusedOrFail(x)
 	}
 	x.up = up
 
@@ -436,12 +502,13 @@ func (c *conn) proxyExchange(x *exchange) bool {
 		up.Discard()
 		x.up = nil
 		if up, err = x.w.Pool.Dial(context.Background()); err != nil {
-			return c.fail(x, 502)
+			return c.refusedOrFail(x)
 		}
 		x.up = up
 		up.SetWriteDeadline(time.Now().Add(cfg.IOTimeout))
 		n, err = up.Write(out)
 	}
+	x.sentUp = n > 0
 	x.w.Stats.AddUp(int64(n))
 	if err != nil {
 		return c.fail(x, 502)

@@ -324,6 +324,13 @@ func expectClosed(t *testing.T, c net.Conn, br *bufio.Reader) {
 	}
 }
 
+// sentError is the body of tetherd's 502/504 for a request that reached
+// the worker (X-Tether-Upstream-State: sent).
+func sentError(code int) string {
+	r := string(upstreamErrors[code][1][0])
+	return r[strings.Index(r, "\r\n\r\n")+4:]
+}
+
 func fixedError(code int) string {
 	return `{"error":{"code":` + strconv.Itoa(code) + `,"message":"` + errorText[code] + `"}}` + "\n"
 }
@@ -832,7 +839,7 @@ func TestNoRetryAfterRequestWritten(t *testing.T) {
 			}
 			io.WriteString(c, "POST /gen HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\n\r\nbody")
 			resp, body := readResp(t, br, false)
-			if resp.StatusCode != 502 || body != fixedError(502) || !resp.Close {
+			if resp.StatusCode != 502 || body != sentError(502) || resp.Header.Get(UpstreamStateHeader) != "sent" || !resp.Close {
 				t.Fatalf("got %d close=%v %q", resp.StatusCode, resp.Close, body)
 			}
 			expectClosed(t, c, br)
@@ -869,7 +876,7 @@ func TestResponseTimeout504(t *testing.T) {
 	io.WriteString(c, "GET /never HTTP/1.1\r\nHost: a\r\n\r\n")
 	resp, body := readResp(t, br, false)
 	d := time.Since(start)
-	if resp.StatusCode != 504 || body != fixedError(504) || !resp.Close {
+	if resp.StatusCode != 504 || body != sentError(504) || resp.Header.Get(UpstreamStateHeader) != "sent" || !resp.Close {
 		t.Fatalf("got %d close=%v %q", resp.StatusCode, resp.Close, body)
 	}
 	if d < 190*time.Millisecond || d > 2*time.Second {

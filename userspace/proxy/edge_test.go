@@ -28,7 +28,7 @@ func TestResponseConnectionNamesFraming(t *testing.T) {
 			io.WriteString(c, "GET /a HTTP/1.1\r\nHost: a\r\n\r\nGET /b HTTP/1.1\r\nHost: a\r\n\r\n")
 			raw := readAll(t, c, br)
 			resp, body := splitResponse(t, raw, "GET")
-			if resp.StatusCode != 502 || !resp.Close || string(body) != fixedError(502) {
+			if resp.StatusCode != 502 || !resp.Close || string(body) != sentError(502) {
 				t.Fatalf("client got %q, want the fixed 502 and a close", raw)
 			}
 			be.waitIdle(t, 2*time.Second) // the upstream connection was closed, not pooled

@@ -52,12 +52,46 @@ var badTargetResponse = buildError(400, "X-SMG-Target-Worker names no worker")
 
 // buildError returns the response for code with a fixed message, without
 // and with Connection: close.
-func buildError(code int, text string) [2][]byte {
+func buildError(code int, text string) [2][]byte { return buildErrorWith(code, text, "") }
+
+// buildErrorWith is buildError with extra header lines.
+func buildErrorWith(code int, text, extra string) [2][]byte {
 	body := `{"error":{"code":` + strconv.Itoa(code) + `,"message":"` + text + `"}}` + "\n"
 	head := "HTTP/1.1 " + strconv.Itoa(code) + " " + StatusText(code) + "\r\n" +
-		"Content-Type: application/json\r\n" +
+		"Content-Type: application/json\r\n" + extra +
 		"Content-Length: " + strconv.Itoa(len(body)) + "\r\n"
 	return [2][]byte{[]byte(head + "\r\n" + body), []byte(head + "Connection: close\r\n\r\n" + body)}
+}
+
+// UpstreamStateHeader on tetherd's own 502 and 504 says whether any byte
+// of the request reached the worker: "not-sent" (the connect failed, or a
+// pooled connection was dead before the first byte: safe to retry, even a
+// generation) or "sent" (the worker may have acted on it).
+const UpstreamStateHeader = "X-Tether-Upstream-State"
+
+// upstreamErrors are the 502/504 answers by whether the request was sent.
+var upstreamErrors = map[int][2][2][]byte{
+	502: {
+		buildErrorWith(502, "bad gateway: the worker could not be reached; nothing was sent", UpstreamStateHeader+": not-sent\r\n"),
+		buildErrorWith(502, "bad gateway: the worker failed after the request was sent", UpstreamStateHeader+": sent\r\n"),
+	},
+	504: {
+		buildErrorWith(504, "gateway timeout: the worker did not answer in time", UpstreamStateHeader+": not-sent\r\n"),
+		buildErrorWith(504, "gateway timeout: the worker did not answer in time", UpstreamStateHeader+": sent\r\n"),
+	},
+}
+
+// upstreamError returns tetherd's own answer to a failed exchange.
+func upstreamError(status int, sent, closing bool) []byte {
+	r, ok := upstreamErrors[status]
+	if !ok {
+		return errorResponse(status, closing)
+	}
+	i := 0
+	if sent {
+		i = 1
+	}
+	return pick(r[i], closing)
 }
 
 // errorResponse returns the full response for status, with Connection:

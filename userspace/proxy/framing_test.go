@@ -173,7 +173,7 @@ func TestResponseFramingBad(t *testing.T) {
 			io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
 			raw := readAll(t, c, br)
 			resp, body := splitResponse(t, raw, "GET")
-			if resp.StatusCode != 502 || !resp.Close || string(body) != fixedError(502) {
+			if resp.StatusCode != 502 || !resp.Close || string(body) != sentError(502) {
 				t.Fatalf("got %q, want the fixed 502 with Connection: close", raw)
 			}
 			select {

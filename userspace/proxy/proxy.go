@@ -96,6 +96,14 @@ type Router interface {
 	Route(req *httphead.Request, body []byte) route.Decision
 }
 
+// Rerouter is a Router that can place a request again when its worker
+// refused the connection, so nothing was sent (route.Router.Reroute): the
+// client then gets its answer from another worker instead of a 502. A
+// Decision without Worker means the request stays pinned (502 not-sent).
+type Rerouter interface {
+	Reroute(req *httphead.Request, body []byte, d route.Decision) route.Decision
+}
+
 // Server runs the data plane on any number of listeners.
 type Server struct {
 	cfg Config

@@ -171,6 +171,18 @@ func (l *Learning) creating(d Decision) Decision {
 	return d
 }
 
+// retarget returns the Learner for the same request sent to w instead
+// (Router.Reroute); nil stays nil.
+func (x *Learner) retarget(w *Worker) *Learner {
+	if x == nil {
+		return nil
+	}
+	if x.delete {
+		return x
+	}
+	return &Learner{l: x.l, w: w}
+}
+
 // deleting returns the Learner of DELETE /sessions/{id}.
 func (l *Learning) deleting(id []byte) *Learner {
 	return &Learner{l: l, key: SessionKeyHash(id), delete: true}

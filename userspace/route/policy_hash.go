@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/sticky"
 )
 
@@ -362,4 +363,52 @@ func (p *Policy) remembered(rt *Router, ws []*Worker, h uint64, l load, owner *W
 	}
 	rt.reasons[ReasonHashSpilled].Add(1)
 	return Decision{Worker: sw, Reason: ReasonHashSpilled}, true
+}
+
+// Reroute places a request again after its worker refused the connection
+// (nothing was sent, so another worker may take it): the next healthy
+// worker after the failed one on the key's ring (keyed requests of the
+// hash policy), else the least loaded healthy one other than failed (new
+// sticky keys, keyless requests). Requests pinned to their worker (session
+// ids, X-SMG-Target-Worker, request ids, known sticky keys) are not moved:
+// the Decision has no Worker. The failed worker is left to the health
+// checks (its refused connects count as passive failures).
+func (rt *Router) Reroute(req *httphead.Request, body []byte, d Decision) Decision {
+	failed := d.Worker
+	if failed == nil {
+		return Decision{}
+	}
+	ws := rt.Table.Snapshot()
+	ok := func(w *Worker) bool { return w != failed && w.State() == Healthy }
+	var w *Worker
+	switch d.Reason {
+	case ReasonHash, ReasonHashSpill, ReasonHashSpilled, ReasonHashReturn, ReasonHashFailover:
+		p := rt.CurrentPolicy()
+		key := []byte(nil)
+		if p != nil {
+			key = p.RoutingKey(req)
+		}
+		if key == nil {
+			return Decision{}
+		}
+		r := p.ringFor(ws)
+		if np := len(r.points); np > 0 {
+			i := r.search(KeyHash(key))
+			for k := 0; k < np && w == nil; k++ {
+				if c := ws[r.points[i].slot]; ok(c) {
+					w = c
+				}
+				if i++; i == np {
+					i = 0
+				}
+			}
+		}
+	case ReasonSpread, ReasonPrefix, ReasonStickyNew, ReasonBadSessionSpread:
+		w = LeastLoaded(ws, rt.rr.Add(1), ok)
+	}
+	if w == nil {
+		return Decision{}
+	}
+	rt.reasons[ReasonReroute].Add(1)
+	return Decision{Worker: w, Reason: ReasonReroute, Learn: d.Learn.retarget(w)}
 }

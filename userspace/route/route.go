@@ -202,12 +202,13 @@ const (
 	ReasonPrefix         // no key, --keyless=prefix: body prefix on the ring
 	ReasonRid            // request id already in flight: its owner
 	ReasonLearned        // bare session id: the worker that created it
+	ReasonReroute        // the first worker refused the connection: another one
 	NumReasons
 )
 
 var reasonNames = [NumReasons]string{"session", "spread", "bad_session_spread", "bad_session_reject", "no_worker", "panic",
 	"target", "bad_target", "hash", "hash_spill", "hash_spilled", "hash_return", "hash_failover",
-	"sticky", "sticky_new", "sticky_failover", "prefix", "rid", "learned"}
+	"sticky", "sticky_new", "sticky_failover", "prefix", "rid", "learned", "reroute"}
 
 func (r Reason) String() string { return reasonNames[r] }
 
