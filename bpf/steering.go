@@ -138,6 +138,9 @@ type Steering struct {
 	stats *stats.Table
 
 	lock *os.File // the flock(2)ed pin directory (Open), nil without
+	// inherited: opened by OpenInherited, the counters of the present
+	// belong to a process still draining: nothing is reset.
+	inherited bool
 }
 
 // Open loads the steering program and its maps. Maps already pinned in
@@ -159,6 +162,36 @@ func Open(pinDir string) (*Steering, error) {
 	if err != nil {
 		return nil, err
 	}
+	return open(pinDir, lock, false)
+}
+
+// OpenInherited is Open for the new process of an upgrade: lock is the
+// pin directory's flock(2)ed descriptor handed over by the old process
+// (one open file description, so the lock never lapses between them), and
+// the counters are not reset: the old process's connections and requests
+// are still running and will count down.
+func OpenInherited(pinDir string, lock *os.File) (*Steering, error) {
+	if lock == nil {
+		return nil, errors.New("open inherited steering: no pin directory lock")
+	}
+	// The lock must be the one on this directory and still held.
+	var want, got unix.Stat_t
+	if err := unix.Stat(pinDir, &want); err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("pin directory %s: %w", pinDir, err)
+	}
+	if err := unix.Fstat(int(lock.Fd()), &got); err != nil || got.Ino != want.Ino || got.Dev != want.Dev {
+		lock.Close()
+		return nil, fmt.Errorf("inherited lock is not on the pin directory %s (was --bpf-pin-dir changed?)", pinDir)
+	}
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("inherited pin directory lock: %w", err)
+	}
+	return open(pinDir, lock, true)
+}
+
+func open(pinDir string, lock *os.File, inherited bool) (*Steering, error) {
 	spec, err := loadSteer()
 	if err != nil {
 		lock.Close()
@@ -185,13 +218,30 @@ func Open(pinDir string) (*Steering, error) {
 		workers: objs.WorkerStats,
 		sticky:  objs.StickySessions,
 		lock:    lock,
+
+		inherited: inherited,
 	}
 	if err := s.mapStats(); err != nil {
 		s.Close()
 		return nil, err
 	}
-	s.stats.ResetGauges()
+	if !inherited {
+		s.stats.ResetGauges()
+	}
 	return s, nil
+}
+
+// LockFile returns a new descriptor of the pin-directory lock, to hand to
+// the process that takes over (upgrade); nil without a lock.
+func (s *Steering) LockFile() (*os.File, error) {
+	if s.lock == nil {
+		return nil, nil
+	}
+	fd, err := unix.FcntlInt(s.lock.Fd(), unix.F_DUPFD_CLOEXEC, 3)
+	if err != nil {
+		return nil, fmt.Errorf("dup pin directory lock: %w", err)
+	}
+	return os.NewFile(uintptr(fd), s.lock.Name()), nil
 }
 
 // lockPinDir takes the pin directory's owner lock without waiting.
@@ -360,7 +410,18 @@ func (s *Steering) Insert(slot int, ln *net.TCPListener) error {
 		return errors.New("insert listener: steering opened without its program")
 	}
 	err := withFD(ln, func(fd int) error {
-		return s.sockets.Update(uint32(slot), uint64(fd), ebpf.UpdateAny)
+		err := s.sockets.Update(uint32(slot), uint64(fd), ebpf.UpdateAny)
+		if err != nil && s.inherited && errors.Is(err, unix.EBUSY) {
+			// Handed over by the old process: the socket is already in
+			// the array (a socket can be in one slot only). Fine if that
+			// slot is this one.
+			cookie, cerr := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_COOKIE)
+			var have uint64
+			if cerr == nil && s.sockets.Lookup(uint32(slot), &have) == nil && have == cookie {
+				return nil
+			}
+		}
+		return err
 	})
 	if err != nil {
 		if errors.Is(err, ebpf.ErrNotSupported) || errors.Is(err, unix.EOPNOTSUPP) {
@@ -368,7 +429,9 @@ func (s *Steering) Insert(slot int, ln *net.TCPListener) error {
 		}
 		return fmt.Errorf("insert listener into slot %d: %w", slot, err)
 	}
-	s.stats.Slot(slot).Restart()
+	if !s.inherited {
+		s.stats.Slot(slot).Restart() // a new socket: its counts start over
+	}
 	return s.SetSlotState(slot, SlotActive, 1)
 }
 

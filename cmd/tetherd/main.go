@@ -39,11 +39,14 @@ func main() {
 
 // cli is what the command line and the config file say.
 type cli struct {
-	fs       *flag.FlagSet
-	opts     daemon.Options
-	grace    time.Duration
-	logLevel string
-	pprof    string
+	fs           *flag.FlagSet
+	opts         daemon.Options
+	grace        time.Duration
+	drainTimeout time.Duration
+	upgradeWait  time.Duration
+	pidfile      string
+	logLevel     string
+	pprof        string
 }
 
 // parse reads the flags, then the config file (--config) for the flags not
@@ -63,6 +66,9 @@ func parse(args []string) (*cli, error) {
 	fs.StringVar(&opts.BPF, "bpf", "auto", "BPF listener steering: auto (fall back to the kernel hash with one warning), required, or off")
 	fs.StringVar(&opts.PinDir, "bpf-pin-dir", "", "bpffs directory for the pinned maps (default /sys/fs/bpf/tether/v<ABI>)")
 	fs.DurationVar(&c.grace, "shutdown-grace", 30*time.Second, "on SIGTERM, time given to requests in progress")
+	fs.DurationVar(&c.drainTimeout, "drain-timeout", 15*time.Minute, "after an upgrade (SIGUSR2), time the old process gives its requests and streams in flight (generations can be long)")
+	fs.DurationVar(&c.upgradeWait, "upgrade-timeout", time.Minute, "on SIGUSR2, time the new process gets to serve; past it, or if it exits, the old one keeps serving")
+	fs.StringVar(&c.pidfile, "pidfile", "", "write the PID of the current tetherd here (atomically; the new process rewrites it after an upgrade)")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.pprof, "pprof", "", "serve net/http/pprof on this address (debugging; keep it on loopback)")
 	configFile := fs.String("config", "", "JSON file whose fields are these flags' names, e.g. {\"worker\":[URL,...],\"bad-session\":\"reject\"}; the command line wins; SIGHUP reloads the workers and policies")
@@ -88,6 +94,9 @@ func parse(args []string) (*cli, error) {
 	if c.grace < 0 {
 		return nil, errors.New("--shutdown-grace: negative")
 	}
+	if c.drainTimeout <= 0 || c.upgradeWait <= 0 {
+		return nil, errors.New("--drain-timeout and --upgrade-timeout: want a duration > 0")
+	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(c.logLevel)); err != nil {
 		return nil, fmt.Errorf("--log-level: %w", err)
@@ -103,34 +112,77 @@ func run(args []string) error {
 		return err
 	}
 	opts := c.opts
+	log := opts.Log
+	// The binary to start on an upgrade: the path this one was started
+	// from (a new binary installed there is what runs next).
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("executable path: %w", err)
+	}
+	// Signals are ours from the start: a SIGUSR2 (upgrade) that came
+	// before the handler would kill the process (its default action).
+	sig := make(chan os.Signal, 4)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR2)
+	if opts.Inherited, err = inherited(); err != nil {
+		return err
+	}
 	if c.pprof != "" {
-		go func() { opts.Log.Error("pprof stopped", "err", http.ListenAndServe(c.pprof, nil)) }()
+		go func() { log.Error("pprof stopped", "err", http.ListenAndServe(c.pprof, nil)) }()
 	}
 	d, err := daemon.New(opts)
 	if err != nil {
 		return err
 	}
 	d.Serve()
-	if opts.Demo > 0 {
+	if err := d.Ready(); err != nil {
+		log.Warn("upgrade: could not tell the old process", "err", err)
+	}
+	if c.pidfile != "" {
+		if err := writePidfile(c.pidfile, os.Getpid()); err != nil {
+			log.Error("pidfile", "err", err)
+		}
+	}
+	notifyReady(d, log)
+	if opts.Demo > 0 && opts.Inherited == nil {
 		fmt.Fprintf(os.Stderr, "\ntether is running with %d demo workers. Try:\n"+
 			"  curl -s -XPOST http://%[2]s/sessions\n"+
 			"  curl -s http://%[2]s/sessions/<session_id>/v1/chat/completions -d '{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'\n"+
 			"  curl -s http://%[2]s/health\n\n", opts.Demo, d.Addr())
 	}
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	s := <-sig
-	for ; s == syscall.SIGHUP; s = <-sig {
-		reload(d, args, c)
+	stopWatchdog := watchdog(log)
+	defer stopWatchdog()
+	for s := range sig {
+		switch s {
+		case syscall.SIGHUP:
+			notify(log, "RELOADING=1\nMONOTONIC_USEC="+monotonicUsec())
+			reload(d, args, c)
+			notify(log, "READY=1")
+			continue
+		case syscall.SIGUSR2:
+			log.Info("upgrade: starting the new tetherd", "exe", exe)
+			p, err := d.Upgrade(exe, args, os.Stderr, c.upgradeWait)
+			if err != nil {
+				log.Error("upgrade failed: this process keeps serving", "err", err)
+				continue
+			}
+			log.Info("upgrade: the new tetherd serves; finishing the requests in flight here", "new_pid", p.Pid, "drain_timeout", c.drainTimeout)
+			ctx, cancel := context.WithTimeout(context.Background(), c.drainTimeout)
+			defer cancel()
+			return d.Retire(ctx)
+		}
+		notify(log, "STOPPING=1")
+		log.Info("shutting down", "signal", s.String(), "grace", c.grace)
+		ctx, cancel := context.WithTimeout(context.Background(), c.grace)
+		defer cancel()
+		err := d.Shutdown(ctx)
+		if c.pidfile != "" {
+			removePidfile(c.pidfile, os.Getpid())
+		}
+		return err
 	}
-	opts.Log.Info("shutting down", "signal", s.String(), "grace", c.grace)
-	ctx, cancel := context.WithTimeout(context.Background(), c.grace)
-	defer cancel()
-	return d.Shutdown(ctx)
+	return nil
 }
 
-// reloadable are the flags a SIGHUP applies; the others need a restart.
-// (Routing policies apply when their package registers daemon.OnReload.)
 var reloadable = map[string]bool{"worker": true, "bad-session": true, "config": true}
 
 // reload reads the command line and the config file again and applies the

@@ -15,6 +15,7 @@ import (
 	"github.com/tether-rl/tether/userspace/registry"
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/supervisor"
+	"github.com/tether-rl/tether/userspace/sysd"
 )
 
 // The control plane: worker registry, health checks, supervisor of --spawn
@@ -119,12 +120,24 @@ func (d *Daemon) newControl(opts Options) error {
 		Token:    opts.AdminToken,
 		Log:      d.log,
 	})
-	if opts.Admin != "" {
+	inherited := opts.Inherited.Take(fdAdmin)
+	if opts.Admin != "" && inherited != nil {
+		ln, err := sysd.TCPListener(inherited)
+		inherited.Close()
+		if err != nil {
+			return fmt.Errorf("upgrade: admin socket: %w", err)
+		}
+		d.ctl.adminLn = ln
+	} else if opts.Admin != "" {
 		ln, err := net.Listen("tcp", opts.Admin)
 		if err != nil {
 			return fmt.Errorf("--admin %s: %w", opts.Admin, err)
 		}
 		d.ctl.adminLn = ln
+	} else if inherited != nil {
+		inherited.Close() // the admin API is off now
+	}
+	if ln := d.ctl.adminLn; ln != nil {
 		if opts.AdminToken == "" && !isLoopback(ln.Addr()) {
 			d.log.Warn("admin API listens beyond loopback without --admin-token: anyone who reaches it can add and remove workers", "admin", ln.Addr().String())
 		}

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tether-rl/tether/userspace/admin"
@@ -26,6 +27,7 @@ import (
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/stats"
 	"github.com/tether-rl/tether/userspace/supervisor"
+	"github.com/tether-rl/tether/userspace/upgrade"
 	"github.com/tether-rl/tether/userspace/upstream"
 )
 
@@ -40,7 +42,11 @@ type Options struct {
 	BadSession string   // "spread" (default) or "reject"
 	// InstanceID names this tetherd in /health (instance_id and miles'
 	// session_server_instance_id); default a random id per process.
-	InstanceID      string
+	InstanceID string
+	// Inherited is what the tetherd this one replaces handed over
+	// (upgrade.Inherit): its listening sockets, admin socket, pin lock and
+	// run-time workers. nil: bind afresh.
+	Inherited       *upgrade.Inherited
 	ResponseTimeout time.Duration // default 30m
 	SpliceMin       int64         // body remainders this large move with splice(2); default proxy's
 	Pool            upstream.Options
@@ -86,6 +92,7 @@ type Daemon struct {
 	Group      *listener.Group
 	lns        []net.Listener
 	wg         sync.WaitGroup
+	retired    atomic.Bool // handed over to a new process (Retire)
 
 	// Control plane (control.go).
 	Registry   *registry.Registry
@@ -179,7 +186,14 @@ func New(opts Options) (*Daemon, error) {
 		addrs = append(addrs, a)
 	}
 
+	handed, err := handedOver(opts.Inherited)
+	if err != nil {
+		return nil, err
+	}
 	id := opts.InstanceID
+	if id == "" && handed != nil {
+		id = handed.InstanceID
+	}
 	if id == "" {
 		var idb [8]byte
 		rand.Read(idb[:])
@@ -211,6 +225,7 @@ func New(opts Options) (*Daemon, error) {
 	if err := d.newRegistry(opts, len(d.demos)); err != nil {
 		return nil, err
 	}
+	d.restoreWorkers(handed)
 	d.Router = &route.Router{Table: d.Table}
 	d.Router.SetBadSession(bad)
 	if d.routing, err = setupRouting(opts, d.Group, d.Router); err != nil {
@@ -259,10 +274,13 @@ func (d *Daemon) Serve() {
 
 // Shutdown stops accepting, finishes requests in progress (bounded by ctx)
 // and releases everything.
-func (d *Daemon) Shutdown(ctx context.Context) error {
+func (d *Daemon) Shutdown(ctx context.Context) error { return d.shutdown(ctx, 0) }
+
+// shutdown is Shutdown with the proxy's idle grace (ShutdownGently).
+func (d *Daemon) shutdown(ctx context.Context, idleGrace time.Duration) error {
 	var err error
 	if d.Proxy != nil {
-		err = d.Proxy.Shutdown(ctx)
+		err = d.Proxy.ShutdownGently(ctx, idleGrace)
 	}
 	d.stopControl(ctx)
 	d.wg.Wait()
@@ -276,7 +294,11 @@ func (d *Daemon) Close() {
 		d.Proxy.Close()
 	}
 	if d.Group != nil {
-		d.Group.Close()
+		if d.retired.Load() {
+			d.Group.Detach() // the sockets and pins are the new process's
+		} else {
+			d.Group.Close()
+		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // at once: SIGTERM then SIGKILL to the --spawn processes

@@ -31,6 +31,17 @@ func openListeners(opts Options) (*listener.Group, error) {
 			opts.Log.Warn("could not mount bpffs", "path", bpfRoot, "err", err)
 		}
 	}
+	if opts.Inherited != nil {
+		lns, lock, err := inheritedListeners(opts.Inherited, opts.Listeners)
+		if err != nil {
+			return nil, fmt.Errorf("upgrade: %w", err)
+		}
+		if lns != nil {
+			lopts = append(lopts, listener.WithInherited(lns, lock))
+		} else if lock != nil {
+			lock.Close()
+		}
+	}
 	g, err := listener.Listen(opts.Listen, opts.Listeners, mode, opts.Log, lopts...)
 	if err != nil {
 		return nil, err

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -35,6 +36,8 @@ const (
 )
 
 type config struct {
+	inherited      []*net.TCPListener
+	lock           *os.File
 	pinDir         string
 	drainTimeout   time.Duration
 	pollInterval   time.Duration
@@ -43,6 +46,13 @@ type config struct {
 
 // Option tunes Listen.
 type Option func(*config)
+
+// WithInherited makes the group take over listeners (and the pin
+// directory lock, when the old process had one) handed over by the
+// process it replaces (package upgrade), instead of binding new ones.
+func WithInherited(lns []*net.TCPListener, lock *os.File) Option {
+	return func(c *config) { c.inherited, c.lock = lns, lock }
+}
 
 // WithPinDir pins the BPF maps in dir instead of bpf.DefaultPinDir.
 func WithPinDir(dir string) Option { return func(c *config) { c.pinDir = dir } }
@@ -115,7 +125,18 @@ func Listen(addr string, k int, mode bpf.Mode, log *slog.Logger, opts ...Option)
 	for _, o := range opts {
 		o(&g.cfg)
 	}
-	if err := g.listen(addr, k); err != nil {
+	if in := g.cfg.inherited; in != nil {
+		if len(in) != k {
+			for _, ln := range in {
+				ln.Close()
+			}
+			if g.cfg.lock != nil {
+				g.cfg.lock.Close()
+			}
+			return nil, fmt.Errorf("listeners: %d handed over, want %d (--listeners cannot change in an upgrade: restart instead)", len(in), k)
+		}
+		g.lns = in
+	} else if err := g.listen(addr, k); err != nil {
 		return nil, err
 	}
 	if mode != bpf.ModeOff {
@@ -179,7 +200,14 @@ func reusePort(_, _ string, c syscall.RawConn) error {
 // the slots this group does not own (left by an earlier tetherd with more
 // listeners) and attaches the program to the group.
 func (g *Group) steer() error {
-	s, err := bpf.Open(g.cfg.pinDir)
+	var s *bpf.Steering
+	var err error
+	if g.cfg.lock != nil {
+		s, err = bpf.OpenInherited(g.cfg.pinDir, g.cfg.lock)
+		g.cfg.lock = nil // the Steering's now (or closed)
+	} else {
+		s, err = bpf.Open(g.cfg.pinDir)
+	}
 	if err != nil {
 		return err
 	}
@@ -447,6 +475,54 @@ func (g *Group) Close() error {
 		for i := range g.lns {
 			g.stats.Slot(i).ResetPending()
 		}
+		if s := g.steering; s != nil {
+			if cerr := s.Close(); cerr != nil && err == nil {
+				err = cerr
+			}
+		}
+	})
+	return err
+}
+
+// Handover returns new descriptors of the listeners (index = slot) and of
+// the pin directory lock (nil without BPF), for the process that takes
+// over (package upgrade). The group keeps its own.
+func (g *Group) Handover() ([]*os.File, *os.File, error) {
+	var files []*os.File
+	closeAll := func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}
+	for i, ln := range g.lns {
+		f, err := ln.File()
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("listener %d: %w", i, err)
+		}
+		files = append(files, f)
+	}
+	var lock *os.File
+	if g.steering != nil {
+		var err error
+		if lock, err = g.steering.LockFile(); err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+	}
+	return files, lock, nil
+}
+
+// Detach is Close for a group handed over to a new process: it stops the
+// watcher and closes this process's descriptors, but leaves the slots as
+// they are (the sockets live on in the new process, which owns the pins)
+// and resets nothing.
+func (g *Group) Detach() error {
+	var err error
+	g.closeOnce.Do(func() {
+		close(g.stop)
+		err = g.closeListeners()
+		g.watcher.Wait()
 		if s := g.steering; s != nil {
 			if cerr := s.Close(); cerr != nil && err == nil {
 				err = cerr

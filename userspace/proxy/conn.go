@@ -32,7 +32,8 @@ type conn struct {
 	req  httphead.Request
 	resp httphead.Response
 
-	idle atomic.Bool // waiting for a request with nothing buffered
+	idle      atomic.Bool  // waiting for a request with nothing buffered
+	idleSince atomic.Int64 // when it began waiting (UnixNano)
 
 	// Client watch during an exchange (see watchClient).
 	watchTimer *time.Timer
@@ -64,9 +65,10 @@ func newConn(s *Server, tc *net.TCPConn) *conn {
 }
 
 // wakeIfIdle makes an idle connection's read return so that it sees the
-// server closing.
-func (c *conn) wakeIfIdle() {
-	if c.idle.Load() {
+// server closing, if it has been idle for at least grace (see
+// Server.ShutdownGently).
+func (c *conn) wakeIfIdle(grace time.Duration) {
+	if c.idle.Load() && (grace <= 0 || time.Since(time.Unix(0, c.idleSince.Load())) >= grace) {
 		c.c.SetReadDeadline(aLongTimeAgo)
 	}
 }
@@ -83,7 +85,10 @@ func (c *conn) serve() {
 		}
 		c.s.forget(c)
 	}()
-	for c.serveOne() && !c.s.closing.Load() {
+	// A response that went out before the server began closing promised
+	// keep-alive: with an idle grace (ShutdownGently) the next request is
+	// still read and answered (with Connection: close).
+	for c.serveOne() && (!c.s.closing.Load() || c.s.idleGrace.Load() > 0) {
 	}
 }
 
@@ -210,9 +215,10 @@ func (c *conn) readHead() error {
 		}
 		if c.buf == nil {
 			// Idle with nothing buffered: wait holding no buffer.
-			if c.s.closing.Load() {
+			if c.s.closing.Load() && c.s.idleGrace.Load() == 0 {
 				return net.ErrClosed
 			}
+			c.idleSince.Store(time.Now().UnixNano())
 			c.idle.Store(true)
 			c.c.SetReadDeadline(time.Now().Add(c.s.cfg.IdleTimeout))
 			err := c.readIdle()

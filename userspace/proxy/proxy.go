@@ -111,8 +111,12 @@ type Server struct {
 	mu        sync.Mutex
 	conns     map[*conn]struct{}
 	listeners map[net.Listener]struct{}
-	wg        sync.WaitGroup
+	wg        sync.WaitGroup // connections
+	accepting sync.WaitGroup // accept loops (Serve)
 	closing   atomic.Bool
+	// idleGrace (ns): while shutting down gently, a keep-alive connection
+	// is closed only once idle this long (ShutdownGently).
+	idleGrace atomic.Int64
 
 	counters Counters
 }
@@ -157,11 +161,13 @@ func (s *Server) Serve(ln net.Listener, slot *stats.Slot) error {
 		return nil
 	}
 	s.listeners[ln] = struct{}{}
+	s.accepting.Add(1)
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
 		delete(s.listeners, ln)
 		s.mu.Unlock()
+		s.accepting.Done()
 	}()
 	var backoff time.Duration
 	for {
@@ -210,18 +216,35 @@ func (s *Server) forget(c *conn) {
 // Shutdown stops accepting, closes idle connections, lets every request in
 // progress finish (answering it with Connection: close), and waits for
 // them until ctx ends; then it closes what is left.
-func (s *Server) Shutdown(ctx context.Context) error {
+func (s *Server) Shutdown(ctx context.Context) error { return s.ShutdownGently(ctx, 0) }
+
+// ShutdownGently is Shutdown for a process that hands its clients to
+// another (an upgrade): every response from now on says Connection: close,
+// and a keep-alive connection is closed only once it has been idle for
+// idleGrace. A client that picks a pooled connection and writes its next
+// request while tetherd closes it loses that request (a POST is not
+// retried); closing only connections idle for a while makes that
+// coincidence vanishingly rare, where closing them all at once meets every
+// client that was about to send.
+func (s *Server) ShutdownGently(ctx context.Context, idleGrace time.Duration) error {
+	s.idleGrace.Store(int64(idleGrace))
 	s.closing.Store(true)
 	s.mu.Lock()
 	for ln := range s.listeners {
 		ln.Close()
 	}
 	for c := range s.conns {
-		c.wakeIfIdle()
+		c.wakeIfIdle(idleGrace)
 	}
 	s.mu.Unlock()
 	done := make(chan struct{})
-	go func() { s.wg.Wait(); close(done) }()
+	go func() {
+		// A connection accepted while the listeners closed is still
+		// served: wait for the accept loops to return before counting.
+		s.accepting.Wait()
+		s.wg.Wait()
+		close(done)
+	}()
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -236,7 +259,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			// A connection that went idle after the first pass.
 			s.mu.Lock()
 			for c := range s.conns {
-				c.wakeIfIdle()
+				c.wakeIfIdle(idleGrace)
 			}
 			s.mu.Unlock()
 		}

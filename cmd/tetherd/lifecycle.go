@@ -1,0 +1,131 @@
+package main
+
+// Process lifecycle around the daemon: what an old tetherd or systemd
+// handed over, the pidfile, and systemd's notify protocol.
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tether-rl/tether/userspace/daemon"
+	"github.com/tether-rl/tether/userspace/sysd"
+	"github.com/tether-rl/tether/userspace/upgrade"
+)
+
+// inherited returns the sockets handed to this process: by the tetherd it
+// replaces (SIGUSR2), else by systemd (socket activation, or the fd store
+// after a restart), else nil.
+func inherited() (*upgrade.Inherited, error) {
+	in, err := upgrade.Inherit()
+	if err != nil || in != nil {
+		return in, err
+	}
+	ls, err := sysd.Listeners()
+	if err != nil {
+		return nil, err
+	}
+	files := map[string]*os.File{}
+	for _, l := range ls {
+		if _, dup := files[l.Name]; dup {
+			l.File.Close() // the same socket stored twice
+			continue
+		}
+		files[l.Name] = l.File
+	}
+	return upgrade.FromFiles(files), nil
+}
+
+// writePidfile writes pid to path atomically (a temporary file renamed
+// over it): a reader never sees it half written.
+func writePidfile(path string, pid int) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return fmt.Errorf("--pidfile %s: %w", path, err)
+	}
+	_, err = tmp.WriteString(strconv.Itoa(pid) + "\n")
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp.Name(), 0o644)
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("--pidfile %s: %w", path, err)
+	}
+	return nil
+}
+
+// removePidfile removes path if it still names pid (after an upgrade it
+// names the new process: left alone).
+func removePidfile(path string, pid int) {
+	b, err := os.ReadFile(path)
+	if err == nil && strings.TrimSpace(string(b)) == strconv.Itoa(pid) {
+		os.Remove(path)
+	}
+}
+
+// notify sends state to systemd, if it runs us with a notify socket.
+func notify(log *slog.Logger, state string, files ...*os.File) {
+	if _, err := sysd.Notify(state, files...); err != nil {
+		log.Warn("systemd notify failed", "err", err)
+	}
+}
+
+// notifyReady tells systemd this process serves (and, after an upgrade,
+// that it is the main process now), and parks the listening sockets in
+// its file-descriptor store for the next restart.
+func notifyReady(d *daemon.Daemon, log *slog.Logger) {
+	if os.Getenv("NOTIFY_SOCKET") == "" {
+		return
+	}
+	notify(log, "READY=1\nMAINPID="+strconv.Itoa(os.Getpid())+"\nSTATUS=serving on "+d.Addr())
+	files, err := d.Sockets()
+	if err != nil {
+		log.Warn("systemd fd store: sockets not stored", "err", err)
+		return
+	}
+	for _, f := range files {
+		notify(log, "FDSTORE=1\nFDNAME="+f.Name, f.File)
+		f.File.Close()
+	}
+}
+
+// watchdog pings systemd at half its WatchdogSec; the returned func stops.
+func watchdog(log *slog.Logger) func() {
+	every := sysd.WatchdogInterval()
+	if every <= 0 {
+		return func() {}
+	}
+	stop := make(chan struct{})
+	go func() {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				notify(log, "WATCHDOG=1")
+			}
+		}
+	}()
+	return func() { close(stop) }
+}
+
+// monotonicUsec is CLOCK_MONOTONIC in µs (RELOADING=1 wants it).
+func monotonicUsec() string {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return strconv.FormatInt(ts.Nano()/1000, 10)
+}

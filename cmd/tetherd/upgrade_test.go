@@ -1,0 +1,297 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tether-rl/tether/testenv"
+	"github.com/tether-rl/tether/userspace/demo"
+)
+
+// readPid reads a pidfile (0 while it is missing).
+func readPid(path string) int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return n
+}
+
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	return err == nil && !strings.Contains(string(b), ") Z ")
+}
+
+// loadStats counts the outcomes of the load.
+type loadStats struct {
+	ok, failed, streams atomic.Int64
+	mu                  sync.Mutex
+	errs                []string
+}
+
+func (s *loadStats) fail(format string, args ...any) {
+	s.failed.Add(1)
+	s.mu.Lock()
+	if len(s.errs) < 10 {
+		s.errs = append(s.errs, fmt.Sprintf(format, args...))
+	}
+	s.mu.Unlock()
+}
+
+// TestUpgradeUnderLoad upgrades tetherd in place (SIGUSR2) again and again
+// while keep-alive clients, clients with a new connection per request
+// (half of them on session paths) and long SSE streams run: no request may
+// fail (refused, reset, 5xx from tetherd, truncated), every stream must
+// end complete, every old process must exit, and the pidfile must name
+// the newest one. With BPF the pin-directory lock passes from process to
+// process; without it (--bpf=off) the sockets alone.
+func TestUpgradeUnderLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds tetherd")
+	}
+	dir := t.TempDir()
+	bin := build(t, dir, "github.com/tether-rl/tether/cmd/tetherd")
+	modes := map[string][]string{"bpf-off": {"--bpf", "off"}}
+	bpfOK := false
+	t.Run("bpf-available", func(t *testing.T) { testenv.RequireBPF(t); bpfOK = true })
+	if bpfOK {
+		modes["bpf"] = []string{"--bpf", "required", "--bpf-pin-dir", testenv.BPFFS(t)}
+	}
+	for name, extra := range modes {
+		t.Run(name, func(t *testing.T) { upgradeUnderLoad(t, bin, extra, 20) })
+	}
+}
+
+func upgradeUnderLoad(t *testing.T, bin string, extra []string, upgrades int) {
+	var workers []string
+	for i := 0; i < 2; i++ {
+		s, err := demo.Start("127.0.0.1:0", demo.Options{Index: i, StreamDelay: 20 * time.Millisecond, StreamChunks: 40})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		workers = append(workers, s.URL())
+	}
+	pidfile := filepath.Join(t.TempDir(), "tetherd.pid")
+	args := append([]string{"--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--listeners", "2",
+		"--pidfile", pidfile, "--worker", workers[0], "--worker", workers[1], "--drain-timeout", "30s"}, extra...)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	stderr, _ := cmd.StderrPipe()
+	cmd.Stdout = io.Discard
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var logs logWatch
+	go logs.run(stderr)
+	t.Cleanup(func() {
+		if t.Failed() {
+			logs.mu.Lock()
+			for _, l := range logs.lines {
+				if !strings.Contains(l, "level=INFO") || strings.Contains(l, "upgrade") {
+					t.Log(l)
+				}
+			}
+			logs.mu.Unlock()
+		}
+	})
+	data := logs.wait(t, `msg="tetherd serving" listen=(\S+)`)
+	admin := logs.wait(t, `msg="admin API serving" admin=(\S+)`)
+	pids := []int{cmd.Process.Pid}
+	defer func() {
+		for _, p := range pids {
+			syscall.Kill(p, syscall.SIGKILL)
+		}
+	}()
+	for readPid(pidfile) != pids[0] {
+		time.Sleep(5 * time.Millisecond)
+	}
+	// A worker added at run time survives the upgrades in its slot.
+	extraWorker, err := demo.Start("127.0.0.1:0", demo.Options{Index: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer extraWorker.Close()
+	resp, err := http.Post("http://"+admin+"/add_worker?url="+url.QueryEscape(extraWorker.URL()), "", nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("add_worker: %v %v", resp, err)
+	}
+	resp.Body.Close()
+
+	var st loadStats
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	chat := `{"messages":[{"role":"user","content":"hi"}]}`
+	// Keep-alive clients, half on session paths, half keyed.
+	for i := 0; i < 6; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 2}}
+			for k := 0; ; k++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				path := "/v1/chat/completions"
+				req, _ := http.NewRequest("POST", "http://"+data+path, strings.NewReader(chat))
+				if i%2 == 0 {
+					req, _ = http.NewRequest("POST", "http://"+data+"/sessions/w"+strconv.Itoa(k%3)+"-0123456789abcdef0123456789abcdef/v1/chat/completions", strings.NewReader(chat))
+				} else {
+					req.Header.Set("X-Session-ID", "traj-"+strconv.Itoa(i))
+				}
+				resp, err := c.Do(req)
+				if err != nil {
+					st.fail("keep-alive: %v", err)
+					continue
+				}
+				b, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if err != nil || resp.StatusCode != 200 || !strings.Contains(string(b), "chat.completion") {
+					st.fail("keep-alive: %d %v %.80q", resp.StatusCode, err, b)
+					continue
+				}
+				st.ok.Add(1)
+			}
+		}()
+	}
+	// A new connection per request.
+	for i := 0; i < 2; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				c, err := net.DialTimeout("tcp", data, 5*time.Second)
+				if err != nil {
+					st.fail("dial: %v", err)
+					continue
+				}
+				fmt.Fprintf(c, "POST /sessions/w1-0123456789abcdef0123456789abcdef/v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(chat), chat)
+				c.SetReadDeadline(time.Now().Add(20 * time.Second))
+				b, err := io.ReadAll(c)
+				c.Close()
+				if err != nil || !strings.HasPrefix(string(b), "HTTP/1.1 200") {
+					st.fail("new connection: %v %.80q", err, b)
+					continue
+				}
+				st.ok.Add(1)
+			}
+		}()
+	}
+	// Long SSE streams: 40 events 20 ms apart, each must end with [DONE].
+	for i := 0; i < 2; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := &http.Client{Timeout: 30 * time.Second}
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				resp, err := c.Post("http://"+data+"/v1/chat/completions", "application/json",
+					strings.NewReader(`{"stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+				if err != nil {
+					st.fail("stream: %v", err)
+					continue
+				}
+				events, done := 0, false
+				sc := bufio.NewScanner(resp.Body)
+				for sc.Scan() {
+					if strings.HasPrefix(sc.Text(), "data: ") {
+						events++
+						done = done || sc.Text() == "data: [DONE]"
+					}
+				}
+				resp.Body.Close()
+				if resp.StatusCode != 200 || !done || sc.Err() != nil {
+					st.fail("stream: %d, %d events, done %v, %v", resp.StatusCode, events, done, sc.Err())
+					continue
+				}
+				st.streams.Add(1)
+			}
+		}()
+	}
+
+	time.Sleep(300 * time.Millisecond)
+	for u := 0; u < upgrades; u++ {
+		old := pids[len(pids)-1]
+		syscall.Kill(old, syscall.SIGUSR2)
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			if p := readPid(pidfile); p != 0 && p != old {
+				pids = append(pids, p)
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("upgrade %d: the pidfile still names %d", u, old)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		time.Sleep(150 * time.Millisecond) // load on the new process
+	}
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+
+	// Every old process exits once it drained; the newest serves, with the
+	// run-time worker in its slot.
+	for _, p := range pids[:len(pids)-1] {
+		deadline := time.Now().Add(40 * time.Second)
+		for alive(p) {
+			if time.Now().After(deadline) {
+				t.Fatalf("old tetherd %d still running", p)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	resp, err = http.Post("http://"+data+"/sessions/w2-0123456789abcdef0123456789abcdef/v1/chat/completions", "application/json", strings.NewReader(chat))
+	if err != nil || resp.StatusCode != 200 || resp.Header.Get("X-Tether-Demo-Worker") != "2" {
+		t.Fatalf("run-time worker after the upgrades: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	t.Logf("%d upgrades: %d requests ok, %d streams complete, %d failed", upgrades, st.ok.Load(), st.streams.Load(), st.failed.Load())
+	if st.failed.Load() != 0 {
+		t.Errorf("%d failed requests, first: %q", st.failed.Load(), st.errs)
+	}
+	if st.streams.Load() == 0 || st.ok.Load() < 100 {
+		t.Errorf("too little load went through: %d requests, %d streams", st.ok.Load(), st.streams.Load())
+	}
+	last := pids[len(pids)-1]
+	syscall.Kill(last, syscall.SIGTERM)
+	deadline := time.Now().Add(20 * time.Second)
+	for alive(last) {
+		if time.Now().After(deadline) {
+			t.Fatalf("tetherd %d did not stop", last)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := os.Stat(pidfile); !os.IsNotExist(err) {
+		t.Errorf("pidfile left after SIGTERM: %v", err)
+	}
+	cmd.Wait()
+}
