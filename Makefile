@@ -5,7 +5,10 @@ LISTEN  ?= 127.0.0.1:8080
 DEMO    ?= 4
 FUZZTIME ?= 30s
 
-.PHONY: all build run test vet check-generate generate bench fuzz clean
+PREFIX  ?= /usr/local
+DESTDIR ?=
+
+.PHONY: all build run test vet check-generate generate bench fuzz clean install
 
 all: build
 
@@ -52,6 +55,18 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzSessionID$$' -fuzztime $(FUZZTIME) ./userspace/route/
 	$(GO) test -run '^$$' -fuzz '^FuzzResponseField$$' -fuzztime $(FUZZTIME) ./userspace/route/
 	$(GO) test -run '^$$' -fuzz '^FuzzRequestID$$' -fuzztime $(FUZZTIME) ./userspace/engine/
+
+# Binaries, the systemd unit and the docs; a config file only if none is
+# there. Then: systemctl daemon-reload && systemctl enable --now tetherd.
+install: build
+	install -D -m 0755 $(BIN)/tetherd $(DESTDIR)$(PREFIX)/bin/tetherd
+	install -D -m 0755 $(BIN)/tetherctl $(DESTDIR)$(PREFIX)/bin/tetherctl
+	install -D -m 0755 $(BIN)/tether-demo $(DESTDIR)$(PREFIX)/bin/tether-demo
+	install -d $(DESTDIR)/etc/systemd/system
+	sed 's|/usr/local|$(PREFIX)|g' cmd/tetherd/tetherd.service > $(DESTDIR)/etc/systemd/system/tetherd.service
+	install -D -m 0644 docs/operations.md $(DESTDIR)$(PREFIX)/share/doc/tether/operations.md
+	test -e $(DESTDIR)/etc/tether/tetherd.json || install -D -m 0644 cmd/tetherd/tetherd.example.json $(DESTDIR)/etc/tether/tetherd.json
+	@echo "installed. Start: systemctl daemon-reload && systemctl enable --now tetherd; upgrade in place: tetherctl upgrade"
 
 clean:
 	rm -rf $(BIN)

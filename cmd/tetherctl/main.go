@@ -3,6 +3,7 @@
 //
 //	tetherctl status [--json] [--pin-dir DIR]
 //	tetherctl listeners drain N [--pin-dir DIR]
+//	tetherctl upgrade [--pidfile FILE]
 //
 // main only dispatches: each verb is a function in its own file, taking its
 // arguments and output streams, so that tests call it directly.
@@ -28,6 +29,7 @@ var verbs = []verb{
 	{"status", "status [--json] [--pin-dir DIR] [--admin URL]  listeners and workers (pinned maps), routing decisions (admin API)", cmdStatus},
 	{"listeners", "listeners drain N [--pin-dir DIR]   retire listener slot N without resetting a client", cmdListeners},
 	{"workers", workersUsage, cmdWorkers},
+	{"upgrade", upgradeUsage, cmdUpgrade},
 }
 
 type usageError struct{ msg string }

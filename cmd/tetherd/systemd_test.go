@@ -42,7 +42,7 @@ func newNotifyServer(t *testing.T) *notifyServer {
 // next returns the next message, keeping stored descriptors by FDNAME.
 func (n *notifyServer) next(t *testing.T) string {
 	t.Helper()
-	n.conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	n.conn.SetReadDeadline(time.Now().Add(15 * time.Second))
 	buf, oob := make([]byte, 4096), make([]byte, unix.CmsgSpace(16*4))
 	k, oobn, _, _, err := n.conn.ReadMsgUnix(buf, oob)
 	if err != nil {
@@ -104,9 +104,18 @@ func TestSystemdProtocol(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+ns.path)
-	devnull, _ := os.Open(os.DevNull)
-	defer devnull.Close()
-	cmd.Stderr = devnull // a file: no copying goroutine to wait for
+	logf, err := os.Create(filepath.Join(t.TempDir(), "tetherd.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	cmd.Stderr = logf // a file: no copying goroutine to wait for
+	t.Cleanup(func() {
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("tetherd's log:\n%s", b)
+		}
+	})
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -139,14 +148,10 @@ func TestSystemdProtocol(t *testing.T) {
 	}
 	// The old process retires and exits (its stderr pipe lives on in the
 	// new process, so cmd.Wait would wait for that one too).
-	for alive(cmd.Process.Pid) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitExit(t, cmd.Process.Pid)
 	syscall.Kill(newPid, syscall.SIGTERM)
 	ns.waitFor(t, "STOPPING=1")
-	for alive(newPid) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitExit(t, newPid)
 
 	// No tetherd runs: a client connects and sends its request anyway.
 	c, err := net.DialTimeout("tcp", data, 2*time.Second)
@@ -181,4 +186,18 @@ func TestSystemdProtocol(t *testing.T) {
 		t.Fatalf("after restart: %v %v", resp, err)
 	}
 	resp.Body.Close()
+}
+
+// waitExit waits (bounded) for a process to exit.
+func waitExit(t *testing.T, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for alive(pid) {
+		if time.Now().After(deadline) {
+			syscall.Kill(pid, syscall.SIGQUIT) // its goroutines, in its log
+			time.Sleep(200 * time.Millisecond)
+			t.Fatalf("tetherd %d did not exit", pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

@@ -295,3 +295,86 @@ func upgradeUnderLoad(t *testing.T, bin string, extra []string, upgrades int) {
 	}
 	cmd.Wait()
 }
+
+// A new binary that cannot start: the old tetherd keeps serving and says
+// why; tetherctl upgrade reports the failure. With a good binary at the
+// path again, tetherctl upgrade reports the new process.
+func TestUpgradeFailsSafely(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds tetherd")
+	}
+	dir := t.TempDir()
+	good := build(t, dir, "github.com/tether-rl/tether/cmd/tetherd")
+	ctl := build(t, dir, "github.com/tether-rl/tether/cmd/tetherctl")
+	live := filepath.Join(dir, "live", "tetherd")
+	os.Mkdir(filepath.Dir(live), 0o755)
+	place := func(src string) { // atomically, as a package manager does
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tmp := live + ".new"
+		if err := os.WriteFile(tmp, b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, live); err != nil {
+			t.Fatal(err)
+		}
+	}
+	place(good)
+	broken := filepath.Join(dir, "broken")
+	os.WriteFile(broken, []byte("#!/bin/sh\necho 'cannot start' >&2\nexit 3\n"), 0o755)
+
+	w, err := demo.Start("127.0.0.1:0", demo.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	pidfile := filepath.Join(dir, "tetherd.pid")
+	cmd := exec.Command(live, "--listen", "127.0.0.1:0", "--admin", "off", "--bpf", "off", "--listeners", "1",
+		"--pidfile", pidfile, "--worker", w.URL(), "--upgrade-timeout", "5s")
+	stderr, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var logs logWatch
+	go logs.run(stderr)
+	data := logs.wait(t, `msg="tetherd serving" listen=(\S+)`)
+	first := cmd.Process.Pid
+	defer func() {
+		if p := readPid(pidfile); p != 0 {
+			syscall.Kill(p, syscall.SIGKILL)
+		}
+		syscall.Kill(first, syscall.SIGKILL)
+	}()
+	for readPid(pidfile) != first {
+		time.Sleep(5 * time.Millisecond)
+	}
+
+	place(broken)
+	out, err := exec.Command(ctl, "upgrade", "--pidfile", pidfile, "--timeout", "3s").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "upgrade failed") {
+		t.Fatalf("tetherctl upgrade with a broken binary: %v %s", err, out)
+	}
+	logs.wait(t, `msg="upgrade failed: this process keeps serving"`)
+	if readPid(pidfile) != first || !alive(first) {
+		t.Fatal("the old tetherd did not keep serving")
+	}
+	resp, err := http.Get("http://" + data + "/health")
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("after the failed upgrade: %v %v", resp, err)
+	}
+	resp.Body.Close()
+
+	place(good)
+	out, err = exec.Command(ctl, "upgrade", "--pidfile", pidfile).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "took over from "+strconv.Itoa(first)) {
+		t.Fatalf("tetherctl upgrade: %v %s", err, out)
+	}
+	resp, err = http.Get("http://" + data + "/health")
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("after the upgrade: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	syscall.Kill(readPid(pidfile), syscall.SIGTERM)
+}

@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"strconv"
@@ -53,7 +52,7 @@ var ErrUpgradeSpawn = errors.New("upgrade with --spawn is not supported (the wor
 // timeout for it to serve. On success the caller retires this process
 // (Retire); on failure this process goes on serving and the error says
 // why.
-func (d *Daemon) Upgrade(exe string, args []string, stderr io.Writer, timeout time.Duration) (*os.Process, error) {
+func (d *Daemon) Upgrade(exe string, args []string, stderr *os.File, timeout time.Duration) (*os.Process, error) {
 	if d.Supervisor != nil {
 		return nil, ErrUpgradeSpawn
 	}
@@ -87,7 +86,7 @@ func (d *Daemon) handover() ([]upgrade.File, error) {
 		files = append(files, upgrade.File{Name: fdPinLock, File: lock})
 	}
 	if ln, ok := d.ctl.adminLn.(*net.TCPListener); ok {
-		f, err := ln.File()
+		f, err := sysd.Dup(ln)
 		if err != nil {
 			return files, fmt.Errorf("admin listener: %w", err)
 		}
@@ -201,7 +200,7 @@ func (d *Daemon) Sockets() ([]upgrade.File, error) {
 		files = append(files, upgrade.File{Name: fdData + strconv.Itoa(i), File: f})
 	}
 	if ln, ok := d.ctl.adminLn.(*net.TCPListener); ok {
-		if f, err := ln.File(); err == nil {
+		if f, err := sysd.Dup(ln); err == nil {
 			files = append(files, upgrade.File{Name: fdAdmin, File: f})
 		}
 	}

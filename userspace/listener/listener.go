@@ -26,6 +26,7 @@ import (
 
 	"github.com/tether-rl/tether/bpf"
 	"github.com/tether-rl/tether/userspace/stats"
+	"github.com/tether-rl/tether/userspace/sysd"
 )
 
 // Defaults for the options.
@@ -495,7 +496,7 @@ func (g *Group) Handover() ([]*os.File, *os.File, error) {
 		}
 	}
 	for i, ln := range g.lns {
-		f, err := ln.File()
+		f, err := sysd.Dup(ln) // not ln.File(): it would make ln blocking
 		if err != nil {
 			closeAll()
 			return nil, nil, fmt.Errorf("listener %d: %w", i, err)

@@ -14,6 +14,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -45,7 +46,9 @@ func Notify(state string, files ...*os.File) (bool, error) {
 	if len(files) > 0 {
 		fds := make([]int, len(files))
 		for i, f := range files {
-			fds[i] = int(f.Fd())
+			if fds[i], err = RawFD(f); err != nil {
+				return false, err
+			}
 		}
 		oob = unix.UnixRights(fds...)
 	}
@@ -124,6 +127,44 @@ func WatchdogInterval() time.Duration {
 		return 0
 	}
 	return time.Duration(n) * time.Microsecond / 2
+}
+
+// RawFD returns f's descriptor without File.Fd's side effect: Fd puts the
+// descriptor in blocking mode, and O_NONBLOCK belongs to the open file
+// description, which a dup of a listening socket shares with the listener
+// still accepting in this process (its accept would then block in the
+// kernel, where closing the listener cannot wake it).
+func RawFD(f *os.File) (int, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	fd := -1
+	if err := rc.Control(func(u uintptr) { fd = int(u) }); err != nil {
+		return 0, err
+	}
+	return fd, nil
+}
+
+// Dup returns a new descriptor of a socket (close-on-exec), leaving its
+// blocking mode alone (unlike net.TCPListener.File, which makes the
+// socket blocking for this process too: see RawFD).
+func Dup(c syscall.Conn) (*os.File, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	nfd := -1
+	var derr error
+	if err := rc.Control(func(fd uintptr) {
+		nfd, derr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 3)
+	}); err != nil {
+		return nil, err
+	}
+	if derr != nil {
+		return nil, fmt.Errorf("dup: %w", derr)
+	}
+	return os.NewFile(uintptr(nfd), "socket"), nil
 }
 
 // TCPListener turns a passed socket into a listener, checking that it is a

@@ -155,3 +155,51 @@ func TestListeners(t *testing.T) {
 		t.Fatalf("child: %v %q, want %q", err, out, want)
 	}
 }
+
+// nonblocking reports whether the listener's socket is in O_NONBLOCK mode.
+func nonblocking(t *testing.T, ln *net.TCPListener) bool {
+	t.Helper()
+	rc, _ := ln.SyscallConn()
+	var fl int
+	rc.Control(func(fd uintptr) { fl, _ = unix.FcntlInt(fd, unix.F_GETFL, 0) })
+	return fl&unix.O_NONBLOCK != 0
+}
+
+// Handing a listening socket on (Dup, then Notify with FDSTORE, even
+// File.Fd) leaves it non-blocking for the listener still accepting in this
+// process: a blocking accept could not be woken by closing the listener.
+// (net.TCPListener.File followed by Fd, as os/exec's ExtraFiles do, makes
+// the shared open file description blocking: an old tetherd then hung in
+// accept4 after an upgrade.)
+func TestDupKeepsNonblocking(t *testing.T) {
+	c := notifySocket(t)
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := l.(*net.TCPListener)
+	defer ln.Close()
+	f, err := Dup(ln)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := Notify("FDSTORE=1\nFDNAME=data-0", f); err != nil {
+		t.Fatal(err)
+	}
+	receive(t, c)
+	f.Fd() // as os/exec does with ExtraFiles: harmless on Dup's file
+	if !nonblocking(t, ln) {
+		t.Fatal("the listener became blocking")
+	}
+	// And Close still ends a pending Accept.
+	done := make(chan error, 1)
+	go func() { _, err := ln.Accept(); done <- err }()
+	time.Sleep(20 * time.Millisecond)
+	ln.Close()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Accept not woken by Close")
+	}
+}

@@ -20,12 +20,15 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tether-rl/tether/userspace/sysd"
 )
 
 // Environment of the new process.
@@ -112,41 +115,63 @@ var ErrNotReady = errors.New("the new process did not become ready")
 
 // Start runs exe with args and the files, and waits up to timeout for it
 // to call Ready. On success it returns the running process; otherwise the
-// process is killed (if still running) and the error says why, with the
-// last lines it wrote to stderr when it exited. The caller keeps its files
-// (the child has its own copies) and closes them.
-func Start(exe string, args []string, files []File, stderr io.Writer, timeout time.Duration) (*os.Process, error) {
+// process is killed (if still running) and the error says why. The
+// caller keeps its files (the child has its own copies) and closes them.
+//
+// The process is started with syscall.StartProcess on the raw descriptors:
+// os/exec would call File.Fd on each, which makes it blocking, and a
+// listening socket's blocking mode is shared with the listener this
+// process is still accepting on (see sysd.RawFD).
+func Start(exe string, args []string, files []File, stderr *os.File, timeout time.Duration) (*os.Process, error) {
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
 	defer r.Close()
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		w.Close()
+		return nil, err
+	}
+	defer devnull.Close()
 	names := make([]string, len(files))
-	extra := make([]*os.File, 0, len(files)+1)
+	fds := []uintptr{devnull.Fd(), os.Stdout.Fd(), stderr.Fd()}
 	for i, f := range files {
 		if strings.Contains(f.Name, ":") {
 			w.Close()
 			return nil, fmt.Errorf("file name %q contains ':'", f.Name)
 		}
 		names[i] = f.Name
-		extra = append(extra, f.File)
+		fd, err := sysd.RawFD(f.File)
+		if err != nil {
+			w.Close()
+			return nil, fmt.Errorf("%s: %w", f.Name, err)
+		}
+		fds = append(fds, uintptr(fd))
 	}
-	extra = append(extra, w)
-	cmd := exec.Command(exe, args...)
-	cmd.Env = append(os.Environ(),
+	fds = append(fds, w.Fd())
+	env := append(os.Environ(),
 		envNames+"="+strings.Join(names, ":"),
 		envReady+"="+strconv.Itoa(3+len(files)),
 		envFrom+"="+strconv.Itoa(os.Getpid()))
-	cmd.ExtraFiles = extra
-	cmd.Stdout = os.Stdout
-	cmd.Stderr = stderr
-	if err := cmd.Start(); err != nil {
-		w.Close()
+	pid, err := syscall.ForkExec(exe, append([]string{exe}, args...), &syscall.ProcAttr{Env: env, Files: fds})
+	runtime.KeepAlive(files)
+	w.Close() // the child has its copy: EOF on r when it exits
+	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", exe, err)
 	}
-	w.Close() // the child has its copy: EOF on r when it exits
+	proc, err := os.FindProcess(pid)
+	if err != nil {
+		return nil, err
+	}
 	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	go func() {
+		st, err := proc.Wait()
+		if err == nil && !st.Success() {
+			err = errors.New(st.String())
+		}
+		exited <- err
+	}()
 	ready := make(chan error, 1)
 	go func() {
 		line, err := bufio.NewReader(r).ReadString('\n')
@@ -160,14 +185,12 @@ func Start(exe string, args []string, files []File, stderr io.Writer, timeout ti
 	select {
 	case err := <-ready:
 		if err == nil {
-			// Reap it when it exits (it outlives this process normally).
-			go func() { <-exited }()
-			return cmd.Process, nil
+			return proc, nil // reaped by the goroutine when it exits
 		}
 		werr := <-exited
 		return nil, fmt.Errorf("%w: it exited (%v)", ErrNotReady, werr)
 	case <-timer.C:
-		cmd.Process.Kill()
+		proc.Kill()
 		<-exited
 		return nil, fmt.Errorf("%w within %v (killed)", ErrNotReady, timeout)
 	}
