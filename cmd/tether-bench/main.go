@@ -93,7 +93,7 @@ func parseFlags() options {
 	flag.IntVar(&o.conns, "conns", 64, "wrk connections")
 	flag.IntVar(&o.threads, "threads", 2, "wrk threads")
 	flag.StringVar(&only, "only", "", "comma list of targets: "+strings.Join(allTargets, ",")+" (direct, the baseline, always runs)")
-	flag.StringVar(&phases, "phases", "rps,bodies,balance", "comma list of phases to run")
+	flag.StringVar(&phases, "phases", "rps,bodies,balance,restart", "comma list of phases to run")
 	flag.IntVar(&o.bodyMB, "body-mb", 16, "body size in MiB for the upload/download phase")
 	flag.IntVar(&o.bodyN, "body-n", 1000, "max transfers per target and direction (the time bound -body-d usually ends first)")
 	flag.Var(durationFlag{&o.bodyDur}, "body-d", "max time per target, direction and run")
@@ -851,7 +851,14 @@ func (b *bench) main() int {
 	} else {
 		bal.note = "phase not run"
 	}
+	var restarts []restartRow
+	if b.o.phases["restart"] && b.ctx.Err() == nil {
+		restarts = b.phaseRestart()
+	}
 	report := b.report(bal)
+	if b.o.phases["restart"] {
+		report += restartReport(restarts)
+	}
 	fmt.Println(report)
 	if b.o.out != "-" {
 		if err := os.MkdirAll(filepath.Dir(b.o.out), 0o755); err == nil {
