@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-rl/tether/bpf"
 	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/userspace/demo"
 )
@@ -294,6 +295,28 @@ func upgradeUnderLoad(t *testing.T, bin string, extra []string, upgrades int) {
 		t.Errorf("pidfile left after SIGTERM: %v", err)
 	}
 	cmd.Wait()
+	// With BPF: the pin directory holds the maps and nothing else, and no
+	// process owns it any more (the lock went from process to process and
+	// was released by the last one).
+	for i, a := range extra {
+		if a != "--bpf-pin-dir" || i+1 >= len(extra) {
+			continue
+		}
+		pins := extra[i+1]
+		entries, _ := os.ReadDir(pins)
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		if len(names) != 6 {
+			t.Errorf("pin directory after the upgrades: %v, want the 6 maps", names)
+		}
+		s, err := bpf.Open(pins)
+		if err != nil {
+			t.Fatalf("pin directory still owned after the last tetherd stopped: %v", err)
+		}
+		s.Close()
+	}
 }
 
 // A new binary that cannot start: the old tetherd keeps serving and says
