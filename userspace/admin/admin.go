@@ -35,6 +35,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/tether-rl/tether/userspace/engine"
 	"github.com/tether-rl/tether/userspace/registry"
 )
 
@@ -474,13 +475,9 @@ func (s *Server) drain(w http.ResponseWriter, r *http.Request) {
 }
 
 // Load is one entry of /get_loads: sgl-model-gateway's shape, the load
-// being tetherd's own count of requests in flight to the worker (exact:
-// every request goes through tetherd).
-type Load struct {
-	Worker     string `json:"worker"`
-	WorkerType string `json:"worker_type"`
-	Load       int64  `json:"load"`
-}
+// being tetherd's own count of requests in flight to the worker (the data
+// port's fan-out lists the same entries).
+type Load = engine.Load
 
 // LoadsAnswer is /get_loads and /v1/loads: the list under "loads" (what
 // sgl-model-gateway clients sum) and, as before, under "workers".

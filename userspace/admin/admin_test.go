@@ -222,7 +222,7 @@ func TestLoadsAndMetrics(t *testing.T) {
 		var l LoadsAnswer
 		// sgl-model-gateway's shape: a client summing loads[].load reads 2.
 		if c := e.call("GET", p, "", &l); c != 200 || len(l.Loads) != 2 || l.TotalWorkers != 2 ||
-			l.Loads[0] != (Load{wurl(0), "regular", 0}) || l.Loads[1] != (Load{wurl(1), "regular", 2}) || len(l.Workers) != 2 {
+			l.Loads[0] != (Load{Worker: wurl(0), WorkerType: "regular", Load: 0}) || l.Loads[1] != (Load{Worker: wurl(1), WorkerType: "regular", Load: 2}) || len(l.Workers) != 2 {
 			t.Fatalf("%s: %d %+v", p, c, l)
 		}
 		if c := e.call("POST", p, "", nil); c != 405 {

@@ -85,33 +85,28 @@ func writeHealth(w http.ResponseWriter, code int, b HealthBody) {
 // serveHealth: 200 while some worker is healthy, else 503 (a router with
 // nothing to route to is not healthy to a load balancer either).
 func (s *Server) serveHealth(w http.ResponseWriter, r *http.Request) {
-	if !getOnly(w, r) {
-		return
-	}
-	b := s.health()
-	if b.HealthyWorkers == 0 {
-		b.Status = "no healthy workers"
-		writeHealth(w, http.StatusServiceUnavailable, b)
-		return
-	}
-	b.Status = "ok"
-	writeHealth(w, http.StatusOK, b)
+	s.serveProbe(w, r, "ok", "no healthy workers")
 }
 
 // serveReadiness: sgl-model-gateway's readiness probe, 503 when no worker
 // can take work.
 func (s *Server) serveReadiness(w http.ResponseWriter, r *http.Request) {
+	s.serveProbe(w, r, "ready", "not ready")
+}
+
+// serveProbe answers the worker counts with status up (200) while some
+// worker is healthy, else down (503).
+func (s *Server) serveProbe(w http.ResponseWriter, r *http.Request, up, down string) {
 	if !getOnly(w, r) {
 		return
 	}
 	b := s.health()
+	code := http.StatusOK
+	b.Status = up
 	if b.HealthyWorkers == 0 {
-		b.Status = "not ready"
-		writeHealth(w, http.StatusServiceUnavailable, b)
-		return
+		code, b.Status = http.StatusServiceUnavailable, down
 	}
-	b.Status = "ready"
-	writeHealth(w, http.StatusOK, b)
+	writeHealth(w, code, b)
 }
 
 // serveLiveness: tetherd itself is alive (whatever its workers).
