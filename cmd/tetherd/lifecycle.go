@@ -84,21 +84,27 @@ func notify(log *slog.Logger, state string, files ...*os.File) {
 
 // notifyReady tells systemd this process serves (and, after an upgrade,
 // that it is the main process now), and parks the listening sockets in
-// its file-descriptor store for the next restart.
-func notifyReady(d *daemon.Daemon, log *slog.Logger) {
+// its file-descriptor store for the next restart. It reports whether it
+// stored them.
+func notifyReady(d *daemon.Daemon, log *slog.Logger) bool {
 	if os.Getenv("NOTIFY_SOCKET") == "" {
-		return
+		return false
 	}
 	notify(log, "READY=1\nMAINPID="+strconv.Itoa(os.Getpid())+"\nSTATUS=serving on "+d.Addr())
 	files, err := d.Sockets()
 	if err != nil {
 		log.Warn("systemd fd store: sockets not stored", "err", err)
-		return
+		return false
 	}
+	stored := true
 	for _, f := range files {
-		notify(log, "FDSTORE=1\nFDNAME="+f.Name, f.File)
+		if _, err := sysd.Notify("FDSTORE=1\nFDNAME="+f.Name, f.File); err != nil {
+			log.Warn("systemd fd store: socket not stored", "name", f.Name, "err", err)
+			stored = false
+		}
 		f.File.Close()
 	}
+	return stored
 }
 
 // watchdog pings systemd at half its WatchdogSec; the returned func stops.

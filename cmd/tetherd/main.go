@@ -142,7 +142,9 @@ func run(args []string) error {
 			log.Error("pidfile", "err", err)
 		}
 	}
-	notifyReady(d, log)
+	// With the sockets in systemd's fd store they outlive this process:
+	// on SIGTERM clients are moved over gently, as after an upgrade.
+	stored := notifyReady(d, log)
 	if opts.Demo > 0 && opts.Inherited == nil {
 		fmt.Fprintf(os.Stderr, "\ntether is running with %d demo workers. Try:\n"+
 			"  curl -s -XPOST http://%[2]s/sessions\n"+
@@ -174,7 +176,11 @@ func run(args []string) error {
 		log.Info("shutting down", "signal", s.String(), "grace", c.grace)
 		ctx, cancel := context.WithTimeout(context.Background(), c.grace)
 		defer cancel()
-		err := d.Shutdown(ctx)
+		idle := time.Duration(0)
+		if stored {
+			idle = daemon.RetireIdleGrace
+		}
+		err := d.ShutdownGently(ctx, idle)
 		if c.pidfile != "" {
 			removePidfile(c.pidfile, os.Getpid())
 		}

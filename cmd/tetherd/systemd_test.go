@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -149,17 +151,60 @@ func TestSystemdProtocol(t *testing.T) {
 	// The old process retires and exits (its stderr pipe lives on in the
 	// new process, so cmd.Wait would wait for that one too).
 	waitExit(t, cmd.Process.Pid)
+	// Load through the stop and the start: keep-alive requests and a new
+	// connection per request, none may fail.
+	var failed, okN atomic.Int64
+	var firstErr atomic.Value
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := 0; i < 4; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tr := &http.Transport{}
+			if i%2 == 1 {
+				tr.DisableKeepAlives = true
+			}
+			c := &http.Client{Transport: tr, Timeout: 30 * time.Second}
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				resp, err := c.Post("http://"+data+"/v1/chat/completions", "application/json",
+					strings.NewReader(`{"messages":[{"role":"user","content":"hi"}]}`))
+				if err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode != 200 {
+						err = fmt.Errorf("status %d", resp.StatusCode)
+					}
+				}
+				if err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err.Error())
+					continue
+				}
+				okN.Add(1)
+			}
+		}()
+	}
+	time.Sleep(200 * time.Millisecond)
 	syscall.Kill(newPid, syscall.SIGTERM)
 	ns.waitFor(t, "STOPPING=1")
 	waitExit(t, newPid)
+	before := okN.Load()
 
-	// No tetherd runs: a client connects and sends its request anyway.
+	// No tetherd runs (systemd's RestartSec): a client connects and sends
+	// its request anyway.
 	c, err := net.DialTimeout("tcp", data, 2*time.Second)
 	if err != nil {
 		t.Fatalf("connect while stopped: %v (refused: the fd store did not keep the socket)", err)
 	}
 	defer c.Close()
 	fmt.Fprintf(c, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+	time.Sleep(300 * time.Millisecond)
 
 	// Restart with the stored sockets, as systemd passes them.
 	names := []string{"data-0", "data-1", "admin"}
@@ -171,7 +216,7 @@ func TestSystemdProtocol(t *testing.T) {
 	re.Args = append(re.Args, args...)
 	re.Env = append(os.Environ(), "LISTEN_FDS=3", "LISTEN_FDNAMES="+strings.Join(names, ":"))
 	re.ExtraFiles = files
-	re.Stderr = io.Discard
+	re.Stderr = logf
 	if err := re.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -181,11 +226,19 @@ func TestSystemdProtocol(t *testing.T) {
 	if err != nil || !strings.HasPrefix(string(b), "HTTP/1.1 200") {
 		t.Fatalf("request sent while stopped: %v %q", err, b)
 	}
-	resp, err := http.Get("http://" + data + "/health")
-	if err != nil || resp.StatusCode != 200 {
-		t.Fatalf("after restart: %v %v", resp, err)
+	for deadline := time.Now().Add(20 * time.Second); okN.Load() < before+50; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			close(stop)
+			wg.Wait()
+			t.Fatalf("no load served after the start (%d failed, first: %v)", failed.Load(), firstErr.Load())
+		}
 	}
-	resp.Body.Close()
+	close(stop)
+	wg.Wait()
+	t.Logf("stop + start under load: %d requests ok (%d after the start), %d failed", okN.Load(), okN.Load()-before, failed.Load())
+	if failed.Load() != 0 {
+		t.Errorf("%d requests failed across stop + start, first: %v", failed.Load(), firstErr.Load())
+	}
 }
 
 // waitExit waits (bounded) for a process to exit.

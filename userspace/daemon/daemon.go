@@ -274,10 +274,15 @@ func (d *Daemon) Serve() {
 
 // Shutdown stops accepting, finishes requests in progress (bounded by ctx)
 // and releases everything.
-func (d *Daemon) Shutdown(ctx context.Context) error { return d.shutdown(ctx, 0) }
+func (d *Daemon) Shutdown(ctx context.Context) error { return d.ShutdownGently(ctx, 0) }
 
-// shutdown is Shutdown with the proxy's idle grace (ShutdownGently).
-func (d *Daemon) shutdown(ctx context.Context, idleGrace time.Duration) error {
+// ShutdownGently is Shutdown for a tetherd whose sockets live on in
+// another process (an upgrade's successor, or systemd's fd store until the
+// next start): every response says Connection: close, and keep-alive
+// connections are closed only once idle for idleGrace
+// (proxy.Server.ShutdownGently), so that clients move over instead of
+// losing a request written as the connection closed.
+func (d *Daemon) ShutdownGently(ctx context.Context, idleGrace time.Duration) error {
 	var err error
 	if d.Proxy != nil {
 		err = d.Proxy.ShutdownGently(ctx, idleGrace)

@@ -174,7 +174,7 @@ func (d *Daemon) Ready() error { return d.opts.Inherited.Ready() }
 // descriptors without touching the pinned slots.
 func (d *Daemon) Retire(ctx context.Context) error {
 	d.retired.Store(true)
-	return d.shutdown(ctx, RetireIdleGrace)
+	return d.ShutdownGently(ctx, RetireIdleGrace)
 }
 
 // RetireIdleGrace: after an upgrade, the old process closes a keep-alive
