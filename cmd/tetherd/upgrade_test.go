@@ -39,6 +39,21 @@ func alive(pid int) bool {
 	return err == nil && !strings.Contains(string(b), ") Z ")
 }
 
+// fdTargets lists what a process's descriptors point to.
+func fdTargets(pid int) []string {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	entries, _ := os.ReadDir(dir)
+	var out []string
+	for _, e := range entries {
+		if l, err := os.Readlink(filepath.Join(dir, e.Name())); err == nil {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+func countFDs(pid int) int { return len(fdTargets(pid)) }
+
 // loadStats counts the outcomes of the load.
 type loadStats struct {
 	ok, failed, streams atomic.Int64
@@ -124,6 +139,7 @@ func upgradeUnderLoad(t *testing.T, bin string, extra []string, upgrades int) {
 	for readPid(pidfile) != pids[0] {
 		time.Sleep(5 * time.Millisecond)
 	}
+	fdsAtStart := countFDs(pids[0])
 	// A worker added at run time survives the upgrades in its slot.
 	extraWorker, err := demo.Start("127.0.0.1:0", demo.Options{Index: 2})
 	if err != nil {
@@ -283,6 +299,19 @@ func upgradeUnderLoad(t *testing.T, bin string, extra []string, upgrades int) {
 		t.Errorf("too little load went through: %d requests, %d streams", st.ok.Load(), st.streams.Load())
 	}
 	last := pids[len(pids)-1]
+	// Nothing handed over piles up: no state memfd or readiness pipe left
+	// open, and about the descriptors the first process had (its
+	// listeners, pin lock, epoll; plus pooled upstream connections).
+	fds := fdTargets(last)
+	for _, f := range fds {
+		if strings.HasPrefix(f, "/memfd:") {
+			t.Errorf("the newest tetherd still holds %s", f)
+		}
+	}
+	if len(fds) > fdsAtStart+40 {
+		t.Errorf("the newest tetherd holds %d descriptors, the first held %d: %v", len(fds), fdsAtStart, fds)
+	}
+	t.Logf("descriptors: first process %d at start, newest %d after %d upgrades", fdsAtStart, len(fds), upgrades)
 	syscall.Kill(last, syscall.SIGTERM)
 	deadline := time.Now().Add(20 * time.Second)
 	for alive(last) {
