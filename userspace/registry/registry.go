@@ -445,7 +445,13 @@ func (r *Registry) activateLocked(e *entry) *route.Worker {
 	r.lastURL[e.slot] = e.url
 	w := &route.Worker{Slot: e.slot, URL: e.url, Addr: e.addr, ID: route.WorkerID(e.url), Stats: ws, Pool: upstream.New(e.addr, ws, r.opts.Pool)}
 	w.SetMaxInFlight(r.capacityLocked(e.url))
-	w.SetState(route.Healthy)
+	// A drain asked while the worker was pending holds from its first
+	// moment in the table: it takes no new sessions or keys.
+	if e.draining {
+		w.SetState(route.Draining)
+	} else {
+		w.SetState(route.Healthy)
+	}
 	e.w, e.healthy, e.fails, e.succs, e.cancel = w, true, 0, 0, nil
 	e.since = time.Now()
 	r.opts.Table.Put(w)

@@ -481,3 +481,44 @@ func TestSync(t *testing.T) {
 		t.Fatal("listed admin worker not adopted")
 	}
 }
+
+// A drain asked while the worker is still pending (not yet healthy) holds
+// once it comes up: the routing table has it draining, not healthy
+// (issue 12: it took a third of the new keys).
+func TestDrainWhilePending(t *testing.T) {
+	fh := &fakeHealth{}
+	fh.set(wurl(3), false)
+	r := newReg(t, fh, func(o *Options) { o.StartupTimeout = 5 * time.Second })
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Add(ctx(t), wurl(3), OriginAdmin)
+		done <- err
+	}()
+	var in Info
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		var err error
+		if in, err = r.Get(wurl(3)); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the add never became pending")
+		}
+	}
+	if in.State != StatePending {
+		t.Fatalf("state %q, want pending", in.State)
+	}
+	if in, err := r.Drain(wurl(3)); err != nil || in.State != StatePending {
+		t.Fatalf("drain while pending: %+v %v", in, err)
+	}
+	fh.set(wurl(3), true)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	w := r.Table().Get(in.Slot)
+	if w == nil || w.State() != route.Draining {
+		t.Fatalf("worker came up as %v, want draining", w.State())
+	}
+	if in, _ := r.Get(wurl(3)); in.State != StateDraining {
+		t.Fatalf("listed as %q", in.State)
+	}
+}
