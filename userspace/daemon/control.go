@@ -52,6 +52,7 @@ func (d *Daemon) newRegistry(opts Options, demos int) error {
 		StartupTimeout: opts.WorkerStartupTimeout,
 		RemoveGrace:    opts.RemoveGrace,
 		MaxInFlight:    opts.MaxInFlight,
+		Self:           selfEndpoints(d.Addr(), opts.Admin),
 		Probe:          d.ctl.prober,
 		OnPut: func(w *route.Worker) {
 			if d.Metrics != nil {
@@ -138,6 +139,7 @@ func (d *Daemon) newControl(opts Options) error {
 		inherited.Close() // the admin API is off now
 	}
 	if ln := d.ctl.adminLn; ln != nil {
+		d.Registry.AddSelf(selfEndpoints(ln.Addr().String())...)
 		if opts.AdminToken == "" && !isLoopback(ln.Addr()) {
 			d.log.Warn("admin API listens beyond loopback without --admin-token: anyone who reaches it can add and remove workers", "admin", ln.Addr().String())
 		}
@@ -146,6 +148,48 @@ func (d *Daemon) newControl(opts Options) error {
 		d.log.Warn("admin API served on the data port without --admin-token", "listen", opts.Listen)
 	}
 	return nil
+}
+
+// selfEndpoints returns the ip:port endpoints of tetherd's own listen
+// addresses (an unspecified host, 0.0.0.0 or ::, stands for every address
+// of the host), so that none of them is taken for a worker.
+func selfEndpoints(addrs ...string) []string {
+	var out []string
+	var local []net.IP
+	for _, a := range addrs {
+		host, port, err := net.SplitHostPort(a)
+		if err != nil || port == "0" || port == "" {
+			continue
+		}
+		ip := net.ParseIP(host)
+		switch {
+		case host == "" || ip != nil && ip.IsUnspecified():
+			if local == nil {
+				local = []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
+				if ifas, err := net.InterfaceAddrs(); err == nil {
+					for _, ifa := range ifas {
+						if n, ok := ifa.(*net.IPNet); ok {
+							local = append(local, n.IP)
+						}
+					}
+				}
+			}
+			for _, l := range local {
+				out = append(out, net.JoinHostPort(l.String(), port))
+			}
+		case ip != nil:
+			out = append(out, net.JoinHostPort(ip.String(), port))
+		default:
+			if ips, err := net.LookupHost(host); err == nil {
+				for _, s := range ips {
+					if p := net.ParseIP(s); p != nil {
+						out = append(out, net.JoinHostPort(p.String(), port))
+					}
+				}
+			}
+		}
+	}
+	return out
 }
 
 func isLoopback(a net.Addr) bool {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -516,5 +517,26 @@ func TestSpawn(t *testing.T) {
 		if b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat"); err == nil && !strings.Contains(string(b), ") Z ") {
 			t.Errorf("worker process %d alive after Shutdown: %s", pid, b)
 		}
+	}
+}
+
+// tetherd refuses itself as a worker (data or admin address, by any name):
+// a request would loop through it until its descriptors ran out.
+func TestSelfNotAWorker(t *testing.T) {
+	d := ctlDaemon(t, Options{Demo: 1})
+	_, port, _ := net.SplitHostPort(d.Addr())
+	_, aport, _ := net.SplitHostPort(d.AdminAddr())
+	for _, u := range []string{"http://" + d.Addr(), "http://localhost:" + port, "http://127.0.0.1:" + aport} {
+		r := ctlDo(t, "POST", "http://"+d.AdminAddr()+"/workers", `{"url":"`+u+`"}`)
+		if r.status != 400 || !strings.Contains(string(r.body), "tetherd itself") {
+			t.Errorf("add %s: %d %s", u, r.status, r.body)
+		}
+	}
+	if n := len(d.Registry.URLs()); n != 1 {
+		t.Fatalf("%d workers", n)
+	}
+	// At start too.
+	if _, err := New(Options{Listen: "127.0.0.1:18779", Workers: []string{"http://localhost:18779"}, BPF: "off", Admin: ""}); err == nil || !strings.Contains(err.Error(), "tetherd itself") {
+		t.Fatalf("itself in --worker: %v", err)
 	}
 }

@@ -123,6 +123,10 @@ type Options struct {
 	RemoveGrace time.Duration
 	// Probe checks a pending worker; required for Add.
 	Probe Prober
+	// Self lists tetherd's own endpoints (ip:port of its data and admin
+	// listeners): a worker URL that reaches one of them is refused (a
+	// request would loop through tetherd until its descriptors ran out).
+	Self []string
 	// MaxInFlight is every worker's capacity unless SetCapacity gave it its
 	// own: at or above it in flight a worker takes no new keys (0: none).
 	MaxInFlight uint64
@@ -265,6 +269,30 @@ func (r *Registry) findAddrLocked(addr string) *entry {
 	return nil
 }
 
+// AddSelf adds endpoints of tetherd's own (a listener bound after the
+// registry was made) to Options.Self.
+func (r *Registry) AddSelf(endpoints ...string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.opts.Self = append(slices.Clone(r.opts.Self), endpoints...)
+}
+
+// notSelf refuses a worker address that is tetherd itself.
+func (r *Registry) notSelf(canon, addr string) error {
+	r.mu.Lock()
+	self := r.opts.Self
+	r.mu.Unlock()
+	if len(self) == 0 {
+		return nil
+	}
+	for _, k := range endpointKeys(addr) {
+		if slices.Contains(self, k) {
+			return fmt.Errorf("%w %q: that is tetherd itself (%s), not a worker", ErrBadURL, canon, k)
+		}
+	}
+	return nil
+}
+
 // endpointKeys returns the ip:port endpoints addr names: itself for an IP
 // address, else those its host resolves to (at most a few; none when it
 // does not resolve).
@@ -309,6 +337,9 @@ func (r *Registry) freeSlotLocked() int {
 // memory carries on counting).
 func (r *Registry) Put(slot int, rawURL string, origin Origin) (Info, error) {
 	canon, addr, err := ParseURL(rawURL)
+	if err == nil {
+		err = r.notSelf(canon, addr)
+	}
 	if err != nil {
 		return Info{}, err
 	}
@@ -519,6 +550,9 @@ func (r *Registry) Add(ctx context.Context, rawURL string, origin Origin) (Info,
 // addBegin validates rawURL and reserves the first free slot for it.
 func (r *Registry) addBegin(ctx context.Context, rawURL string, origin Origin) (*entry, context.Context, context.CancelFunc, error) {
 	canon, addr, err := ParseURL(rawURL)
+	if err == nil {
+		err = r.notSelf(canon, addr)
+	}
 	if err != nil {
 		return nil, nil, nil, err
 	}
