@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net"
 	"sync"
@@ -419,8 +420,14 @@ func (c *conn) proxy(w *route.Worker, learn *route.Learner, reroutable bool) (ke
 
 // refusedOrFail ends an exchange whose worker could not be connected to
 // (nothing was sent): reported as refused when the request may be placed
-// again, else a 502 not-sent.
-func (c *conn) refusedOrFail(x *exchange) bool {
+// again, else a 502 not-sent. When the connect failed for want of this
+// host's descriptors or ports (upstream.ErrLocal), no other worker would
+// fare better: 502 at once, and the log says so (once per episode).
+func (c *conn) refusedOrFail(x *exchange, err error) bool {
+	if errors.Is(err, upstream.ErrLocal) {
+		c.s.logLocalShortage(err)
+		return c.fail(x, 502)
+	}
 	if x.reroutable {
 		x.refused, x.failed = true, true
 		return false
@@ -450,7 +457,7 @@ func (c *conn) proxyExchange(x *exchange) bool {
 	cfg := &c.s.cfg
 	up, err := x.w.Pool.Get(context.Background())
 	if err != nil {
-		return c.refusedOrFail(x)
+		return c.refusedOrFail(x, err)
 	}
 	x.up = up
 
@@ -508,7 +515,7 @@ func (c *conn) proxyExchange(x *exchange) bool {
 		up.Discard()
 		x.up = nil
 		if up, err = x.w.Pool.Dial(context.Background()); err != nil {
-			return c.refusedOrFail(x)
+			return c.refusedOrFail(x, err)
 		}
 		x.up = up
 		up.SetWriteDeadline(time.Now().Add(cfg.IOTimeout))

@@ -108,12 +108,13 @@ type Rerouter interface {
 type Server struct {
 	cfg Config
 
-	mu        sync.Mutex
-	conns     map[*conn]struct{}
-	listeners map[net.Listener]struct{}
-	wg        sync.WaitGroup // connections
-	accepting sync.WaitGroup // accept loops (Serve)
-	closing   atomic.Bool
+	mu          sync.Mutex
+	conns       map[*conn]struct{}
+	listeners   map[net.Listener]struct{}
+	wg          sync.WaitGroup // connections
+	accepting   sync.WaitGroup // accept loops (Serve)
+	closing     atomic.Bool
+	localLogged atomic.Int64 // last logLocalShortage line (UnixNano)
 	// idleGrace (ns): while shutting down gently, a keep-alive connection
 	// is closed only once idle this long (ShutdownGently).
 	idleGrace atomic.Int64
@@ -142,6 +143,19 @@ type Counters struct {
 func New(cfg Config) *Server {
 	cfg.setDefaults()
 	return &Server{cfg: cfg, conns: make(map[*conn]struct{}), listeners: make(map[net.Listener]struct{})}
+}
+
+// logLocalShortage logs a connect that failed for want of this host's
+// resources, at most once every 10 s (one line per episode, not one per
+// request).
+func (s *Server) logLocalShortage(err error) {
+	now := time.Now().UnixNano()
+	last := s.localLogged.Load()
+	if now-last < int64(10*time.Second) || !s.localLogged.CompareAndSwap(last, now) {
+		return
+	}
+	s.cfg.Log.Error("upstream connects fail for want of local resources (too many open files? raise LimitNOFILE / ulimit -n): answering 502, workers not blamed",
+		"err", err, "total", upstream.LocalFailures.Load())
 }
 
 // Counters returns the server's counters.

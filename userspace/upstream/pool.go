@@ -78,6 +78,28 @@ type Pool struct {
 // ErrClosed is returned by Get after Close.
 var ErrClosed = errors.New("upstream pool closed")
 
+// ErrLocal wraps a connect that failed for want of this host's resources
+// (descriptors, memory, ephemeral ports): the worker is not to blame, so
+// it counts as no connect failure of the worker (passive health checks
+// read those) and is not tried again at once.
+var ErrLocal = errors.New("local resources exhausted")
+
+// LocalFailures counts the connects that failed with ErrLocal, in every
+// pool of the process.
+var LocalFailures atomic.Uint64
+
+// localShortage reports whether a dial error is this host's shortage:
+// EMFILE / ENFILE (descriptors), ENOBUFS / ENOMEM, EADDRNOTAVAIL (no
+// ephemeral port left).
+func localShortage(err error) bool {
+	for _, e := range []error{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.EADDRNOTAVAIL} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
 // New returns a pool dialing addr (host:port). Counters go to w.
 func New(addr string, w *stats.Worker, opts Options) *Pool {
 	opts = opts.withDefaults()
@@ -113,8 +135,8 @@ func (p *Pool) Get(ctx context.Context) (*Conn, error) {
 	if err == nil {
 		return c, nil
 	}
-	if ctx.Err() != nil {
-		return nil, err
+	if ctx.Err() != nil || errors.Is(err, ErrLocal) {
+		return nil, err // tetherd's own shortage: not the worker's failure
 	}
 	p.retries[RetryConnect].Add(1)
 	p.stats.Retried()
@@ -132,6 +154,10 @@ func (p *Pool) Dial(ctx context.Context) (*Conn, error) {
 func (p *Pool) dial(ctx context.Context) (*Conn, error) {
 	nc, err := p.dialer.DialContext(ctx, "tcp", p.addr)
 	if err != nil {
+		if localShortage(err) {
+			LocalFailures.Add(1)
+			return nil, fmt.Errorf("connect %s: %w: %w", p.addr, ErrLocal, err)
+		}
 		return nil, fmt.Errorf("connect %s: %w", p.addr, err)
 	}
 	tc := nc.(*net.TCPConn)

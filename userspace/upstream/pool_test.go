@@ -2,9 +2,13 @@ package upstream
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -184,4 +188,48 @@ func TestPeek(t *testing.T) {
 	if s := peek(); s != PeekClosed {
 		t.Fatalf("peek after the peer closed = %v", s)
 	}
+}
+
+// A connect that fails because this process is out of descriptors is not
+// the worker's failure: no connect retry is counted (passive health checks
+// read that count), it is not tried again, and the error says ErrLocal.
+// (Issue 12: under ulimit -n 256 every worker went unhealthy in 0.5 s.)
+func TestOutOfDescriptorsNotTheWorkers(t *testing.T) {
+	addr, _ := backend(t, func(c net.Conn) { c.Close() })
+	p := New(addr, stats.NewHeap().Worker(0), Options{})
+	defer p.Close()
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	// The limit bounds descriptor numbers: below the lowest free one,
+	// every number is taken, so the next socket() fails.
+	free := 0
+	for ; free < 1<<16; free++ {
+		if _, err := os.Lstat(fmt.Sprintf("/proc/self/fd/%d", free)); err != nil {
+			break
+		}
+	}
+	low := lim
+	low.Cur = uint64(free)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	before := LocalFailures.Load()
+	_, err := p.Get(context.Background())
+	syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
+	if !errors.Is(err, ErrLocal) || !errors.Is(err, syscall.EMFILE) {
+		t.Fatalf("connect without descriptors: %v, want ErrLocal (EMFILE)", err)
+	}
+	if n := p.Retries(RetryConnect); n != 0 {
+		t.Fatalf("%d connect failures counted against the worker", n)
+	}
+	if LocalFailures.Load() != before+1 {
+		t.Fatalf("local failures %d -> %d, want one, not retried", before, LocalFailures.Load())
+	}
+	c, err := p.Get(context.Background())
+	if err != nil {
+		t.Fatalf("after the shortage: %v", err)
+	}
+	c.Discard()
 }
