@@ -207,6 +207,8 @@ func statusOf(err error) int {
 		return http.StatusConflict
 	case errors.Is(err, registry.ErrNotFound):
 		return http.StatusNotFound
+	case errors.Is(err, registry.ErrTooManyPending):
+		return http.StatusTooManyRequests
 	case errors.Is(err, registry.ErrUnavailable), errors.Is(err, registry.ErrClosed):
 		return http.StatusServiceUnavailable
 	}

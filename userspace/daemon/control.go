@@ -150,6 +150,9 @@ func (d *Daemon) newControl(opts Options) error {
 	return nil
 }
 
+// adminReadTimeout bounds reading an admin request, body included.
+var adminReadTimeout = 30 * time.Second
+
 // selfEndpoints returns the ip:port endpoints of tetherd's own listen
 // addresses (an unspecified host, 0.0.0.0 or ::, stands for every address
 // of the host), so that none of them is taken for a worker.
@@ -266,7 +269,10 @@ func (d *Daemon) serveAdminHealth(w http.ResponseWriter, r *http.Request) {
 // processes.
 func (d *Daemon) startControl(opts Options) {
 	if ln := d.ctl.adminLn; ln != nil {
-		d.ctl.adminSrv = &http.Server{Handler: d.Admin, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+		// ReadTimeout bounds the whole request, body included: a body
+		// trickled a byte at a time no longer holds a connection open
+		// (the handlers themselves may take long: an add waits for health).
+		d.ctl.adminSrv = &http.Server{Handler: d.Admin, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: adminReadTimeout, IdleTimeout: 2 * time.Minute}
 		srv := d.ctl.adminSrv
 		d.wg.Add(1)
 		go func() {

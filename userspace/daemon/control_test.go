@@ -540,3 +540,38 @@ func TestSelfNotAWorker(t *testing.T) {
 		t.Fatalf("itself in --worker: %v", err)
 	}
 }
+
+// The admin API bounds reading a whole request: a body trickled a byte at
+// a time is cut off (issue 12: one stayed open 75 s).
+func TestAdminSlowBodyCut(t *testing.T) {
+	old := adminReadTimeout
+	adminReadTimeout = 300 * time.Millisecond
+	defer func() { adminReadTimeout = old }()
+	d := ctlDaemon(t, Options{Demo: 1})
+	c, err := net.Dial("tcp", d.AdminAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "POST /workers HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+	start := time.Now()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for {
+		if _, err := c.Write([]byte(" ")); err != nil {
+			break
+		}
+		buf := make([]byte, 512)
+		c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		if _, err := c.Read(buf); err != nil && !isTimeoutErr(err) {
+			break // answered or closed
+		}
+		if time.Since(start) > 5*time.Second {
+			t.Fatal("a trickled admin body kept the connection open for 5 s")
+		}
+	}
+}
+
+func isTimeoutErr(err error) bool {
+	ne, ok := err.(net.Error)
+	return ok && ne.Timeout()
+}

@@ -53,13 +53,16 @@ const (
 
 // Errors returned by the registry; the admin API maps them to statuses.
 var (
-	ErrBadURL      = errors.New("bad worker url")
-	ErrDuplicate   = errors.New("worker already registered")
-	ErrNotFound    = errors.New("no such worker")
-	ErrFull        = errors.New("no free worker slot")
-	ErrUnavailable = errors.New("worker did not become healthy")
-	ErrManaged     = errors.New("worker is managed by --spawn")
-	ErrClosed      = errors.New("registry closed")
+	ErrBadURL    = errors.New("bad worker url")
+	ErrDuplicate = errors.New("worker already registered")
+	ErrNotFound  = errors.New("no such worker")
+	ErrFull      = errors.New("no free worker slot")
+	// ErrTooManyPending: MaxPending adds are waiting for their first good
+	// health check; this one is refused at once rather than take a slot.
+	ErrTooManyPending = errors.New("too many workers pending their first health check")
+	ErrUnavailable    = errors.New("worker did not become healthy")
+	ErrManaged        = errors.New("worker is managed by --spawn")
+	ErrClosed         = errors.New("registry closed")
 )
 
 // ParseURL checks a worker URL (http://host:port, no path, query or
@@ -127,6 +130,11 @@ type Options struct {
 	// listeners): a worker URL that reaches one of them is refused (a
 	// request would loop through tetherd until its descriptors ran out).
 	Self []string
+	// MaxPending bounds the adds waiting for their first good health check
+	// at once (each holds a slot for up to StartupTimeout): beyond it an
+	// add is refused (ErrTooManyPending), so that adds of unreachable URLs
+	// cannot fill the slots; default 64.
+	MaxPending int
 	// MaxInFlight is every worker's capacity unless SetCapacity gave it its
 	// own: at or above it in flight a worker takes no new keys (0: none).
 	MaxInFlight uint64
@@ -151,6 +159,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.RemoveGrace <= 0 {
 		o.RemoveGrace = 60 * time.Second
+	}
+	if o.MaxPending <= 0 {
+		o.MaxPending = 64
 	}
 	if o.Log == nil {
 		o.Log = slog.Default()
@@ -275,6 +286,17 @@ func (r *Registry) AddSelf(endpoints ...string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.opts.Self = append(slices.Clone(r.opts.Self), endpoints...)
+}
+
+// pendingLocked counts the adds waiting for their first good check.
+func (r *Registry) pendingLocked() int {
+	n := 0
+	for _, e := range r.entries {
+		if e.w == nil && e.cancel != nil {
+			n++
+		}
+	}
+	return n
 }
 
 // notSelf refuses a worker address that is tetherd itself.
@@ -566,6 +588,9 @@ func (r *Registry) addBegin(ctx context.Context, rawURL string, origin Origin) (
 	}
 	if d := r.findAddrLocked(addr); d != nil {
 		return nil, nil, nil, fmt.Errorf("%w: %s (slot %d)", ErrDuplicate, d.url, d.slot)
+	}
+	if n := r.pendingLocked(); n >= r.opts.MaxPending {
+		return nil, nil, nil, fmt.Errorf("%w (%d, at most %d at once): retry once some are up or gone", ErrTooManyPending, n, r.opts.MaxPending)
 	}
 	slot := r.freeSlotLocked()
 	if slot < 0 {

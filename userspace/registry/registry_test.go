@@ -522,3 +522,36 @@ func TestDrainWhilePending(t *testing.T) {
 		t.Fatalf("listed as %q", in.State)
 	}
 }
+
+// Adds of unreachable URLs cannot fill the slots: at most MaxPending wait
+// for their first good check at once; the next is refused at once.
+func TestPendingAddsBounded(t *testing.T) {
+	fh := &fakeHealth{}
+	for i := 10; i < 13; i++ {
+		fh.set(wurl(i), false)
+	}
+	r := newReg(t, fh, func(o *Options) { o.MaxPending = 2; o.StartupTimeout = 3 * time.Second })
+	c, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errs := make(chan error, 2)
+	for i := 10; i < 12; i++ {
+		go func() { _, err := r.Add(c, wurl(i), OriginAdmin); errs <- err }()
+	}
+	for deadline := time.Now().Add(5 * time.Second); r.Counts()[StatePending] < 2; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("adds not pending")
+		}
+	}
+	start := time.Now()
+	if _, err := r.Add(ctx(t), wurl(12), OriginAdmin); !errors.Is(err, ErrTooManyPending) || time.Since(start) > time.Second {
+		t.Fatalf("third pending add: %v after %v, want ErrTooManyPending at once", err, time.Since(start))
+	}
+	cancel()
+	<-errs
+	<-errs
+	// Once they are gone, adds go through again.
+	fh.set(wurl(12), true)
+	if _, err := r.Add(ctx(t), wurl(12), OriginAdmin); err != nil {
+		t.Fatal(err)
+	}
+}
