@@ -57,10 +57,14 @@ func (r *Registry) stateLocked(e *entry) string {
 
 func (r *Registry) infoLocked(e *entry) Info {
 	st := r.stateLocked(e)
+	slot, wid := e.slot, strconv.Itoa(e.slot)
+	if slot < 0 { // pending: no slot yet
+		slot, wid = -1, ""
+	}
 	in := Info{
 		ID:                  StableID(e.url),
-		WorkerID:            strconv.Itoa(e.slot),
-		Slot:                e.slot,
+		WorkerID:            wid,
+		Slot:                slot,
 		URL:                 e.url,
 		State:               st,
 		Status:              st,

@@ -202,16 +202,19 @@ type Registry struct {
 	log  *slog.Logger
 
 	mu       sync.Mutex
-	entries  map[int]*entry    // by slot, pending ones included
-	retiring map[int]*retiree  // by slot
-	lastURL  map[int]string    // last worker url that held each slot in this process
-	capacity map[string]uint64 // max_in_flight by worker url (SetCapacity)
-	panic    bool              // every routable worker unhealthy
-	closed   bool
-	stop     chan struct{}
-	wg       sync.WaitGroup
-	changes  atomic.Uint64 // state changes, for tests and metrics
-	panics   atomic.Uint64 // times panic mode was entered
+	entries  map[int]*entry   // by slot, pending ones included
+	retiring map[int]*retiree // by slot
+	lastURL  map[int]string   // last worker url that held each slot in this process
+	// pendingSeq files pending adds under keys below 0 in entries (they
+	// hold no slot until their first good health check).
+	pendingSeq int
+	capacity   map[string]uint64 // max_in_flight by worker url (SetCapacity)
+	panic      bool              // every routable worker unhealthy
+	closed     bool
+	stop       chan struct{}
+	wg         sync.WaitGroup
+	changes    atomic.Uint64 // state changes, for tests and metrics
+	panics     atomic.Uint64 // times panic mode was entered
 }
 
 // New returns an empty registry over opts.Table.
@@ -592,14 +595,17 @@ func (r *Registry) addBegin(ctx context.Context, rawURL string, origin Origin) (
 	if n := r.pendingLocked(); n >= r.opts.MaxPending {
 		return nil, nil, nil, fmt.Errorf("%w (%d, at most %d at once): retry once some are up or gone", ErrTooManyPending, n, r.opts.MaxPending)
 	}
-	slot := r.freeSlotLocked()
-	if slot < 0 {
+	if r.freeSlotLocked() < 0 {
 		return nil, nil, nil, fmt.Errorf("%w (at most %d workers)", ErrFull, r.opts.MaxWorkers)
 	}
+	// A pending worker holds no slot: it gets one when it first passes a
+	// health check, so adds of URLs that never come up cannot fill the
+	// slots. Until then it is filed under a key of its own below 0.
+	r.pendingSeq--
 	ctx, cancel := context.WithTimeout(ctx, r.opts.StartupTimeout)
-	e := &entry{slot: slot, url: canon, addr: addr, origin: origin, cancel: cancel, since: time.Now()}
-	r.entries[slot] = e
-	r.log.Info("worker pending", "slot", slot, "url", canon, "origin", origin)
+	e := &entry{slot: r.pendingSeq, url: canon, addr: addr, origin: origin, cancel: cancel, since: time.Now()}
+	r.entries[e.slot] = e
+	r.log.Info("worker pending", "url", canon, "origin", origin)
 	return e, ctx, cancel, nil
 }
 
@@ -617,9 +623,19 @@ func (r *Registry) addWait(ctx context.Context, e *entry) (Info, error) {
 		delete(r.entries, e.slot)
 		u := e.url
 		r.mu.Unlock()
-		r.log.Warn("worker not added", "slot", e.slot, "url", u, "err", perr)
+		r.log.Warn("worker not added", "url", u, "err", perr)
 		return Info{}, fmt.Errorf("%w: %s: %v", ErrUnavailable, u, perr)
 	}
+	// Up: now it takes the first free slot.
+	slot := r.freeSlotLocked()
+	if slot < 0 {
+		delete(r.entries, e.slot)
+		r.mu.Unlock()
+		return Info{}, fmt.Errorf("%w (at most %d workers)", ErrFull, r.opts.MaxWorkers)
+	}
+	delete(r.entries, e.slot)
+	e.slot = slot
+	r.entries[slot] = e
 	w := r.activateLocked(e)
 	info := r.infoLocked(e)
 	r.mu.Unlock()
@@ -688,7 +704,7 @@ func (r *Registry) remove(id string, force bool) (Info, error) {
 		info := r.infoLocked(e)
 		info.State, info.Status = StateRemoved, StateRemoved
 		r.mu.Unlock()
-		r.log.Info("worker removed", "slot", e.slot, "url", e.url, "state_was", StatePending)
+		r.log.Info("worker removed", "url", e.url, "state_was", StatePending)
 		return info, nil
 	}
 	was := r.stateLocked(e)

@@ -514,9 +514,10 @@ func TestDrainWhilePending(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
+	in, _ = r.Get(wurl(3))
 	w := r.Table().Get(in.Slot)
 	if w == nil || w.State() != route.Draining {
-		t.Fatalf("worker came up as %v, want draining", w.State())
+		t.Fatalf("worker came up as %+v, want draining", w)
 	}
 	if in, _ := r.Get(wurl(3)); in.State != StateDraining {
 		t.Fatalf("listed as %q", in.State)
@@ -554,4 +555,44 @@ func TestPendingAddsBounded(t *testing.T) {
 	if _, err := r.Add(ctx(t), wurl(12), OriginAdmin); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// A pending add holds no slot (it takes one once healthy): adds of URLs
+// that never come up cannot keep a legitimate one out (issue 12: 1,100 of
+// them filled the 1,024 slots for minutes).
+func TestPendingHoldsNoSlot(t *testing.T) {
+	fh := &fakeHealth{}
+	fh.set(wurl(20), false)
+	fh.set(wurl(21), false)
+	r := newReg(t, fh, func(o *Options) { o.MaxWorkers = 2; o.StartupTimeout = 3 * time.Second })
+	c, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errs := make(chan error, 2)
+	for i := 20; i < 22; i++ {
+		go func() { _, err := r.Add(c, wurl(i), OriginAdmin); errs <- err }()
+	}
+	for deadline := time.Now().Add(5 * time.Second); r.Counts()[StatePending] < 2; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("adds not pending")
+		}
+	}
+	for _, in := range r.List() {
+		if in.State == StatePending && (in.Slot != -1 || in.WorkerID != "") {
+			t.Fatalf("a pending worker shows a slot: %+v", in)
+		}
+	}
+	in, err := r.Add(ctx(t), wurl(22), OriginAdmin)
+	if err != nil || in.Slot != 0 || r.Table().Get(0) == nil {
+		t.Fatalf("legitimate add while 2 are pending in a 2-slot registry: %+v %v", in, err)
+	}
+	// One of the pending ones comes up: it takes the last slot.
+	fh.set(wurl(20), true)
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	if in, _ := r.Get(wurl(20)); in.Slot != 1 || in.State != StateHealthy {
+		t.Fatalf("came up as %+v, want slot 1", in)
+	}
+	cancel()
+	<-errs
 }
