@@ -204,3 +204,27 @@ func TestDropInClients(t *testing.T) {
 		}
 	})
 }
+
+// A percent-encoded engine path is the endpoint it decodes to: tetherd
+// answers it (the fan-out), instead of proxying it to one worker.
+func TestEncodedLocalPath(t *testing.T) {
+	d := startDaemon(t, Options{Demo: 2})
+	for _, p := range []string{"/abort%5Frequest", "/%61bort_request", "/health%3F"} {
+		resp, err := http.Post("http://"+d.Addr()+p, "application/json", strings.NewReader(`{"abort_all":true}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if p == "/health%3F" {
+			// Decodes to "/health?": not /health itself, so proxied.
+			if resp.Header.Get("X-Tether-Demo-Worker") == "" {
+				t.Errorf("%s answered by tetherd: %d %s", p, resp.StatusCode, b)
+			}
+			continue
+		}
+		if resp.Header.Get("X-Tether-Demo-Worker") != "" || !strings.Contains(string(b), `"routed":"all"`) {
+			t.Errorf("%s: proxied to a worker (%d %s), want tetherd's fan-out", p, resp.StatusCode, b)
+		}
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/tether-rl/tether/userspace/httphead"
@@ -20,18 +21,33 @@ import (
 const MaxLocalBody = 1 << 20
 
 // localHandler returns the handler for a request tetherd answers itself.
+// A percent-encoded path (/abort%5Frequest) is matched in its decoded
+// form, as the handlers (and any HTTP server) read it: an encoded local
+// path is never silently proxied to one worker.
 func (c *conn) localHandler() http.Handler {
 	req := &c.req
+	path := req.Path
+	if q := bytes.IndexByte(path, '?'); bytes.IndexByte(path, '%') >= 0 && (q < 0 || bytes.IndexByte(path[:q], '%') >= 0) {
+		raw := path
+		if q >= 0 {
+			raw = path[:q]
+		}
+		// An encoded '?' is part of the path, not a query: such a path is
+		// no local endpoint (and isPath would read it as a query).
+		if dec, err := url.PathUnescape(string(raw)); err == nil && !strings.Contains(dec, "?") {
+			path = []byte(dec)
+		}
+	}
 	switch {
-	case isPath(req.Path, "/health"):
+	case isPath(path, "/health"):
 		return http.HandlerFunc(c.s.serveHealth)
-	case isPath(req.Path, "/readiness"):
+	case isPath(path, "/readiness"):
 		return http.HandlerFunc(c.s.serveReadiness)
-	case isPath(req.Path, "/liveness"):
+	case isPath(path, "/liveness"):
 		return http.HandlerFunc(c.s.serveLiveness)
 	}
 	if c.s.cfg.Local != nil {
-		return c.s.cfg.Local(req.Method, req.Path)
+		return c.s.cfg.Local(req.Method, path)
 	}
 	return nil
 }
