@@ -19,6 +19,7 @@ import (
 
 	"github.com/tether-rl/tether/userspace/config"
 	"github.com/tether-rl/tether/userspace/daemon"
+	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/stats"
 )
 
@@ -62,6 +63,12 @@ func parse(args []string) (*cli, error) {
 	fs.StringVar(&opts.BadSession, "bad-session", "spread", "session id naming no worker: spread or reject (404)")
 	fs.DurationVar(&opts.ResponseTimeout, "response-timeout", 30*time.Minute, "wait for the first response byte before 504")
 	fs.Int64Var(&opts.SpliceMin, "splice-min", 16<<10, "body remainders of at least this many bytes move with splice(2), smaller ones are copied")
+	fs.DurationVar(&opts.IdleTimeout, "idle-timeout", 120*time.Second, "close a client keep-alive connection idle this long")
+	fs.DurationVar(&opts.HeadTimeout, "head-timeout", 30*time.Second, "a request head not complete this long after its first byte gets 408 (slowloris)")
+	fs.DurationVar(&opts.IOTimeout, "io-timeout", 120*time.Second, "a request or response body that makes no progress this long ends the exchange")
+	fs.IntVar(&opts.Limits.RequestLine, "max-request-line", httphead.DefaultRequestLine, "longest request line in bytes; longer: 414")
+	fs.IntVar(&opts.Limits.Head, "max-head-bytes", httphead.DefaultHead, "largest request head in bytes; larger: 431")
+	fs.IntVar(&opts.Limits.Fields, "max-header-fields", httphead.DefaultFields, "most header fields in a request; more: 431")
 	fs.IntVar(&opts.Listeners, "listeners", runtime.NumCPU(), "listener sockets in the SO_REUSEPORT group")
 	fs.StringVar(&opts.BPF, "bpf", "auto", "BPF listener steering: auto (fall back to the kernel hash with one warning), required, or off")
 	fs.StringVar(&opts.PinDir, "bpf-pin-dir", "", "bpffs directory for the pinned maps (default /sys/fs/bpf/tether/v<ABI>)")

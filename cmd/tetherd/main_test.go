@@ -198,6 +198,8 @@ func TestBadValuesRefused(t *testing.T) {
 		{[]string{"--hash-load-factor=0.5"}, "hash-load-factor"},
 		{[]string{"--sticky-ttl=-1s"}, "sticky-ttl"},
 		{[]string{"--hash-spill-min=-1"}, "hash-spill-min"},
+		{[]string{"--max-request-line=-1"}, "max-request-line"},
+		{[]string{"--head-timeout=-1s"}, "head-timeout"},
 		{[]string{"--hash-spill-ttl=-1s"}, "hash-spill-ttl"},
 		{[]string{"--learn-session-path=sessions"}, "learn-session-path"},
 		{[]string{"--learn-session-ttl=-1s"}, "learn-session-ttl"},

@@ -49,6 +49,9 @@ type Options struct {
 	Inherited       *upgrade.Inherited
 	ResponseTimeout time.Duration // default 30m
 	SpliceMin       int64         // body remainders this large move with splice(2); default proxy's
+	IdleTimeout     time.Duration // client keep-alive connection with no request; default 120s
+	HeadTimeout     time.Duration // reading a request head once it began (408); default 30s
+	IOTimeout       time.Duration // a body read or write without progress; default 120s
 	Pool            upstream.Options
 	Limits          httphead.Limits
 	Log             *slog.Logger
@@ -129,6 +132,12 @@ func (o *Options) checkRanges() error {
 		{"listeners", o.Listeners < 0},
 		{"response-timeout", o.ResponseTimeout < 0},
 		{"splice-min", o.SpliceMin < 0},
+		{"idle-timeout", o.IdleTimeout < 0},
+		{"head-timeout", o.HeadTimeout < 0},
+		{"io-timeout", o.IOTimeout < 0},
+		{"max-request-line", o.Limits.RequestLine < 0},
+		{"max-head-bytes", o.Limits.Head < 0},
+		{"max-header-fields", o.Limits.Fields < 0},
 		{"health-interval", o.HealthInterval < 0},
 		{"health-timeout", o.HealthTimeout < 0},
 		{"health-failures", o.HealthFailures < 0},
@@ -241,6 +250,9 @@ func New(opts Options) (*Daemon, error) {
 		Limits:          opts.Limits,
 		ResponseTimeout: opts.ResponseTimeout,
 		SpliceMin:       opts.SpliceMin,
+		IdleTimeout:     opts.IdleTimeout,
+		HeadTimeout:     opts.HeadTimeout,
+		IOTimeout:       opts.IOTimeout,
 		InstanceID:      d.InstanceID,
 		Log:             opts.Log,
 	})

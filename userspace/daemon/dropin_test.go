@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tether-rl/tether/userspace/httphead"
 )
 
 // apiKeyEngine is a fake SGLang/vLLM engine started with --api-key: every
@@ -226,5 +228,44 @@ func TestEncodedLocalPath(t *testing.T) {
 		if resp.Header.Get("X-Tether-Demo-Worker") != "" || !strings.Contains(string(b), `"routed":"all"`) {
 			t.Errorf("%s: proxied to a worker (%d %s), want tetherd's fan-out", p, resp.StatusCode, b)
 		}
+	}
+}
+
+// The head limits and timeouts are settings (--max-request-line,
+// --max-head-bytes, --max-header-fields, --head-timeout), not constants.
+func TestLimitsAreSettings(t *testing.T) {
+	d := startDaemon(t, Options{Demo: 1, HeadTimeout: 200 * time.Millisecond,
+		Limits: httphead.Limits{RequestLine: 100, Head: 1024, Fields: 4}})
+	status := func(raw string) string {
+		t.Helper()
+		c, err := net.Dial("tcp", d.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		io.WriteString(c, raw)
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		b, _ := io.ReadAll(c)
+		line, _, _ := strings.Cut(string(b), "\r\n")
+		return line
+	}
+	long := "GET /" + strings.Repeat("a", 200) + " HTTP/1.1\r\nHost: x\r\n\r\n"
+	if got := status(long); !strings.Contains(got, " 414 ") {
+		t.Errorf("request line of 200: %q, want 414", got)
+	}
+	fields := "GET / HTTP/1.1\r\nHost: x\r\nA: 1\r\nB: 2\r\nC: 3\r\nD: 4\r\n\r\n"
+	if got := status(fields); !strings.Contains(got, " 431 ") {
+		t.Errorf("5 fields: %q, want 431", got)
+	}
+	big := "GET / HTTP/1.1\r\nHost: x\r\nA: " + strings.Repeat("b", 2000) + "\r\n\r\n"
+	if got := status(big); !strings.Contains(got, " 431 ") {
+		t.Errorf("2 KB head: %q, want 431", got)
+	}
+	start := time.Now()
+	if got := status("GET / HTTP/1.1\r\nHost: x\r\n"); !strings.Contains(got, " 408 ") || time.Since(start) > 3*time.Second {
+		t.Errorf("half a head: %q after %v, want 408 after 200ms", got, time.Since(start))
+	}
+	if got := status("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"); !strings.Contains(got, " 200 ") {
+		t.Errorf("a small request: %q", got)
 	}
 }
