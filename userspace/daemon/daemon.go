@@ -52,9 +52,12 @@ type Options struct {
 	IdleTimeout     time.Duration // client keep-alive connection with no request; default 120s
 	HeadTimeout     time.Duration // reading a request head once it began (408); default 30s
 	IOTimeout       time.Duration // a body read or write without progress; default 120s
-	Pool            upstream.Options
-	Limits          httphead.Limits
-	Log             *slog.Logger
+	// StreamIdleTimeout cuts a streamed response whose worker sent nothing
+	// for this long; default 5m.
+	StreamIdleTimeout time.Duration
+	Pool              upstream.Options
+	Limits            httphead.Limits
+	Log               *slog.Logger
 	// Routing: the policy for requests that name no session, and the
 	// engine endpoints (routing.go).
 	Routing RoutingOptions
@@ -135,6 +138,7 @@ func (o *Options) checkRanges() error {
 		{"idle-timeout", o.IdleTimeout < 0},
 		{"head-timeout", o.HeadTimeout < 0},
 		{"io-timeout", o.IOTimeout < 0},
+		{"stream-idle-timeout", o.StreamIdleTimeout < 0},
 		{"max-request-line", o.Limits.RequestLine < 0},
 		{"max-head-bytes", o.Limits.Head < 0},
 		{"max-header-fields", o.Limits.Fields < 0},
@@ -242,19 +246,20 @@ func New(opts Options) (*Daemon, error) {
 	}
 	d.OnReload(d.routing.reload)
 	d.Proxy = proxy.New(proxy.Config{
-		Router:          d.routing.router,
-		PeekBody:        d.routing.peek,
-		Local:           d.localHook(opts),
-		Observe:         d.observe,
-		Table:           d.Table,
-		Limits:          opts.Limits,
-		ResponseTimeout: opts.ResponseTimeout,
-		SpliceMin:       opts.SpliceMin,
-		IdleTimeout:     opts.IdleTimeout,
-		HeadTimeout:     opts.HeadTimeout,
-		IOTimeout:       opts.IOTimeout,
-		InstanceID:      d.InstanceID,
-		Log:             opts.Log,
+		Router:            d.routing.router,
+		PeekBody:          d.routing.peek,
+		Local:             d.localHook(opts),
+		Observe:           d.observe,
+		Table:             d.Table,
+		Limits:            opts.Limits,
+		ResponseTimeout:   opts.ResponseTimeout,
+		SpliceMin:         opts.SpliceMin,
+		IdleTimeout:       opts.IdleTimeout,
+		HeadTimeout:       opts.HeadTimeout,
+		IOTimeout:         opts.IOTimeout,
+		StreamIdleTimeout: opts.StreamIdleTimeout,
+		InstanceID:        d.InstanceID,
+		Log:               opts.Log,
 	})
 	if err := d.newControl(opts); err != nil {
 		return nil, err

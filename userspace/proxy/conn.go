@@ -933,7 +933,7 @@ func (c *conn) relayResponse(x *exchange, uw int, bodyRead bool) bool {
 		}
 	case httphead.BodyClose:
 		// Until the backend closes: the move ends with errSrcEOF.
-		n, err := c.move(c.c, x.up.TCPConn, 1<<62, c.ubuf, cfg.ResponseTimeout)
+		n, err := c.move(c.c, x.up.TCPConn, 1<<62, c.ubuf, cfg.StreamIdleTimeout)
 		x.w.Stats.AddDown(n)
 		if err != errSrcEOF {
 			return c.bodyFailed(x, err)
@@ -977,7 +977,7 @@ func (c *conn) relayChunkedResponse(x *exchange, sc *httphead.Chunked, dechunk b
 	cfg := &c.s.cfg
 	for !sc.Done() {
 		if d := sc.Data(); d >= cfg.SpliceMin && !dechunk && c.learn == nil {
-			n, err := c.move(c.c, x.up.TCPConn, d, nil, cfg.ResponseTimeout)
+			n, err := c.move(c.c, x.up.TCPConn, d, nil, cfg.StreamIdleTimeout)
 			sc.Skip(n)
 			x.w.Stats.AddDown(n)
 			if err != nil {
@@ -985,7 +985,7 @@ func (c *conn) relayChunkedResponse(x *exchange, sc *httphead.Chunked, dechunk b
 			}
 			continue
 		}
-		x.up.SetReadDeadline(time.Now().Add(cfg.ResponseTimeout))
+		x.up.SetReadDeadline(time.Now().Add(cfg.StreamIdleTimeout))
 		n, rerr := x.up.Read(c.ubuf)
 		if n > 0 {
 			x.w.Stats.AddDown(int64(n))

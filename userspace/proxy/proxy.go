@@ -37,9 +37,13 @@ type Config struct {
 	PeekBody int
 
 	// ResponseTimeout bounds the wait for the first byte of a response
-	// head (504 after it). Agent turns are long: default 30 minutes. It
-	// also bounds each wait for more response body.
+	// head (504 after it). Agent turns are long: default 30 minutes.
 	ResponseTimeout time.Duration
+	// StreamIdleTimeout: a streamed (chunked or close-delimited) response
+	// body with no byte from the worker for this long is cut (the client
+	// sees the truncation), so a stopped engine does not hold its clients
+	// for ResponseTimeout; default 5 minutes.
+	StreamIdleTimeout time.Duration
 	// IdleTimeout closes a client keep-alive connection with no request;
 	// default 120s.
 	IdleTimeout time.Duration
@@ -75,6 +79,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.IdleTimeout <= 0 {
 		c.IdleTimeout = 120 * time.Second
+	}
+	if c.StreamIdleTimeout <= 0 {
+		c.StreamIdleTimeout = 5 * time.Minute
 	}
 	if c.HeadTimeout <= 0 {
 		c.HeadTimeout = 30 * time.Second
