@@ -67,6 +67,7 @@ func parse(args []string) (*cli, error) {
 	fs.DurationVar(&opts.HeadTimeout, "head-timeout", 30*time.Second, "a request head not complete this long after its first byte gets 408 (slowloris)")
 	fs.DurationVar(&opts.IOTimeout, "io-timeout", 120*time.Second, "a request or response body that makes no progress this long ends the exchange")
 	fs.DurationVar(&opts.StreamIdleTimeout, "stream-idle-timeout", 5*time.Minute, "a streamed response (SSE, chunked) whose worker sends nothing this long is cut, visibly to the client (a stopped engine frees its clients)")
+	fs.Int64Var(&opts.MaxBodyBytes, "max-body-bytes", 16<<30, "largest request body in bytes (RL bodies are large): a Content-Length above it gets 413 before anything is forwarded, a chunked body growing past it is cut with 413; 0: no limit")
 	fs.IntVar(&opts.Limits.RequestLine, "max-request-line", httphead.DefaultRequestLine, "longest request line in bytes; longer: 414")
 	fs.IntVar(&opts.Limits.Head, "max-head-bytes", httphead.DefaultHead, "largest request head in bytes; larger: 431")
 	fs.IntVar(&opts.Limits.Fields, "max-header-fields", httphead.DefaultFields, "most header fields in a request; more: 431")

@@ -52,6 +52,7 @@ type Options struct {
 	IdleTimeout     time.Duration // client keep-alive connection with no request; default 120s
 	HeadTimeout     time.Duration // reading a request head once it began (408); default 30s
 	IOTimeout       time.Duration // a body read or write without progress; default 120s
+	MaxBodyBytes    int64         // largest request body (413); 0: no limit
 	// StreamIdleTimeout cuts a streamed response whose worker sent nothing
 	// for this long; default 5m.
 	StreamIdleTimeout time.Duration
@@ -139,6 +140,7 @@ func (o *Options) checkRanges() error {
 		{"head-timeout", o.HeadTimeout < 0},
 		{"io-timeout", o.IOTimeout < 0},
 		{"stream-idle-timeout", o.StreamIdleTimeout < 0},
+		{"max-body-bytes", o.MaxBodyBytes < 0},
 		{"max-request-line", o.Limits.RequestLine < 0},
 		{"max-head-bytes", o.Limits.Head < 0},
 		{"max-header-fields", o.Limits.Fields < 0},
@@ -258,6 +260,7 @@ func New(opts Options) (*Daemon, error) {
 		HeadTimeout:       opts.HeadTimeout,
 		IOTimeout:         opts.IOTimeout,
 		StreamIdleTimeout: opts.StreamIdleTimeout,
+		MaxBodyBytes:      opts.MaxBodyBytes,
 		InstanceID:        d.InstanceID,
 		Log:               opts.Log,
 	})

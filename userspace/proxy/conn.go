@@ -119,6 +119,12 @@ func (c *conn) serveOne() bool {
 	if req.HasBody() {
 		peek = c.peekBody()
 	}
+	if lim := c.s.cfg.MaxBodyBytes; lim > 0 && req.ContentLength > lim {
+		// Too large by its own account: 413 before anything is forwarded.
+		c.s.counters.Rejected.Add(1)
+		c.rejectAndClose(413)
+		return false
+	}
 	dec := c.s.cfg.Router.Route(req, peek)
 	defer func() {
 		if dec.Done != nil {
@@ -739,6 +745,9 @@ func (c *conn) readResponseHead(x *exchange, uw int) (int, int, error) {
 
 var errBadResponse = &httphead.Error{Status: 502, Reason: "unexpected 101"}
 
+// errBodyTooLarge: a chunked request body grew past Config.MaxBodyBytes.
+var errBodyTooLarge = &httphead.Error{Status: 413, Reason: "request body too large"}
+
 // writeInterim relays a 1xx head (hop-by-hop fields removed).
 func (c *conn) writeInterim(x *exchange) error {
 	out := c.appendResponseHead(c.out[:0], false, false)
@@ -813,9 +822,14 @@ func (c *conn) relayRequestBody(x *exchange, sc *httphead.Chunked, sent int64) e
 		x.w.Stats.AddUp(n)
 		return err
 	case req.Chunked:
+		var total int64 // bytes relayed after the head's write, framing included
 		for !sc.Done() {
+			if lim := cfg.MaxBodyBytes; lim > 0 && total+sc.Data() > lim {
+				return errBodyTooLarge // what went upstream dies with its connection
+			}
 			if d := sc.Data(); d >= cfg.SpliceMin && c.r == c.w {
 				n, err := c.move(x.up.TCPConn, c.c, d, nil, cfg.IOTimeout)
+				total += n
 				sc.Skip(n)
 				x.w.Stats.AddUp(n)
 				if err != nil {
@@ -844,6 +858,7 @@ func (c *conn) relayRequestBody(x *exchange, sc *httphead.Chunked, sent int64) e
 				x.up.SetWriteDeadline(time.Now().Add(cfg.IOTimeout))
 				w, werr := x.up.Write(avail[:n])
 				x.w.Stats.AddUp(int64(w))
+				total += int64(w)
 				c.r += n
 				if werr != nil {
 					return werr

@@ -2,9 +2,12 @@ package proxy
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -73,5 +76,41 @@ func TestStreamIdleTimeout(t *testing.T) {
 	}
 	if !strings.Contains(string(b), "data:1") || strings.HasSuffix(string(b), "0\r\n\r\n") {
 		t.Fatalf("client got %q: want the first event and a visible truncation", b)
+	}
+}
+
+// MaxBodyBytes: a Content-Length above it is answered 413 before a byte
+// is forwarded; a chunked body growing past it is cut with a 413; a body
+// within it goes through.
+func TestMaxBodyBytes(t *testing.T) {
+	var got atomic.Int64 // requests the backend saw
+	be := httpBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.Add(1)
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, "ok")
+	}))
+	p := startProxy(t, []string{be}, func(c *Config) { c.MaxBodyBytes = 100 << 10 })
+	resp, _ := p.roundTrip(fmt.Sprintf("POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n", 200<<10))
+	if resp.StatusCode != 413 || got.Load() != 0 {
+		t.Fatalf("Content-Length above the limit: %d, backend saw %d requests", resp.StatusCode, got.Load())
+	}
+	c, br := p.dial()
+	defer c.Close()
+	io.WriteString(c, "POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+	chunk := strings.Repeat("a", 32<<10)
+	for i := 0; i < 8; i++ { // 256 KiB
+		if _, err := fmt.Fprintf(c, "%x\r\n%s\r\n", len(chunk), chunk); err != nil {
+			break // cut off
+		}
+	}
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, _ = readResp(t, br, false)
+	if resp.StatusCode != 413 {
+		t.Fatalf("chunked body past the limit: %d", resp.StatusCode)
+	}
+	small := strings.Repeat("b", 50<<10)
+	resp, body := p.roundTrip(fmt.Sprintf("POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(small), small))
+	if resp.StatusCode != 200 || body != "ok" {
+		t.Fatalf("a body within the limit: %d %q", resp.StatusCode, body)
 	}
 }

@@ -39,6 +39,11 @@ type Config struct {
 	// ResponseTimeout bounds the wait for the first byte of a response
 	// head (504 after it). Agent turns are long: default 30 minutes.
 	ResponseTimeout time.Duration
+	// MaxBodyBytes bounds a request body (0: no limit): a Content-Length
+	// above it is answered 413 before anything is forwarded; a chunked body
+	// that grows past it (framing counted) is cut and answered 413, its
+	// upstream connection closed.
+	MaxBodyBytes int64
 	// StreamIdleTimeout: a streamed (chunked or close-delimited) response
 	// body with no byte from the worker for this long is cut (the client
 	// sees the truncation), so a stopped engine does not hold its clients
