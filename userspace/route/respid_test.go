@@ -29,6 +29,13 @@ var responseFieldCases = []struct {
 	{"value spelling the field name", `{"name":"session_id","session_id":"y"}`, "y", FieldFound},
 	{"quoted field inside a string", `{"msg":"\"session_id\": \"x\"","session_id":"y"}`, "y", FieldFound},
 	{"first duplicate wins", `{"session_id":"first","session_id":"second"}`, "first", FieldFound},
+	{"braces brackets and escaped quotes in skipped strings", `{"a":"{[\"\\","b":["]}\"",{"c":"\\\"}"}],"session_id":"y"}`, "y", FieldFound},
+	{"every kind of skipped value", `{"a":true,"b":false,"c":null,"d":-1.5e3,"e":[],"f":{},"g":"","session_id":"y"}`, "y", FieldFound},
+	{"escaped key that is not the field", `{"sess\u0069on":"x","session_id":"y"}`, "y", FieldFound},
+	{"lone surrogate decoded as replacement", `{"session_id":"\ud83dx"}`, "\uFFFDx", FieldFound},
+	{"zero", `{"session_id":0}`, "0", FieldFound},
+	{"byte order mark then whitespace", "\xef\xbb\xbf \n{\"session_id\":\"abc\"}", "abc", FieldFound},
+	{"value of exactly the bound", `{"session_id":"` + strings.Repeat("a", MaxFieldValue) + `"}`, strings.Repeat("a", MaxFieldValue), FieldFound},
 	{"deep nesting skipped", `{"a":` + strings.Repeat("[", 5000) + strings.Repeat("]", 5000) + `,"session_id":"y"}`, "y", FieldFound},
 
 	{"object ends without the field", `{"id":"abc","worker":1}`, "", FieldAbsent},
@@ -49,6 +56,16 @@ var responseFieldCases = []struct {
 	{"bad escape in value", `{"session_id":"a\x"}`, "", FieldAbsent},
 	{"control character in value", "{\"session_id\":\"a\nb\"}", "", FieldAbsent},
 	{"bad number", `{"session_id":01}`, "", FieldAbsent},
+	{"number followed by a bracket", `{"session_id":1]`, "", FieldAbsent},
+	{"number too long", `{"session_id":` + strings.Repeat("1", MaxFieldValue+1) + `}`, "", FieldAbsent},
+	{"value is an array", `{"session_id":["x"]}`, "", FieldAbsent},
+	{"value is false", `{"session_id":false}`, "", FieldAbsent},
+	{"bad hex in unicode escape", `{"session_id":"\u12g4"}`, "", FieldAbsent},
+	{"bad escape in key", `{"se\qssion_id":"x"}`, "", FieldAbsent},
+	{"not an object: number", `42`, "", FieldAbsent},
+	{"garbage before the brace", `x{"session_id":"y"}`, "", FieldAbsent},
+	{"closer first", `}`, "", FieldAbsent},
+	{"closer as a member value", `{"a":}`, "", FieldAbsent},
 
 	{"empty", ``, "", FieldMore},
 	{"whitespace only", " \n ", "", FieldMore},
@@ -63,6 +80,40 @@ var responseFieldCases = []struct {
 	{"cut in skipped nesting", `{"a":{"session_id":"x"`, "", FieldMore},
 	{"cut in skipped literal", `{"a":tru`, "", FieldMore},
 	{"cut after a member", `{"a":1,`, "", FieldMore},
+	{"cut in byte order mark", "\xef\xbb", "", FieldMore},
+	{"cut in escaped key", `{"session\u00`, "", FieldMore},
+	{"cut in unicode escape of the value", `{"session_id":"a\u00`, "", FieldMore},
+	{"cut between surrogates", `{"session_id":"\ud83d`, "", FieldMore},
+	{"cut after minus", `{"session_id":-`, "", FieldMore},
+	{"cut after decimal point", `{"session_id":1.`, "", FieldMore},
+	{"cut after exponent sign", `{"session_id":1e+`, "", FieldMore},
+	{"cut after a skipped value", `{"a":"x"`, "", FieldMore},
+	{"cut after a closed nested value", `{"a":{}`, "", FieldMore},
+	{"cut in skipped escape", `{"a":"\`, "", FieldMore},
+	{"cut in deep skipped nesting", `{"a":` + strings.Repeat("[{\"b\":", 100), "", FieldMore},
+	{"cut in an overlong value", `{"session_id":"` + strings.Repeat("a", 2*MaxFieldValue), "", FieldMore},
+}
+
+// validDocs are complete, valid JSON documents: every prefix of each must
+// give FieldMore or the whole document's answer, and the whole document
+// never FieldMore.
+var validDocs = []string{
+	`{"session_id":"3f2a9c1e-4b7d-4e21-9a0b-1c2d3e4f5a6b","worker":0}`,
+	`{"worker":3,"session_id":"3f2a9c1e-4b7d-4e21-9a0b-1c2d3e4f5a6b"}`,
+	`{"meta":{"session_id":"decoy","list":[1,{"session_id":2},"]}"]},"name":"session_id","session_id":"real"}`,
+	`{"session_id":-12.5E-3,"x":[]}`,
+	`{"session_id":7}`,
+	`{"session\u005fid":"a\"b\\c\/\u00e9\ud83d\ude00\n"}`,
+	`{"msg":"\"session_id\":\"no\"","session_id":"yes","session_id":"dup"}`,
+	` { "a" : [ [ ] , { } , "\\" ] , "session_id" : "spaced" } `,
+	`{"id":"nope","worker":1}`,
+	`{"session_id":null,"x":"y"}`,
+	`{"session_id":""}`,
+	`{"session_id":{"session_id":"x"}}`,
+	`{}`,
+	`[{"session_id":"x"}]`,
+	`"session_id"`,
+	`null`,
 }
 
 func TestResponseField(t *testing.T) {
@@ -85,6 +136,24 @@ func TestResponseFieldPrefixes(t *testing.T) {
 			v, st := ResponseField([]byte(tc.body[:i]), "session_id")
 			if st != FieldMore && (st != fst || !bytes.Equal(v, full)) {
 				t.Fatalf("%s: prefix %d %.60q = %q, %v; full document %q, %v", tc.rule, i, tc.body[:i], v, st, full, fst)
+			}
+		}
+	}
+}
+
+func TestResponseFieldValidDocPrefixes(t *testing.T) {
+	for _, doc := range validDocs {
+		if !json.Valid([]byte(doc)) {
+			t.Fatalf("not valid JSON: %q", doc)
+		}
+		full, fst := ResponseField([]byte(doc), "session_id")
+		if fst == FieldMore {
+			t.Fatalf("%q: a complete document gave FieldMore", doc)
+		}
+		for i := 0; i < len(doc); i++ {
+			v, st := ResponseField([]byte(doc[:i]), "session_id")
+			if st != FieldMore && (st != fst || !bytes.Equal(v, full)) {
+				t.Fatalf("%q: prefix %d %q = %q, %v; full document %q, %v", doc, i, doc[:i], v, st, full, fst)
 			}
 		}
 	}
@@ -121,6 +190,9 @@ func FuzzResponseField(f *testing.F) {
 			f.Add([]byte(tc.body), uint16(len(tc.body)/2))
 		}
 	}
+	for _, doc := range validDocs {
+		f.Add([]byte(doc), uint16(len(doc)/3))
+	}
 	f.Fuzz(func(t *testing.T, body []byte, cut uint16) {
 		v, st := ResponseField(body, "session_id")
 		if st == FieldFound && (len(v) == 0 || len(v) > MaxFieldValue) {
@@ -129,11 +201,16 @@ func FuzzResponseField(f *testing.F) {
 		if st == FieldFound && len(v) > 0 && !testenv.Within(v, body) && bytes.IndexByte(body, '\\') < 0 {
 			t.Fatalf("a value without escapes was copied: %q", v)
 		}
-		// Prefix consistency.
-		if i := int(cut); i < len(body) {
-			pv, pst := ResponseField(body[:i], "session_id")
-			if pst != FieldMore && (pst != st || !bytes.Equal(pv, v)) {
-				t.Fatalf("prefix %d: %q %v, full: %q %v", i, pv, pst, v, st)
+		// Prefix consistency at a few cut points drawn from cut.
+		if len(body) > 0 {
+			x := uint32(cut)
+			for range 4 {
+				i := int(x % uint32(len(body)))
+				pv, pst := ResponseField(body[:i], "session_id")
+				if pst != FieldMore && (pst != st || !bytes.Equal(pv, v)) {
+					t.Fatalf("prefix %d: %q %v, full: %q %v", i, pv, pst, v, st)
+				}
+				x = x*1664525 + 1013904223
 			}
 		}
 		// Differential against encoding/json on valid objects.
