@@ -24,6 +24,7 @@ run: build
 # BPF run when root (CI is root) and otherwise skip loudly.
 test: vet check-generate
 	$(GO) test -race -count=1 -timeout 20m ./...
+	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME_CI)
 
 vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -46,15 +47,18 @@ BENCHFLAGS ?=
 bench:
 	$(GO) run ./cmd/tether-bench $(BENCHFLAGS)
 
+# Every fuzz target in the tree (found by name, so a new one is never left
+# out), FUZZTIME each. `make test` runs them for FUZZTIME_CI each; a crash
+# leaves its input in the package's testdata/fuzz/<Target>/: commit it, and
+# it runs as a regression case in every `go test` from then on.
+FUZZTIME_CI ?= 3s
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzParseRequest$$' -fuzztime $(FUZZTIME) ./userspace/httphead/
-	$(GO) test -run '^$$' -fuzz '^FuzzChunked$$' -fuzztime $(FUZZTIME) ./userspace/httphead/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseResponse$$' -fuzztime $(FUZZTIME) ./userspace/httphead/
-	$(GO) test -run '^$$' -fuzz '^FuzzRequestVsNetHTTP$$' -fuzztime $(FUZZTIME) ./userspace/httphead/
-	$(GO) test -run '^$$' -fuzz '^FuzzPeekedBody$$' -fuzztime $(FUZZTIME) ./userspace/route/
-	$(GO) test -run '^$$' -fuzz '^FuzzSessionID$$' -fuzztime $(FUZZTIME) ./userspace/route/
-	$(GO) test -run '^$$' -fuzz '^FuzzResponseField$$' -fuzztime $(FUZZTIME) ./userspace/route/
-	$(GO) test -run '^$$' -fuzz '^FuzzRequestID$$' -fuzztime $(FUZZTIME) ./userspace/engine/
+	@set -e; for f in $$(grep -rl --include='*_test.go' '^func Fuzz' userspace cmd); do \
+		for t in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
+			echo "fuzz ./$$(dirname $$f) $$t for $(FUZZTIME)"; \
+			$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./$$(dirname $$f); \
+		done; \
+	done
 
 # Binaries, the systemd unit and the docs; a config file only if none is
 # there. Then: systemctl daemon-reload && systemctl enable --now tetherd.

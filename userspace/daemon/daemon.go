@@ -56,9 +56,21 @@ type Options struct {
 	// StreamIdleTimeout cuts a streamed response whose worker sent nothing
 	// for this long; default 5m.
 	StreamIdleTimeout time.Duration
-	Pool              upstream.Options
-	Limits            httphead.Limits
-	Log               *slog.Logger
+	// MaxConns caps the client connections open at once; at it accepting
+	// pauses. 0: proxy.DefaultMaxConns of the descriptor limit.
+	MaxConns int
+	// MaxQueue: requests that may wait per worker at its max_in_flight
+	// (0: the proxy's default, 1024; -1: none, 503 at once); QueueTimeout
+	// bounds the wait
+	// (default 30s). Past either: 503 with Retry-After.
+	MaxQueue     int
+	QueueTimeout time.Duration
+	// LocalBodyBudget caps the bytes held by the bodies of requests
+	// tetherd answers itself, across connections (default 64 MiB).
+	LocalBodyBudget int64
+	Pool            upstream.Options
+	Limits          httphead.Limits
+	Log             *slog.Logger
 	// Routing: the policy for requests that name no session, and the
 	// engine endpoints (routing.go).
 	Routing RoutingOptions
@@ -141,9 +153,14 @@ func (o *Options) checkRanges() error {
 		{"io-timeout", o.IOTimeout < 0},
 		{"stream-idle-timeout", o.StreamIdleTimeout < 0},
 		{"max-body-bytes", o.MaxBodyBytes < 0},
+		{"max-conns", o.MaxConns < 0},
+		{"max-queue", o.MaxQueue < -1},
+		{"queue-timeout", o.QueueTimeout < 0},
+		{"local-body-budget", o.LocalBodyBudget < 0},
 		{"max-request-line", o.Limits.RequestLine < 0},
 		{"max-head-bytes", o.Limits.Head < 0},
 		{"max-header-fields", o.Limits.Fields < 0},
+		{"max-chunk-ext-bytes", o.Limits.ChunkExt < 0},
 		{"health-interval", o.HealthInterval < 0},
 		{"health-timeout", o.HealthTimeout < 0},
 		{"health-failures", o.HealthFailures < 0},
@@ -261,6 +278,10 @@ func New(opts Options) (*Daemon, error) {
 		IOTimeout:         opts.IOTimeout,
 		StreamIdleTimeout: opts.StreamIdleTimeout,
 		MaxBodyBytes:      opts.MaxBodyBytes,
+		MaxConns:          maxConns(opts.MaxConns),
+		QueueSize:         opts.MaxQueue,
+		QueueTimeout:      opts.QueueTimeout,
+		LocalBodyBudget:   opts.LocalBodyBudget,
 		InstanceID:        d.InstanceID,
 		Log:               opts.Log,
 	})
@@ -269,6 +290,14 @@ func New(opts Options) (*Daemon, error) {
 	}
 	ok = true
 	return d, nil
+}
+
+// maxConns is the connection cap: n, or derived from the descriptor limit.
+func maxConns(n int) int {
+	if n > 0 {
+		return n
+	}
+	return proxy.DefaultMaxConns(proxy.NoFile())
 }
 
 // Addr is the data-plane address actually bound.

@@ -235,7 +235,7 @@ func TestEncodedLocalPath(t *testing.T) {
 // --max-head-bytes, --max-header-fields, --head-timeout), not constants.
 func TestLimitsAreSettings(t *testing.T) {
 	d := startDaemon(t, Options{Demo: 1, HeadTimeout: 200 * time.Millisecond,
-		Limits: httphead.Limits{RequestLine: 100, Head: 1024, Fields: 4}})
+		Limits: httphead.Limits{RequestLine: 100, Head: 1024, Fields: 4, ChunkExt: 16}})
 	status := func(raw string) string {
 		t.Helper()
 		c, err := net.Dial("tcp", d.Addr())
@@ -260,6 +260,14 @@ func TestLimitsAreSettings(t *testing.T) {
 	big := "GET / HTTP/1.1\r\nHost: x\r\nA: " + strings.Repeat("b", 2000) + "\r\n\r\n"
 	if got := status(big); !strings.Contains(got, " 431 ") {
 		t.Errorf("2 KB head: %q, want 431", got)
+	}
+	ext := "POST /generate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1;" + strings.Repeat("e", 20) + "\r\nx\r\n0\r\n\r\n"
+	if got := status(ext); !strings.Contains(got, " 400 ") {
+		t.Errorf("20 bytes of chunk extension: %q, want 400", got)
+	}
+	ok := "POST /generate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n2;" + strings.Repeat("e", 10) + "\r\n{}\r\n0\r\n\r\n"
+	if got := status(ok); !strings.Contains(got, " 200 ") {
+		t.Errorf("10 bytes of chunk extension: %q, want 200", got)
 	}
 	start := time.Now()
 	if got := status("GET / HTTP/1.1\r\nHost: x\r\n"); !strings.Contains(got, " 408 ") || time.Since(start) > 3*time.Second {

@@ -11,6 +11,9 @@ type Chunked struct {
 	size     int64 // size being parsed / data bytes left in the chunk
 	digits   int
 	extBytes int // chunk-extension bytes in this message
+	// ExtLimit is the most chunk-extension bytes allowed in the message;
+	// 0: MaxChunkExtBytes.
+	ExtLimit int
 	trailer  int // trailer bytes in this message
 	nameEnd  bool
 	name     [20]byte // start of the current trailer field name, lowercased
@@ -54,6 +57,15 @@ type ChunkError = Error
 
 func chunkErr(status int, reason string) error { return &Error{Status: status, Reason: reason} }
 
+// extOver reports whether the message's chunk extensions passed the limit.
+func (c *Chunked) extOver() bool {
+	lim := c.ExtLimit
+	if lim == 0 {
+		lim = MaxChunkExtBytes
+	}
+	return c.extBytes > lim
+}
+
 // Done reports whether the whole body, trailers included, was scanned.
 func (c *Chunked) Done() bool { return c.state == csDone }
 
@@ -89,7 +101,7 @@ func (c *Chunked) Scan(p []byte) (int, error) {
 			// Every byte of the size line after the size counts against
 			// the cap, BWS included.
 			c.extBytes++
-			if c.extBytes > MaxChunkExtBytes {
+			if c.extOver() {
 				return i, chunkErr(400, "chunk extensions too long")
 			}
 		}
@@ -108,7 +120,7 @@ func (c *Chunked) Scan(p []byte) (int, error) {
 				c.state = csSizeLF
 			case b == ';' || b == ' ' || b == '\t':
 				c.extBytes++
-				if c.extBytes > MaxChunkExtBytes {
+				if c.extOver() {
 					return i, chunkErr(400, "chunk extensions too long")
 				}
 				c.state = csSizeWS

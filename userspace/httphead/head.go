@@ -32,6 +32,9 @@ type Limits struct {
 	RequestLine int // longest request line (without CRLF); default 8192, then 414
 	Head        int // longest head; default 65536, then 431
 	Fields      int // most fields; default 128, then 431
+	// ChunkExt: chunk-extension bytes allowed in one chunked request body
+	// (Chunked.ExtLimit); default MaxChunkExtBytes, then 400.
+	ChunkExt int
 }
 
 // Defaults for Limits.

@@ -158,6 +158,8 @@ var (
 		"Requests to the worker that failed (502, 504, truncated response).", []string{"slot", "url"}, nil)
 	dWorkerInFlight = prometheus.NewDesc("tether_worker_in_flight",
 		"Requests in flight to the worker (its load for routing and /get_loads).", []string{"slot", "url"}, nil)
+	dWorkerQueued = prometheus.NewDesc("tether_worker_queued",
+		"Requests waiting in the worker's queue (it is at its max_in_flight).", []string{"slot", "url"}, nil)
 	dWorkerBytes = prometheus.NewDesc("tether_worker_bytes_total",
 		"Bytes relayed to (up) and from (down) the worker, heads included.", []string{"slot", "url", "direction"}, nil)
 	dWorkerRetries = prometheus.NewDesc("tether_worker_retries_total",
@@ -198,6 +200,12 @@ var (
 		"Requests answered by tetherd itself on the data port (/health, control endpoints).", nil, nil)
 	dProxyErrors = prometheus.NewDesc("tether_proxy_errors_total",
 		"Data-plane failures by reason.", []string{"reason"}, nil)
+	dProxyOpen = prometheus.NewDesc("tether_proxy_connections_open",
+		"Client connections open in this process (capped by --max-conns).", nil, nil)
+	dProxyAcceptPauses = prometheus.NewDesc("tether_proxy_accept_pauses_total",
+		"Episodes in which accepting paused: at --max-conns, or accept failing (out of descriptors).", nil, nil)
+	dProxyQueued = prometheus.NewDesc("tether_proxy_queued",
+		"Requests waiting in a worker's queue now.", nil, nil)
 	dProxyBuffers = prometheus.NewDesc("tether_proxy_buffers",
 		"16 KiB connection buffers held now (idle keep-alive connections hold none).", nil, nil)
 )
@@ -206,7 +214,8 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{dWorkerRequests, dWorkerErrors, dWorkerInFlight, dWorkerBytes,
 		dWorkerRetries, dWorkerConns, dWorkerHealthy, dWorkerState, dWorkers, dPanic, dPanicEntered,
 		dDecisions, dLearned, dListenerActive, dListenerAccepted, dListenerClosed, dListenerSelected,
-		dListenerMigrated, dSteeringFallbacks, dProxyAccepted, dProxyRequests, dProxyLocal, dProxyErrors, dProxyBuffers} {
+		dListenerMigrated, dSteeringFallbacks, dProxyAccepted, dProxyRequests, dProxyLocal, dProxyErrors, dProxyBuffers,
+		dWorkerQueued, dProxyOpen, dProxyAcceptPauses, dProxyQueued} {
 		ch <- d
 	}
 }
@@ -240,6 +249,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- counter(dWorkerRequests, s.Requests, slot, w.URL)
 			ch <- counter(dWorkerErrors, s.Errors, slot, w.URL)
 			ch <- gauge(dWorkerInFlight, float64(s.InFlight), slot, w.URL)
+			ch <- gauge(dWorkerQueued, float64(w.Queued()), slot, w.URL)
 			ch <- counter(dWorkerBytes, s.BytesUp, slot, w.URL, "up")
 			ch <- counter(dWorkerBytes, s.BytesDown, slot, w.URL, "down")
 			ch <- gauge(dWorkerConns, float64(s.Conns), slot, w.URL)
@@ -310,6 +320,12 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- counter(dProxyErrors, p.Timeouts.Load(), "timeout")
 		ch <- counter(dProxyErrors, p.Truncated.Load(), "truncated")
 		ch <- counter(dProxyErrors, p.ClientAborted.Load(), "client_aborted")
+		ch <- counter(dProxyErrors, p.QueueFull.Load(), "queue_full")
+		ch <- counter(dProxyErrors, p.QueueTimeouts.Load(), "queue_timeout")
+		ch <- counter(dProxyErrors, p.LocalBusy.Load(), "local_busy")
 		ch <- gauge(dProxyBuffers, float64(p.Buffers.Load()))
+		ch <- gauge(dProxyOpen, float64(p.Open.Load()))
+		ch <- counter(dProxyAcceptPauses, p.AcceptPauses.Load())
+		ch <- gauge(dProxyQueued, float64(p.Queued.Load()))
 	}
 }

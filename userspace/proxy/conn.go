@@ -392,6 +392,9 @@ type exchange struct {
 // request again.
 func (c *conn) proxy(w *route.Worker, learn *route.Learner, reroutable bool) (keep, refused bool) {
 	x := exchange{w: w, isHead: c.req.IsMethod("HEAD"), learn: learn, reroutable: reroutable}
+	if adm := c.admit(w); adm != route.Admitted {
+		return c.notAdmitted(adm), false
+	}
 	var start time.Time
 	if c.s.cfg.Observe != nil {
 		start = time.Now()
@@ -399,6 +402,7 @@ func (c *conn) proxy(w *route.Worker, learn *route.Learner, reroutable bool) (ke
 	w.Stats.Begin()
 	keep = c.proxyExchange(&x)
 	w.Stats.End(x.failed)
+	w.Leave()
 	if x.learn != nil && !x.refused {
 		c.learn = nil
 		x.learn.End()
@@ -422,6 +426,46 @@ func (c *conn) proxy(w *route.Worker, learn *route.Learner, reroutable bool) (ke
 		c.ubuf = nil
 	}
 	return keep, x.refused
+}
+
+// admit takes a place among w's requests in flight (route.Worker.Admit):
+// at once under its max_in_flight, else after a wait in its queue while
+// the client is watched, so a client that leaves frees its place in line.
+func (c *conn) admit(w *route.Worker) route.Admission {
+	cfg := &c.s.cfg
+	if w.MaxInFlight() == 0 && w.Queued() == 0 {
+		return w.Admit(cfg.QueueSize, cfg.QueueTimeout, nil)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c.s.counters.Queued.Add(1)
+	c.watchLocal(cancel)
+	adm := w.Admit(cfg.QueueSize, cfg.QueueTimeout, ctx.Done())
+	c.stopWatch()
+	cancel()
+	c.s.counters.Queued.Add(-1)
+	c.c.SetReadDeadline(time.Time{})
+	return adm
+}
+
+// notAdmitted answers a request that got no place with its worker: 503
+// with Retry-After (nothing was sent: safe to retry), or nothing if the
+// client left. It reports whether the connection may go on.
+func (c *conn) notAdmitted(adm route.Admission) bool {
+	switch adm {
+	case route.QueueLeft:
+		c.s.counters.ClientAborted.Add(1)
+		return false
+	case route.QueueFull:
+		c.s.counters.QueueFull.Add(1)
+	case route.QueueTimeout:
+		c.s.counters.QueueTimeouts.Add(1)
+	}
+	// The body was not read: the connection cannot go on after it.
+	keep := c.req.KeepAlive && !c.req.HasBody()
+	if c.writeClient(pick(busyResponse, !keep)) == nil && c.req.HasBody() {
+		c.lingerClose()
+	}
+	return keep
 }
 
 // refusedOrFail ends an exchange whose worker could not be connected to
@@ -499,7 +543,7 @@ func (c *conn) proxyExchange(x *exchange) bool {
 	// Body bytes already buffered behind the head go in the same write,
 	// unless the client waits for 100 Continue.
 	waitContinue := req.Expect100 && req.HasBody()
-	var sc httphead.Chunked
+	sc := httphead.Chunked{ExtLimit: cfg.Limits.ChunkExt}
 	var sent int64 // Content-Length body bytes sent
 	if !waitContinue {
 		out, sent, err = c.appendBuffered(out, &sc, 0)

@@ -47,6 +47,16 @@ var errorResponses = func() map[int][2][]byte {
 	return m
 }()
 
+// busyResponse answers a request whose worker is at its max_in_flight with
+// a full queue, or whose wait in the queue timed out (conn.notAdmitted).
+var busyResponse = buildErrorWith(503, "worker busy: at its max_in_flight and its queue is full or the wait timed out; nothing was sent",
+	"Retry-After: 1\r\n"+UpstreamStateHeader+": not-sent\r\n")
+
+// localBusyResponse answers a request for one of tetherd's own endpoints
+// whose body would take the bodies held at once past
+// Config.LocalBodyBudget.
+var localBusyResponse = buildErrorWith(503, "busy: too many request bodies held for local endpoints; retry", "Retry-After: 1\r\n")
+
 // badTargetResponse answers an X-SMG-Target-Worker that names no worker.
 var badTargetResponse = buildError(400, "X-SMG-Target-Worker names no worker")
 

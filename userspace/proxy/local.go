@@ -187,6 +187,24 @@ func (c *conn) serveLocal(h http.Handler) bool {
 		hr.Header.Add(string(f.Name), string(f.Value))
 	}
 	isHead := req.IsMethod("HEAD")
+	// Bodies held at once across connections are capped: a request that
+	// would pass Config.LocalBodyBudget gets 503 before its body is read.
+	// The place is given back as soon as the handler is done with the
+	// body, before the answer goes out.
+	held := localReserve(req)
+	if held > 0 && c.s.localBytes.Add(held) > c.s.cfg.LocalBodyBudget {
+		c.s.localBytes.Add(-held)
+		c.s.counters.LocalBusy.Add(1)
+		if c.writeClient(localBusyResponse[1]) == nil {
+			c.lingerClose()
+		}
+		return false
+	}
+	unhold := func() {
+		c.s.localBytes.Add(-held)
+		held = 0
+	}
+	defer unhold()
 	body, err := c.readLocalBody()
 	if err != nil {
 		if e, ok := err.(*httphead.Error); ok {
@@ -205,6 +223,8 @@ func (c *conn) serveLocal(h http.Handler) bool {
 	// A client that leaves cancels the handler (abort waves, fan-outs).
 	c.watchLocal(cancel)
 	panicked := c.runLocal(h, lw, hr)
+	hr.Body, body = nil, nil
+	unhold()
 	gone := c.stopWatch()
 	c.watchStop = nil
 	if gone {
@@ -237,6 +257,21 @@ func (c *conn) serveLocal(h http.Handler) bool {
 		return false
 	}
 	return keep
+}
+
+// localReserve is what a local request's body may hold: its
+// Content-Length, or MaxLocalBody for a chunked one (its size is known only
+// once read).
+func localReserve(req *httphead.Request) int64 {
+	switch {
+	case req.Chunked:
+		return MaxLocalBody
+	case req.ContentLength > MaxLocalBody:
+		return 0 // refused with 413 by readLocalBody, nothing held
+	case req.ContentLength > 0:
+		return req.ContentLength
+	}
+	return 0
 }
 
 // runLocal runs a local handler; a panic in it (a bug) costs this request,

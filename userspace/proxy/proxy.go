@@ -22,7 +22,6 @@ import (
 
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/route"
-	"github.com/tether-rl/tether/userspace/stats"
 	"github.com/tether-rl/tether/userspace/upstream"
 )
 
@@ -58,6 +57,24 @@ type Config struct {
 	// IOTimeout bounds every body read or write that makes no progress;
 	// default 120s.
 	IOTimeout time.Duration
+	// MaxConns caps the client connections open at once (0: no cap). At
+	// the cap the accept loops pause: new connections wait in the
+	// kernel's accept queue until one closes, rather than failing for
+	// want of descriptors (DefaultMaxConns derives it from the fd limit).
+	MaxConns int
+	// QueueSize: a request whose worker is at its max_in_flight waits in
+	// that worker's queue, up to this many per worker; past it, or after
+	// QueueTimeout, it gets 503 with Retry-After. 0: 1024; negative: no
+	// queue (503 at once).
+	QueueSize int
+	// QueueTimeout bounds a request's wait in a worker's queue; default
+	// 30s.
+	QueueTimeout time.Duration
+	// LocalBodyBudget caps the bytes held at once, across all
+	// connections, by the bodies of requests tetherd answers itself
+	// (each at most MaxLocalBody): past it such a request gets 503 with
+	// Retry-After instead of raising RSS. Default 64 MiB.
+	LocalBodyBudget int64
 	// SpliceMin: body remainders of at least this many bytes move with
 	// splice(2); smaller ones are copied through the buffer. Default 16 KiB
 	// (see docs/ARCHITECTURE.md for the measurement).
@@ -94,6 +111,17 @@ func (c *Config) setDefaults() {
 	if c.IOTimeout <= 0 {
 		c.IOTimeout = 120 * time.Second
 	}
+	if c.QueueSize == 0 {
+		c.QueueSize = 1024
+	} else if c.QueueSize < 0 {
+		c.QueueSize = 0
+	}
+	if c.QueueTimeout <= 0 {
+		c.QueueTimeout = 30 * time.Second
+	}
+	if c.LocalBodyBudget <= 0 {
+		c.LocalBodyBudget = 64 << 20
+	}
 	if c.SpliceMin <= 0 {
 		c.SpliceMin = 16 << 10
 	}
@@ -120,12 +148,19 @@ type Rerouter interface {
 type Server struct {
 	cfg Config
 
-	mu          sync.Mutex
-	conns       map[*conn]struct{}
-	listeners   map[net.Listener]struct{}
-	wg          sync.WaitGroup // connections
-	accepting   sync.WaitGroup // accept loops (Serve)
-	closing     atomic.Bool
+	mu        sync.Mutex
+	conns     map[*conn]struct{}
+	listeners map[net.Listener]struct{}
+	wg        sync.WaitGroup // connections
+	accepting sync.WaitGroup // accept loops (Serve)
+	closing   atomic.Bool
+	// open counts client connections admitted (accept.go): at
+	// Config.MaxConns the accept loops wait on freed.
+	open        int
+	freed       *sync.Cond // signalled (under mu) when a connection ends or the server closes
+	freedGen    uint64     // connections ended (under mu)
+	pausedAt    atomic.Int64
+	localBytes  atomic.Int64 // local-endpoint body bytes held now (Config.LocalBodyBudget)
 	localLogged atomic.Int64 // last logLocalShortage line (UnixNano)
 	// idleGrace (ns): while shutting down gently, a keep-alive connection
 	// is closed only once idle this long (ShutdownGently).
@@ -149,12 +184,26 @@ type Counters struct {
 	// Buffers is how many 16 KiB buffers the server's connections hold
 	// now: idle ones hold none (TestIdleConnectionsHoldNoBuffer).
 	Buffers atomic.Int64
+	// Open is how many client connections are open now; AcceptPauses
+	// counts the episodes in which accepting paused (connection cap
+	// reached, or accept failing for want of descriptors).
+	Open         atomic.Int64
+	AcceptPauses atomic.Uint64
+	// Queued is how many requests wait in a worker's queue now;
+	// QueueFull and QueueTimeouts count the 503s of full and expired
+	// queues; LocalBusy the local requests refused by LocalBodyBudget.
+	Queued        atomic.Int64
+	QueueFull     atomic.Uint64
+	QueueTimeouts atomic.Uint64
+	LocalBusy     atomic.Uint64
 }
 
 // New returns a server.
 func New(cfg Config) *Server {
 	cfg.setDefaults()
-	return &Server{cfg: cfg, conns: make(map[*conn]struct{}), listeners: make(map[net.Listener]struct{})}
+	s := &Server{cfg: cfg, conns: make(map[*conn]struct{}), listeners: make(map[net.Listener]struct{})}
+	s.freed = sync.NewCond(&s.mu)
+	return s
 }
 
 // logLocalShortage logs a connect that failed for want of this host's
@@ -172,72 +221,6 @@ func (s *Server) logLocalShortage(err error) {
 
 // Counters returns the server's counters.
 func (s *Server) Counters() *Counters { return &s.counters }
-
-var noSlot = new(stats.Slot)
-
-// Serve accepts connections on ln until it is closed, counting them in
-// slot (which may be nil). It returns nil when ln was closed.
-func (s *Server) Serve(ln net.Listener, slot *stats.Slot) error {
-	if slot == nil {
-		slot = noSlot
-	}
-	s.mu.Lock()
-	if s.closing.Load() {
-		s.mu.Unlock()
-		return nil
-	}
-	s.listeners[ln] = struct{}{}
-	s.accepting.Add(1)
-	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		delete(s.listeners, ln)
-		s.mu.Unlock()
-		s.accepting.Done()
-	}()
-	var backoff time.Duration
-	for {
-		nc, err := ln.Accept()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) || s.closing.Load() {
-				return nil
-			}
-			// EMFILE and friends: back off instead of spinning.
-			if backoff == 0 {
-				backoff = 5 * time.Millisecond
-			} else if backoff < time.Second {
-				backoff *= 2
-			}
-			s.cfg.Log.Warn("accept failed", "err", err, "retry_in", backoff)
-			time.Sleep(backoff)
-			continue
-		}
-		backoff = 0
-		tc, ok := nc.(*net.TCPConn)
-		if !ok {
-			nc.Close()
-			continue
-		}
-		s.counters.Accepted.Add(1)
-		slot.Opened()
-		c := newConn(s, tc)
-		s.mu.Lock()
-		s.conns[c] = struct{}{}
-		s.wg.Add(1)
-		s.mu.Unlock()
-		go func() {
-			defer slot.Finished()
-			c.serve()
-		}()
-	}
-}
-
-func (s *Server) forget(c *conn) {
-	s.mu.Lock()
-	delete(s.conns, c)
-	s.mu.Unlock()
-	s.wg.Done()
-}
 
 // Shutdown stops accepting, closes idle connections, lets every request in
 // progress finish (answering it with Connection: close), and waits for
@@ -262,6 +245,7 @@ func (s *Server) ShutdownGently(ctx context.Context, idleGrace time.Duration) er
 	for c := range s.conns {
 		c.wakeIfIdle(idleGrace)
 	}
+	s.freed.Broadcast()
 	s.mu.Unlock()
 	done := make(chan struct{})
 	go func() {
@@ -302,6 +286,7 @@ func (s *Server) Close() {
 	for c := range s.conns {
 		c.c.Close()
 	}
+	s.freed.Broadcast()
 	s.mu.Unlock()
 }
 

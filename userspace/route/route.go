@@ -55,6 +55,7 @@ type Worker struct {
 	// maxInFlight: at or above this many requests in flight the worker
 	// takes no new keys (0: no limit).
 	maxInFlight atomic.Uint64
+	gate        gate // holds requests in flight to maxInFlight (gate.go)
 }
 
 // WorkerID is the identity of the worker at url in sticky entries: 32 bits
@@ -82,8 +83,14 @@ func (w *Worker) Ident() uint32 {
 func (w *Worker) MaxInFlight() uint64 { return w.maxInFlight.Load() }
 
 // SetMaxInFlight sets the worker's capacity: at or above n requests in
-// flight it takes no new keys; 0 removes the limit.
-func (w *Worker) SetMaxInFlight(n uint64) { w.maxInFlight.Store(n) }
+// flight it takes no new keys, and a request routed to it waits in its
+// queue (Admit); 0 removes the limit. A raised limit lets waiters in.
+func (w *Worker) SetMaxInFlight(n uint64) {
+	w.maxInFlight.Store(n)
+	w.gate.mu.Lock()
+	w.handOffLocked()
+	w.gate.mu.Unlock()
+}
 
 // full reports whether the worker is at or above limit requests in flight
 // (limit 0: never).

@@ -1,0 +1,193 @@
+package proxy
+
+import (
+	"errors"
+	"net"
+	"syscall"
+	"time"
+
+	"github.com/tether-rl/tether/userspace/stats"
+)
+
+// Accepting: the connection cap and accept failures.
+//
+// At Config.MaxConns open connections an accept loop stops calling
+// accept(2) until a connection ends: new connections wait in the kernel's
+// accept queue (and, past its backlog, SYNs are retried by the client's
+// kernel), as with HAProxy's maxconn. A failing accept (EMFILE, ENFILE,
+// ENOBUFS) backs off, 5 ms doubling to 500 ms, or until a connection ends,
+// whichever comes first: never a spin. Each of the two is logged once per
+// episode, when it begins and when it ends, not once per connection.
+
+// fdsPerConn: what one busy client connection can hold: its socket, an
+// upstream socket, and a splice pipe (two descriptors).
+const fdsPerConn = 4
+
+// fdReserve: descriptors kept for everything else (listeners, admin, health
+// checks, BPF maps, spawned workers' pipes, logs).
+const fdReserve = 256
+
+// DefaultMaxConns is the connection cap that keeps busy connections within
+// a descriptor limit of nofile: (nofile - 256) / 4, at least 16. Go raises
+// the soft RLIMIT_NOFILE to the hard one at start, so nofile is usually
+// the hard limit (systemd's LimitNOFILE).
+func DefaultMaxConns(nofile uint64) int {
+	if nofile < fdReserve+16*fdsPerConn {
+		return 16
+	}
+	n := (nofile - fdReserve) / fdsPerConn
+	if n > 1<<30 {
+		n = 1 << 30
+	}
+	return int(n)
+}
+
+// NoFile returns this process's soft descriptor limit (0 if unknown).
+func NoFile() uint64 {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
+		return 0
+	}
+	return rl.Cur
+}
+
+var noSlot = new(stats.Slot)
+
+// Serve accepts connections on ln until it is closed, counting them in
+// slot (which may be nil). It returns nil when ln was closed.
+func (s *Server) Serve(ln net.Listener, slot *stats.Slot) error {
+	if slot == nil {
+		slot = noSlot
+	}
+	s.mu.Lock()
+	if s.closing.Load() {
+		s.mu.Unlock()
+		return nil
+	}
+	s.listeners[ln] = struct{}{}
+	s.accepting.Add(1)
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.listeners, ln)
+		s.mu.Unlock()
+		s.accepting.Done()
+	}()
+	var (
+		backoff  time.Duration
+		failing  time.Time // first failure of the current episode
+		failures int
+	)
+	for {
+		if !s.admit() {
+			return nil
+		}
+		nc, err := ln.Accept()
+		if err != nil {
+			s.unadmit()
+			if errors.Is(err, net.ErrClosed) || s.closing.Load() {
+				return nil
+			}
+			if failures == 0 {
+				failing = time.Now()
+				s.counters.AcceptPauses.Add(1)
+				s.cfg.Log.Error("accept failing, backing off (too many open files? raise LimitNOFILE / ulimit -n, or lower --max-conns)",
+					"err", err, "open", s.counters.Open.Load())
+			}
+			failures++
+			if backoff == 0 {
+				backoff = 5 * time.Millisecond
+			} else if backoff < 500*time.Millisecond {
+				backoff *= 2
+			}
+			s.waitFreed(backoff)
+			continue
+		}
+		if failures > 0 {
+			s.cfg.Log.Warn("accept resumed", "failures", failures, "after", time.Since(failing).Round(time.Millisecond))
+			failures, backoff = 0, 0
+		}
+		tc, ok := nc.(*net.TCPConn)
+		if !ok {
+			nc.Close()
+			s.unadmit()
+			continue
+		}
+		s.counters.Accepted.Add(1)
+		s.counters.Open.Add(1)
+		slot.Opened()
+		c := newConn(s, tc)
+		s.mu.Lock()
+		s.conns[c] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go func() {
+			defer slot.Finished()
+			c.serve()
+		}()
+	}
+}
+
+// admit reserves a place for the next accepted connection, waiting while
+// the server is at Config.MaxConns; false when the server is closing.
+func (s *Server) admit() bool {
+	max := s.cfg.MaxConns
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for max > 0 && s.open >= max && !s.closing.Load() {
+		if s.pausedAt.Load() == 0 {
+			s.pausedAt.Store(time.Now().UnixNano())
+			s.counters.AcceptPauses.Add(1)
+			s.cfg.Log.Warn("connection limit reached: accepting paused, new connections wait in the kernel's queue",
+				"max_conns", max)
+		}
+		s.freed.Wait()
+	}
+	if s.closing.Load() {
+		return false
+	}
+	if at := s.pausedAt.Load(); at != 0 {
+		s.pausedAt.Store(0)
+		s.cfg.Log.Info("accepting resumed", "max_conns", max, "paused", time.Duration(time.Now().UnixNano()-at).Round(time.Millisecond))
+	}
+	s.open++ // a place reserved for the connection Accept will return
+	return true
+}
+
+// unadmit gives back a place that admit reserved.
+func (s *Server) unadmit() {
+	s.mu.Lock()
+	s.open--
+	s.freed.Broadcast()
+	s.mu.Unlock()
+}
+
+// waitFreed waits until a connection ends, the server closes, or d
+// passes.
+func (s *Server) waitFreed(d time.Duration) {
+	fired := false
+	t := time.AfterFunc(d, func() {
+		s.mu.Lock()
+		fired = true
+		s.freed.Broadcast()
+		s.mu.Unlock()
+	})
+	s.mu.Lock()
+	for gen := s.freedGen; s.freedGen == gen && !fired && !s.closing.Load(); {
+		s.freed.Wait()
+	}
+	s.mu.Unlock()
+	t.Stop()
+}
+
+// forget removes an ended connection and gives back its place.
+func (s *Server) forget(c *conn) {
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.open--
+	s.counters.Open.Add(-1)
+	s.freedGen++
+	s.freed.Broadcast()
+	s.mu.Unlock()
+	s.wg.Done()
+}
