@@ -384,6 +384,10 @@ type exchange struct {
 	// route/learn.go); lsc frames its view of a chunked body.
 	learn *route.Learner
 	lsc   httphead.Chunked
+	// closeDelimited: the client's copy of the response body ends at the
+	// connection's close (the worker's did, or an HTTP/1.0 client gets a
+	// chunked body dechunked).
+	closeDelimited bool
 }
 
 // proxy forwards the parsed request to w and relays the response. With
@@ -924,6 +928,8 @@ func (c *conn) relayResponse(x *exchange, uw int, bodyRead bool) bool {
 	cfg := &c.s.cfg
 	kind := resp.Body(x.isHead)
 	dechunk := kind == httphead.BodyChunked && req.Minor == 0
+	// The client's body ends at the close: a cut one must end in a reset.
+	x.closeDelimited = kind == httphead.BodyClose || dechunk
 	keep := req.KeepAlive && bodyRead && kind != httphead.BodyClose && !c.s.closing.Load()
 	// An unread request body (early answer to Expect) leaves the upstream
 	// connection mid-message: never reuse it.
@@ -1012,6 +1018,12 @@ func (c *conn) bodyFailed(x *exchange, err error) bool {
 	}
 	x.failed = true
 	c.s.counters.Truncated.Add(1)
+	if x.closeDelimited {
+		// A body framed by the close would look complete after a FIN:
+		// a reset (SO_LINGER 0) is the only way to show the cut. Bytes
+		// already queued to the client arrive before the error.
+		c.c.SetLinger(0)
+	}
 	return false
 }
 

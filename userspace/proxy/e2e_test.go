@@ -25,6 +25,10 @@ import (
 // TestMain fails the package when a test leaves goroutines or file
 // descriptors behind.
 func TestMain(m *testing.M) {
+	if os.Getenv(faultBackendEnv) != "" {
+		faultBackend() // a worker process for fault_process_test.go
+		return
+	}
 	// Start the network poller first: its descriptors are not a leak.
 	if ln, err := net.Listen("tcp4", "127.0.0.1:0"); err == nil {
 		ln.Close()
