@@ -73,6 +73,20 @@ func (l *logWatch) wait(t *testing.T, re string) string {
 	}
 }
 
+// count returns how many lines match re.
+func (l *logWatch) count(re string) int {
+	rx := regexp.MustCompile(re)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, line := range l.lines {
+		if rx.MatchString(line) {
+			n++
+		}
+	}
+	return n
+}
+
 func children(ppid int) []int {
 	var out []int
 	ents, _ := os.ReadDir("/proc")

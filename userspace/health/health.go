@@ -234,7 +234,11 @@ func (c *Checker) check(w *route.Worker) {
 		default:
 		}
 		cancel()
-		if !stopped {
+		// A check that could not even open its socket (this host is out
+		// of descriptors or ports) is no verdict on the worker.
+		if !stopped && err != nil && upstream.LocalShortage(err) {
+			c.opts.Log.Debug("health check skipped: local resources exhausted", "slot", w.Slot, "err", err)
+		} else if !stopped {
 			c.reg.Report(w, err == nil, err, false)
 			if err != nil {
 				c.opts.Log.Debug("health check failed", "slot", w.Slot, "url", w.URL, "err", err)

@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"net"
+	"sync"
 	"syscall"
 	"time"
 
@@ -51,6 +52,61 @@ func NoFile() uint64 {
 	return rl.Cur
 }
 
+// episodeQuiet: a condition that has not come back for this long is over
+// (its end is logged); one that comes back sooner continues its episode.
+const episodeQuiet = time.Second
+
+// episode logs a condition that flaps (each freed descriptor lets one
+// accept through, and the next fails) once when it begins and once when
+// it has been over for episodeQuiet, however often it flaps in between.
+type episode struct {
+	mu     sync.Mutex
+	active bool
+	since  time.Time
+	count  int
+	end    *time.Timer
+}
+
+// begin records one occurrence; true when it starts a new episode.
+func (e *episode) begin() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.count++
+	if e.end != nil && e.end.Stop() {
+		e.end = nil
+		return false // it came back before the episode was declared over
+	}
+	if e.active {
+		return false
+	}
+	e.active, e.since, e.count = true, time.Now(), 1
+	return true
+}
+
+// over says the condition ended; done runs, with the occurrences and the
+// episode's length, once it stays ended for episodeQuiet.
+func (e *episode) over(done func(n int, d time.Duration)) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.active {
+		return
+	}
+	if e.end != nil {
+		e.end.Stop()
+	}
+	e.end = time.AfterFunc(episodeQuiet, func() {
+		e.mu.Lock()
+		if !e.active {
+			e.mu.Unlock()
+			return
+		}
+		e.active, e.end = false, nil
+		n, d := e.count, time.Since(e.since)
+		e.mu.Unlock()
+		done(n, d)
+	})
+}
+
 var noSlot = new(stats.Slot)
 
 // Serve accepts connections on ln until it is closed, counting them in
@@ -73,11 +129,7 @@ func (s *Server) Serve(ln net.Listener, slot *stats.Slot) error {
 		s.mu.Unlock()
 		s.accepting.Done()
 	}()
-	var (
-		backoff  time.Duration
-		failing  time.Time // first failure of the current episode
-		failures int
-	)
+	var backoff time.Duration
 	for {
 		if !s.admit() {
 			return nil
@@ -88,13 +140,11 @@ func (s *Server) Serve(ln net.Listener, slot *stats.Slot) error {
 			if errors.Is(err, net.ErrClosed) || s.closing.Load() {
 				return nil
 			}
-			if failures == 0 {
-				failing = time.Now()
+			if s.acceptFailing.begin() {
 				s.counters.AcceptPauses.Add(1)
 				s.cfg.Log.Error("accept failing, backing off (too many open files? raise LimitNOFILE / ulimit -n, or lower --max-conns)",
 					"err", err, "open", s.counters.Open.Load())
 			}
-			failures++
 			if backoff == 0 {
 				backoff = 5 * time.Millisecond
 			} else if backoff < 500*time.Millisecond {
@@ -103,9 +153,11 @@ func (s *Server) Serve(ln net.Listener, slot *stats.Slot) error {
 			s.waitFreed(backoff)
 			continue
 		}
-		if failures > 0 {
-			s.cfg.Log.Warn("accept resumed", "failures", failures, "after", time.Since(failing).Round(time.Millisecond))
-			failures, backoff = 0, 0
+		if backoff != 0 {
+			backoff = 0
+			s.acceptFailing.over(func(n int, d time.Duration) {
+				s.cfg.Log.Warn("accept resumed", "failures", n, "after", d.Round(time.Millisecond))
+			})
 		}
 		tc, ok := nc.(*net.TCPConn)
 		if !ok {
@@ -134,21 +186,23 @@ func (s *Server) admit() bool {
 	max := s.cfg.MaxConns
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	paused := false
 	for max > 0 && s.open >= max && !s.closing.Load() {
-		if s.pausedAt.Load() == 0 {
-			s.pausedAt.Store(time.Now().UnixNano())
+		if !paused && s.capped.begin() {
 			s.counters.AcceptPauses.Add(1)
 			s.cfg.Log.Warn("connection limit reached: accepting paused, new connections wait in the kernel's queue",
 				"max_conns", max)
 		}
+		paused = true
 		s.freed.Wait()
 	}
 	if s.closing.Load() {
 		return false
 	}
-	if at := s.pausedAt.Load(); at != 0 {
-		s.pausedAt.Store(0)
-		s.cfg.Log.Info("accepting resumed", "max_conns", max, "paused", time.Duration(time.Now().UnixNano()-at).Round(time.Millisecond))
+	if paused {
+		s.capped.over(func(n int, d time.Duration) {
+			s.cfg.Log.Info("accepting resumed", "max_conns", max, "pauses", n, "over", d.Round(time.Millisecond))
+		})
 	}
 	s.open++ // a place reserved for the connection Accept will return
 	return true

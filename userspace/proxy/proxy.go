@@ -156,12 +156,14 @@ type Server struct {
 	closing   atomic.Bool
 	// open counts client connections admitted (accept.go): at
 	// Config.MaxConns the accept loops wait on freed.
-	open        int
-	freed       *sync.Cond // signalled (under mu) when a connection ends or the server closes
-	freedGen    uint64     // connections ended (under mu)
-	pausedAt    atomic.Int64
-	localBytes  atomic.Int64 // local-endpoint body bytes held now (Config.LocalBodyBudget)
-	localLogged atomic.Int64 // last logLocalShortage line (UnixNano)
+	open     int
+	freed    *sync.Cond // signalled (under mu) when a connection ends or the server closes
+	freedGen uint64     // connections ended (under mu)
+	// capped and acceptFailing: the episodes of accepting paused at
+	// MaxConns and of accept failing, logged once each (accept.go).
+	capped, acceptFailing episode
+	localBytes            atomic.Int64 // local-endpoint body bytes held now (Config.LocalBodyBudget)
+	localLogged           atomic.Int64 // last logLocalShortage line (UnixNano)
 	// idleGrace (ns): while shutting down gently, a keep-alive connection
 	// is closed only once idle this long (ShutdownGently).
 	idleGrace atomic.Int64

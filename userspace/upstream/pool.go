@@ -88,10 +88,10 @@ var ErrLocal = errors.New("local resources exhausted")
 // pool of the process.
 var LocalFailures atomic.Uint64
 
-// localShortage reports whether a dial error is this host's shortage:
+// LocalShortage reports whether a dial error is this host's shortage:
 // EMFILE / ENFILE (descriptors), ENOBUFS / ENOMEM, EADDRNOTAVAIL (no
-// ephemeral port left).
-func localShortage(err error) bool {
+// ephemeral port left). Such a failure says nothing about the worker.
+func LocalShortage(err error) bool {
 	for _, e := range []error{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.EADDRNOTAVAIL} {
 		if errors.Is(err, e) {
 			return true
@@ -154,7 +154,7 @@ func (p *Pool) Dial(ctx context.Context) (*Conn, error) {
 func (p *Pool) dial(ctx context.Context) (*Conn, error) {
 	nc, err := p.dialer.DialContext(ctx, "tcp", p.addr)
 	if err != nil {
-		if localShortage(err) {
+		if LocalShortage(err) {
 			LocalFailures.Add(1)
 			return nil, fmt.Errorf("connect %s: %w: %w", p.addr, ErrLocal, err)
 		}
