@@ -8,7 +8,7 @@ FUZZTIME ?= 30s
 PREFIX  ?= /usr/local
 DESTDIR ?=
 
-.PHONY: all build run test vet check-generate generate bench fuzz clean install
+.PHONY: all build run test vet check-generate generate bench soak fuzz clean install
 
 all: build
 
@@ -46,6 +46,13 @@ check-generate:
 BENCHFLAGS ?=
 bench:
 	$(GO) run ./cmd/tether-bench $(BENCHFLAGS)
+
+# Overload and fault scenarios (slowloris, 10,000 idle connections, slow
+# readers, 8 GiB up and down, a descriptor limit) on tetherd and nginx,
+# with figures: bench/soak-latest.md.
+SOAKFLAGS ?=
+soak:
+	$(GO) run ./cmd/tether-bench -phases soak -only tetherd,nginx -out bench/soak-latest.md $(SOAKFLAGS)
 
 # Every fuzz target in the tree (found by name, so a new one is never left
 # out), FUZZTIME each. `make test` runs them for FUZZTIME_CI each; a crash

@@ -47,6 +47,7 @@ type options struct {
 	balanceL     int
 	ctlArgs      []string
 	tetherdExtra []string
+	soakGB       int
 }
 
 // durationFlag accepts "5", "5s", "1500ms".
@@ -93,7 +94,8 @@ func parseFlags() options {
 	flag.IntVar(&o.conns, "conns", 64, "wrk connections")
 	flag.IntVar(&o.threads, "threads", 2, "wrk threads")
 	flag.StringVar(&only, "only", "", "comma list of targets: "+strings.Join(allTargets, ",")+" (direct, the baseline, always runs)")
-	flag.StringVar(&phases, "phases", "rps,bodies,balance,restart", "comma list of phases to run")
+	flag.StringVar(&phases, "phases", "rps,bodies,balance,restart", "comma list of phases to run (also: soak, the overload and fault scenarios of make soak)")
+	flag.IntVar(&o.soakGB, "soak-gb", 8, "body size in GiB for the soak's big-body scenario")
 	flag.IntVar(&o.bodyMB, "body-mb", 16, "body size in MiB for the upload/download phase")
 	flag.IntVar(&o.bodyN, "body-n", 1000, "max transfers per target and direction (the time bound -body-d usually ends first)")
 	flag.Var(durationFlag{&o.bodyDur}, "body-d", "max time per target, direction and run")
@@ -236,6 +238,9 @@ func run(o options) (code int) {
 	nt := len(allTargets)
 	budget := time.Duration(o.runs*nt)*(o.dur+o.warmup+3*time.Second) +
 		time.Duration(2*nt*o.runs)*(o.bodyDur+20*time.Second) + o.dur + 10*time.Minute
+	if o.phases["soak"] {
+		budget += 15*time.Minute + time.Duration(o.soakGB)*30*time.Second
+	}
 	watchdog := time.AfterFunc(budget, func() {
 		logf("watchdog: harness exceeded %v, killing everything", budget)
 		m.cleanup()
@@ -274,6 +279,7 @@ type bench struct {
 	workerProcs []*proc
 	ids         [][]string // per worker session ids
 
+	soaking bool // the soak phase runs: tetherd gets --head-timeout like nginx's client_header_timeout
 	targets []*target
 	failed  bool // a target that should run could not start
 	notes   []string
@@ -469,6 +475,10 @@ func (b *bench) startTetherd(name string, extra ...string) (*instance, error) {
 		if b.tetherdFlags["admin"] {
 			// The admin API defaults to a fixed port; the bench needs none.
 			args = append(args, "--admin", "off")
+		}
+		if b.soaking {
+			// As nginx's client_header_timeout and worker_connections.
+			args = append(args, "--head-timeout", soakHeadTimeout.String(), "--max-conns", "16384")
 		}
 		if b.tetherdFlags["shutdown-grace"] {
 			args = append(args, "--shutdown-grace", "2s")
@@ -855,10 +865,16 @@ func (b *bench) main() int {
 	if b.o.phases["restart"] && b.ctx.Err() == nil {
 		restarts = b.phaseRestart()
 	}
+	var soaks []soakRow
+	if b.o.phases["soak"] && b.ctx.Err() == nil {
+		b.soaking = true
+		soaks = b.phaseSoak()
+	}
 	report := b.report(bal)
 	if b.o.phases["restart"] {
 		report += restartReport(restarts)
 	}
+	report += soakReport(soaks)
 	fmt.Println(report)
 	if b.o.out != "-" {
 		if err := os.MkdirAll(filepath.Dir(b.o.out), 0o755); err == nil {

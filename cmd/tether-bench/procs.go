@@ -59,6 +59,7 @@ type manager struct {
 	closing bool
 	keepTmp bool
 	hooks   []func()
+	noFile  int // >0: processes start under ulimit -n noFile
 
 	cleanOnce sync.Once
 }
@@ -93,6 +94,11 @@ func (m *manager) start(name, bin string, args ...string) (*proc, error) {
 	lf, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
+	}
+	if m.noFile > 0 {
+		// Under a descriptor limit (the soak's fd-limit scenario).
+		args = append([]string{"-c", fmt.Sprintf(`ulimit -n %d && exec "$0" "$@"`, m.noFile), bin}, args...)
+		bin = "/bin/sh"
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout = lf

@@ -68,7 +68,7 @@ func parse(args []string) (*cli, error) {
 	fs.DurationVar(&opts.IOTimeout, "io-timeout", 120*time.Second, "a request or response body that makes no progress this long ends the exchange")
 	fs.DurationVar(&opts.StreamIdleTimeout, "stream-idle-timeout", 5*time.Minute, "a streamed response (SSE, chunked) whose worker sends nothing this long is cut, visibly to the client (a stopped engine frees its clients)")
 	fs.Int64Var(&opts.MaxBodyBytes, "max-body-bytes", 16<<30, "largest request body in bytes (RL bodies are large): a Content-Length above it gets 413 before anything is forwarded, a chunked body growing past it is cut with 413; 0: no limit")
-	fs.IntVar(&opts.MaxConns, "max-conns", 0, "most client connections open at once; at it, accepting pauses and new connections wait in the kernel's queue (0: (descriptor limit - 256) / 4)")
+	fs.IntVar(&opts.MaxConns, "max-conns", 0, "most client connections open at once; at it, accepting pauses and new connections wait in the kernel's queue (0: (descriptor limit - 256) / 2)")
 	fs.IntVar(&opts.MaxQueue, "max-queue", 1024, "requests that may wait per worker once it is at its max_in_flight; more: 503 with Retry-After (-1: no queue)")
 	fs.DurationVar(&opts.QueueTimeout, "queue-timeout", 30*time.Second, "longest wait in a worker's queue; then 503 with Retry-After")
 	fs.Int64Var(&opts.LocalBodyBudget, "local-body-budget", 64<<20, "bytes the bodies of requests tetherd answers itself (abort, flush, admin on the data port) may hold at once, across connections; past it: 503 with Retry-After")

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/userspace/demo"
 	"github.com/tether-rl/tether/userspace/registry"
 	"github.com/tether-rl/tether/userspace/route"
@@ -574,4 +575,116 @@ func TestAdminSlowBodyCut(t *testing.T) {
 func isTimeoutErr(err error) bool {
 	ne, ok := err.(net.Error)
 	return ok && ne.Timeout()
+}
+
+// The admin API under bad input and contention: every malformed call gets
+// a clear 4xx and changes nothing; 100 parallel add/remove calls over the
+// legacy and REST endpoints leave one consistent table (unique slots, each
+// URL once, the registry's view equal to the routing table's).
+func TestAdminUnderBadInputAndContention(t *testing.T) {
+	d := ctlDaemon(t, Options{Demo: 1})
+	admin := "http://" + d.AdminAddr()
+	before := ctlDo(t, "GET", admin+"/list_workers", "").body
+	for _, tc := range []struct{ method, path, body string }{
+		{"POST", "/workers", `{"url":`},
+		{"POST", "/workers", `[1,2,3]`},
+		{"POST", "/workers", `{"url":"ftp://x"}`},
+		{"POST", "/workers", `{"url":"http://"}`},
+		{"POST", "/workers", `{"url":"http://a b:1"}`},
+		{"POST", "/workers", `{"url":"http://127.0.0.1:99999"}`},
+		{"POST", "/workers", `{"url":"http://127.0.0.1:1","max_in_flight":-1}`},
+		{"POST", "/workers", `{"url":"http://127.0.0.1:1"} trailing`},
+		{"POST", "/workers", `{"url":"http://127.0.0.1:1","worker_type":"prefill"}`},
+		{"POST", "/add_worker?url=", ""},
+		{"POST", "/add_worker?url=%zz", ""},
+		{"POST", "/remove_worker?url=http://127.0.0.1:1", ""},
+		{"DELETE", "/workers/99", ""},
+		{"DELETE", "/workers/not-an-id", ""},
+		{"POST", "/workers/99/drain", ""},
+		{"PATCH", "/workers/0", `{"max_in_flight":"many"}`},
+		{"PATCH", "/workers/0", `{}`},
+		{"POST", "/workers", strings.Repeat("x", 2<<20)},
+	} {
+		r := ctlDo(t, tc.method, admin+tc.path, tc.body)
+		if r.status < 400 || r.status >= 500 {
+			t.Errorf("%s %s %.40q: %d %s, want a 4xx", tc.method, tc.path, tc.body, r.status, r.body)
+		}
+		if len(r.body) == 0 || !strings.Contains(string(r.body), "error") && !strings.Contains(string(r.body), "message") {
+			t.Errorf("%s %s %.40q: %d without a message: %q", tc.method, tc.path, tc.body, r.status, r.body)
+		}
+	}
+	if after := ctlDo(t, "GET", admin+"/list_workers", "").body; string(after) != string(before) {
+		t.Fatalf("bad input changed the table: %s → %s", before, after)
+	}
+
+	var urls []string
+	for i := range 10 {
+		urls = append(urls, startDemo(t, i+1).URL())
+	}
+	done := make(chan struct{})
+	for i := range 100 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			u := urls[i%len(urls)]
+			var method, path, body string
+			switch i % 4 {
+			case 0:
+				method, path = "POST", "/add_worker?url="+url.QueryEscape(u)
+			case 1:
+				method, path, body = "POST", "/workers", `{"url":"`+u+`"}`
+			case 2:
+				method, path = "POST", "/remove_worker?url="+url.QueryEscape(u)
+			case 3:
+				method, path = "DELETE", "/workers/"+url.PathEscape(u)
+			}
+			r := ctlDo(t, method, admin+path, body)
+			if r.status >= 500 && r.status != 503 {
+				t.Errorf("%s %s: %d %s", method, path, r.status, r.body)
+			}
+		}()
+	}
+	for range 100 {
+		<-done
+	}
+	// Settled: no add pending any more, then one consistent view.
+	var l struct{ Workers []registry.Info }
+	testenv.WaitFor(t, "no pending adds", func() bool {
+		ctlDo(t, "GET", admin+"/workers", "").json(t, &l)
+		for _, w := range l.Workers {
+			if w.State == registry.StatePending {
+				return false
+			}
+		}
+		return true
+	})
+	slots, seen := map[int]bool{}, map[string]bool{}
+	for _, w := range l.Workers {
+		if w.State == registry.StateRemoved {
+			continue // retiring: out of the table, its slot not free yet
+		}
+		if slots[w.Slot] || seen[w.URL] {
+			t.Fatalf("slot %d or url %s twice: %+v", w.Slot, w.URL, l.Workers)
+		}
+		slots[w.Slot], seen[w.URL] = true, true
+		rw := d.Table.Get(w.Slot)
+		if rw == nil || rw.URL != w.URL {
+			t.Fatalf("registry has %s in slot %d (%s), the routing table %v", w.URL, w.Slot, w.State, rw)
+		}
+	}
+	n := 0
+	for _, rw := range d.Table.Snapshot() {
+		if rw != nil {
+			n++
+			if !seen[rw.URL] {
+				t.Fatalf("routing table has %s, the registry does not", rw.URL)
+			}
+		}
+	}
+	if n != len(seen) {
+		t.Fatalf("routing table %d workers, registry %d", n, len(seen))
+	}
+	// Still serving.
+	if r := ctlDo(t, "GET", "http://"+d.Addr()+"/health", ""); r.status != 200 {
+		t.Fatalf("health after the storm: %d", r.status)
+	}
 }

@@ -20,16 +20,17 @@ import (
 // whichever comes first: never a spin. Each of the two is logged once per
 // episode, when it begins and when it ends, not once per connection.
 
-// fdsPerConn: what one busy client connection can hold: its socket, an
-// upstream socket, and a splice pipe (two descriptors).
-const fdsPerConn = 4
+// fdsPerConn: what one busy client connection holds: its socket and an
+// upstream socket (a splice pipe is held only during a splice call, and
+// an idle keep-alive connection holds one), as HAProxy counts maxconn.
+const fdsPerConn = 2
 
 // fdReserve: descriptors kept for everything else (listeners, admin, health
 // checks, BPF maps, spawned workers' pipes, logs).
 const fdReserve = 256
 
 // DefaultMaxConns is the connection cap that keeps busy connections within
-// a descriptor limit of nofile: (nofile - 256) / 4, at least 16. Go raises
+// a descriptor limit of nofile: (nofile - 256) / 2, at least 16. Go raises
 // the soft RLIMIT_NOFILE to the hard one at start, so nofile is usually
 // the hard limit (systemd's LimitNOFILE).
 func DefaultMaxConns(nofile uint64) int {
