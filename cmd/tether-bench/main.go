@@ -320,6 +320,8 @@ type rpsSample struct {
 	p50, p99            time.Duration
 	requests            int64
 	cpuUsPerReq         float64 // proxy; NaN-free: -1 when n/a
+	syscallsPerReq      float64 // proxy, counted by perf; -1 when n/a
+	switchesPerReq      float64 // proxy context switches, by perf; -1 when n/a
 	workerUsPerReq      float64
 	errSocket, errState int64
 }
@@ -477,8 +479,12 @@ func (b *bench) startTetherd(name string, extra ...string) (*instance, error) {
 			args = append(args, "--admin", "off")
 		}
 		if b.soaking {
-			// As nginx's client_header_timeout and worker_connections.
-			args = append(args, "--head-timeout", soakHeadTimeout.String(), "--max-conns", "16384")
+			// As nginx's client_header_timeout and worker_connections
+			// (under a descriptor limit, the default derived from it).
+			args = append(args, "--head-timeout", soakHeadTimeout.String())
+			if b.m.noFile == 0 {
+				args = append(args, "--max-conns", "16384")
+			}
 		}
 		if b.tetherdFlags["shutdown-grace"] {
 			args = append(args, "--shutdown-grace", "2s")
@@ -637,9 +643,31 @@ func (b *bench) phaseRPS() {
 				_, _ = runWrk(b.ctx, b.wrkBin, url, scripts[t.name], o.threads, o.conns, o.warmup)
 			}
 			pids := in.pids()
+			// System calls and context switches, counted by perf over the
+			// middle of the measured run (not for direct: its process is
+			// the worker).
+			type counts struct {
+				sys, cs, span float64
+				ok            bool
+			}
+			perfc := make(chan counts, 1)
+			if len(pids) > 0 && o.dur >= 2*time.Second {
+				go func() {
+					select {
+					case <-time.After(500 * time.Millisecond):
+					case <-b.ctx.Done():
+					}
+					span := o.dur - time.Second
+					sys, cs, ok := perfCounts(b.ctx, pids, span)
+					perfc <- counts{sys, cs, span.Seconds(), ok}
+				}()
+			} else {
+				perfc <- counts{}
+			}
 			c0, w0 := treeTicks(pids...), b.workerTicks()
 			res, err := runWrk(b.ctx, b.wrkBin, url, scripts[t.name], o.threads, o.conns, o.dur)
 			c1, w1 := treeTicks(pids...), b.workerTicks()
+			pc := <-perfc
 			b.collectLogNote(t, in)
 			in.stop()
 			if err != nil {
@@ -651,7 +679,11 @@ func (b *bench) phaseRPS() {
 				continue
 			}
 			s := rpsSample{run: run, rps: res.rps, p50: res.p50, p99: res.p99, requests: res.requests,
-				errSocket: res.errSocket, errState: res.errStatus, cpuUsPerReq: -1}
+				errSocket: res.errSocket, errState: res.errStatus, cpuUsPerReq: -1, syscallsPerReq: -1, switchesPerReq: -1}
+			if pc.ok && res.rps > 0 {
+				s.syscallsPerReq = pc.sys / (res.rps * pc.span)
+				s.switchesPerReq = pc.cs / (res.rps * pc.span)
+			}
 			if res.requests > 0 {
 				if len(pids) > 0 {
 					s.cpuUsPerReq = float64(c1-c0) * (1e6 / clockTicks) / float64(res.requests)
@@ -663,8 +695,8 @@ func (b *bench) phaseRPS() {
 			if s.cpuUsPerReq >= 0 {
 				cpu = fmt.Sprintf("%.1f", s.cpuUsPerReq)
 			}
-			logf("run %d/%d %-14s %9.0f req/s  p99 %-9v proxy CPU %s µs/req  workers %.1f µs/req  errors %d/%d",
-				run, o.runs, t.name, s.rps, s.p99, cpu, s.workerUsPerReq, s.errSocket, s.errState)
+			logf("run %d/%d %-14s %9.0f req/s  p99 %-9v proxy CPU %s µs/req  syscalls %.2f/req  ctx switches %.2f/req  workers %.1f µs/req  errors %d/%d",
+				run, o.runs, t.name, s.rps, s.p99, cpu, s.syscallsPerReq, s.switchesPerReq, s.workerUsPerReq, s.errSocket, s.errState)
 		}
 	}
 }

@@ -29,6 +29,7 @@ type rpsSummary struct {
 	ok                   bool
 	rps, p50ms, p99ms    float64
 	cpu, workerCPU       float64 // µs/req, cpu -1 when n/a
+	syscalls, switches   float64 // per request, by perf; -1 when n/a
 	errSocket, errStatus int64
 	runs                 []float64
 }
@@ -38,18 +39,21 @@ func summarize(t *target) rpsSummary {
 	if len(t.rps) == 0 {
 		return s
 	}
-	var rps, p50, p99, cpu, wcpu []float64
+	var rps, p50, p99, cpu, wcpu, sys, cs []float64
 	for _, x := range t.rps {
 		rps = append(rps, x.rps)
 		p50 = append(p50, float64(x.p50)/float64(time.Millisecond))
 		p99 = append(p99, float64(x.p99)/float64(time.Millisecond))
 		cpu = append(cpu, x.cpuUsPerReq)
+		sys = append(sys, x.syscallsPerReq)
+		cs = append(cs, x.switchesPerReq)
 		wcpu = append(wcpu, x.workerUsPerReq)
 		s.errSocket += x.errSocket
 		s.errStatus += x.errState
 	}
 	s.ok = true
 	s.rps, s.p50ms, s.p99ms, s.cpu, s.workerCPU = median(rps), median(p50), median(p99), median(cpu), median(wcpu)
+	s.syscalls, s.switches = median(sys), median(cs)
 	s.runs = rps
 	return s
 }
@@ -113,6 +117,7 @@ func (b *bench) report(bal balanceResult) string {
 		fmt.Fprintf(&w, "- steering: %s\n", b.steerNote)
 	}
 	fmt.Fprintf(&w, "- CPU: utime+stime of the proxy's process tree from /proc (10 ms ticks); workers' CPU shown for context\n")
+	fmt.Fprintf(&w, "- syscalls and context switches per request: `perf stat -e raw_syscalls:sys_enter,context-switches` on the proxy's processes over the middle %v of each measured run, divided by the requests wrk counted in that span (n/a without perf)\n", o.dur-time.Second)
 	for _, t := range b.targets {
 		switch {
 		case t.skip != "":
@@ -128,8 +133,8 @@ func (b *bench) report(bal balanceResult) string {
 	sums := map[string]rpsSummary{}
 	if o.phases["rps"] {
 		fmt.Fprintf(&w, "\n## Keep-alive requests (%d connections)\n\n", o.conns)
-		fmt.Fprintf(&w, "| target | req/s | p50 ms | p99 ms | proxy CPU µs/req | workers CPU µs/req | socket errs / non-2xx | req/s per run |\n")
-		fmt.Fprintf(&w, "|---|---:|---:|---:|---:|---:|---:|---|\n")
+		fmt.Fprintf(&w, "| target | req/s | p50 ms | p99 ms | proxy CPU µs/req | syscalls/req | ctx switches/req | workers CPU µs/req | socket errs / non-2xx | req/s per run |\n")
+		fmt.Fprintf(&w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 		for _, t := range b.targets {
 			s := summarize(t)
 			sums[t.name] = s
@@ -140,7 +145,14 @@ func (b *bench) report(bal balanceResult) string {
 			if s.cpu >= 0 {
 				cpu = fmt.Sprintf("%.1f", s.cpu)
 			}
-			fmt.Fprintf(&w, "| %s | %.0f | %.2f | %.2f | %s | %.1f | %d / %d | %s |\n", t.name, s.rps, s.p50ms, s.p99ms, cpu, s.workerCPU, s.errSocket, s.errStatus, fmtList(s.runs, 0))
+			perfCell := func(v float64) string {
+				if v < 0 {
+					return "n/a"
+				}
+				return fmt.Sprintf("%.2f", v)
+			}
+			fmt.Fprintf(&w, "| %s | %.0f | %.2f | %.2f | %s | %s | %s | %.1f | %d / %d | %s |\n", t.name, s.rps, s.p50ms, s.p99ms, cpu,
+				perfCell(s.syscalls), perfCell(s.switches), s.workerCPU, s.errSocket, s.errStatus, fmtList(s.runs, 0))
 		}
 		td := b.targetByName("tetherd")
 		cpuOf := func(x rpsSample) float64 { return x.cpuUsPerReq }

@@ -26,18 +26,20 @@ import (
 const fdsPerConn = 2
 
 // fdReserve: descriptors kept for everything else (listeners, admin, health
-// checks, BPF maps, spawned workers' pipes, logs).
-const fdReserve = 256
+// checks, BPF maps, spawned workers' pipes, logs): 256, or an eighth of a
+// small limit.
+func fdReserve(nofile uint64) uint64 { return min(256, nofile/8) }
 
 // DefaultMaxConns is the connection cap that keeps busy connections within
-// a descriptor limit of nofile: (nofile - 256) / 2, at least 16. Go raises
-// the soft RLIMIT_NOFILE to the hard one at start, so nofile is usually
-// the hard limit (systemd's LimitNOFILE).
+// a descriptor limit of nofile: (nofile - reserve) / 2, at least 16, the
+// reserve 256 or an eighth of a small limit. Go raises the soft
+// RLIMIT_NOFILE to the hard one at start, so nofile is usually the hard
+// limit (systemd's LimitNOFILE).
 func DefaultMaxConns(nofile uint64) int {
-	if nofile < fdReserve+16*fdsPerConn {
+	n := (nofile - fdReserve(nofile)) / fdsPerConn
+	if n < 16 {
 		return 16
 	}
-	n := (nofile - fdReserve) / fdsPerConn
 	if n > 1<<30 {
 		n = 1 << 30
 	}

@@ -334,7 +334,7 @@ func TestDefaultMaxConns(t *testing.T) {
 	for _, tc := range []struct {
 		nofile uint64
 		want   int
-	}{{0, 16}, {256, 16}, {1024, 384}, {65536, 32640}, {1 << 20, 524160}, {1 << 62, 1 << 30}} {
+	}{{0, 16}, {64, 28}, {256, 112}, {1024, 448}, {20000, 9872}, {1 << 20, 524160}, {1 << 62, 1 << 30}} {
 		if got := DefaultMaxConns(tc.nofile); got != tc.want {
 			t.Errorf("DefaultMaxConns(%d) = %d, want %d", tc.nofile, got, tc.want)
 		}
