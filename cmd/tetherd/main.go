@@ -38,6 +38,12 @@ func main() {
 	}
 }
 
+// defaultListeners is one listener per CPU, as many as the steering maps
+// have slots: a host with more CPUs than that starts with default flags
+// (each listener's accept loop is a goroutine, not a thread: the Go
+// runtime spreads them over every CPU anyway).
+func defaultListeners(cpus int) int { return max(1, min(cpus, stats.MaxSlots)) }
+
 // cli is what the command line and the config file say.
 type cli struct {
 	fs           *flag.FlagSet
@@ -76,7 +82,7 @@ func parse(args []string) (*cli, error) {
 	fs.IntVar(&opts.Limits.Head, "max-head-bytes", httphead.DefaultHead, "largest request head in bytes; larger: 431")
 	fs.IntVar(&opts.Limits.ChunkExt, "max-chunk-ext-bytes", httphead.MaxChunkExtBytes, "most chunk-extension bytes in one chunked request body; more: 400")
 	fs.IntVar(&opts.Limits.Fields, "max-header-fields", httphead.DefaultFields, "most header fields in a request; more: 431")
-	fs.IntVar(&opts.Listeners, "listeners", runtime.NumCPU(), "listener sockets in the SO_REUSEPORT group")
+	fs.IntVar(&opts.Listeners, "listeners", defaultListeners(runtime.NumCPU()), fmt.Sprintf("listener sockets in the SO_REUSEPORT group (default: one per CPU, at most %d)", stats.MaxSlots))
 	fs.StringVar(&opts.BPF, "bpf", "auto", "BPF listener steering: auto (fall back to the kernel hash with one warning), required, or off")
 	fs.StringVar(&opts.PinDir, "bpf-pin-dir", "", "bpffs directory for the pinned maps (default /sys/fs/bpf/tether/v<ABI>)")
 	fs.DurationVar(&c.grace, "shutdown-grace", 30*time.Second, "on SIGTERM, time given to requests in progress")
@@ -102,7 +108,7 @@ func parse(args []string) (*cli, error) {
 	if err := controlDone(fs.Args()); err != nil {
 		return nil, err
 	}
-	if opts.Listeners < 1 {
+	if opts.Listeners < 1 || opts.Listeners > stats.MaxSlots {
 		return nil, fmt.Errorf("--listeners %d: want 1..%d", opts.Listeners, stats.MaxSlots)
 	}
 	if c.grace < 0 {

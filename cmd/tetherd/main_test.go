@@ -20,6 +20,7 @@ import (
 
 	"github.com/tether-rl/tether/userspace/daemon"
 	"github.com/tether-rl/tether/userspace/demo"
+	"github.com/tether-rl/tether/userspace/stats"
 )
 
 func build(t *testing.T, dir, pkg string) string {
@@ -194,6 +195,23 @@ func TestTetherdSpawnReloadStop(t *testing.T) {
 
 // Out-of-range values are refused with the flag named, whether the command
 // line or the config file gives them.
+// A host with more CPUs than listener slots starts with default flags; an
+// explicit count past the slots is refused with the bound.
+func TestListenersFitBigHosts(t *testing.T) {
+	for cpus, want := range map[int]int{1: 1, 2: 2, 64: 64, 65: 64, 384: 64} {
+		if got := defaultListeners(cpus); got != want {
+			t.Errorf("defaultListeners(%d) = %d, want %d", cpus, got, want)
+		}
+	}
+	c, err := parse([]string{"--listen", "127.0.0.1:0"})
+	if err != nil || c.opts.Listeners < 1 || c.opts.Listeners > stats.MaxSlots {
+		t.Fatalf("default listeners: %v %v", c, err)
+	}
+	if _, err := parse([]string{"--listeners", strconv.Itoa(stats.MaxSlots + 1)}); err == nil || !strings.Contains(err.Error(), strconv.Itoa(stats.MaxSlots)) {
+		t.Fatalf("--listeners %d: %v, want a refusal naming the bound", stats.MaxSlots+1, err)
+	}
+}
+
 func TestBadValuesRefused(t *testing.T) {
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "c.json")
