@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/tether-rl/tether/userspace/cluster"
 	"io"
 	"net/http"
 	"os"
@@ -28,6 +29,8 @@ type Status struct {
 	// routing decisions by reason. RoutingError says why it is missing.
 	Routing      *RoutingStatus `json:"routing,omitempty"`
 	RoutingError string         `json:"routing_error,omitempty"`
+	// Cluster is the admin API's GET /cluster (cluster mode only).
+	Cluster *cluster.Status `json:"cluster,omitempty"`
 }
 
 // RoutingStatus is the admin API's GET /routing.
@@ -100,6 +103,12 @@ func status(w io.Writer, pinDir string, asJSON bool, ac *adminClient) error {
 		st.Routing, err = readRouting(ac)
 		if err != nil {
 			st.RoutingError = err.Error()
+		}
+		if body, err := ac.do("GET", "/cluster", nil); err == nil {
+			var cs cluster.Status
+			if json.Unmarshal(body, &cs) == nil {
+				st.Cluster = &cs
+			}
 		}
 	}
 	if asJSON {
@@ -193,7 +202,25 @@ func (st *Status) print(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	return st.printRouting(w)
+	if err := st.printRouting(w); err != nil {
+		return err
+	}
+	return st.printCluster(w)
+}
+
+// printCluster says whether the etcd link is up (cluster mode).
+func (st *Status) printCluster(w io.Writer) error {
+	c := st.Cluster
+	if c == nil {
+		return nil
+	}
+	link := "UP"
+	if !c.Up {
+		link = "DOWN: routing on the last table seen, admin writes answer 503 (" + c.LastError + ")"
+	}
+	_, err := fmt.Fprintf(w, "\nCLUSTER %s: link %s; %d workers at revision %d; %d changes applied, %d bad entries skipped\n",
+		c.Name, link, c.Workers, c.Revision, c.Applied, c.Skipped)
+	return err
 }
 
 // printRouting prints the routing decisions with a nonzero count: how many

@@ -18,7 +18,7 @@ import (
 // DefaultAdmin is tetherd's default admin API (tetherd --admin).
 const DefaultAdmin = "http://127.0.0.1:8081"
 
-const workersUsage = "workers list|add URL|remove ID|drain ID [--admin URL] [--token T] [--json]"
+const workersUsage = "workers list|add URL|remove ID|drain ID [--admin URL] [--token T] [--json]\n          workers register URL --cluster etcd://HOST:PORT [--cluster-name N] [--lease 10s]  keep URL in a cluster's table while this runs"
 
 // cmdWorkers manages tetherd's workers over its admin API:
 //
@@ -28,9 +28,12 @@ const workersUsage = "workers list|add URL|remove ID|drain ID [--admin URL] [--t
 //	tetherctl workers drain ID          no new sessions; existing ones go on
 func cmdWorkers(args []string, stdout io.Writer) error {
 	if len(args) == 0 {
-		return usagef("want a subcommand: list, add, remove or drain")
+		return usagef("want a subcommand: list, add, remove, drain or register")
 	}
 	sub := args[0]
+	if sub == "register" {
+		return cmdRegister(args[1:], stdout)
+	}
 	fs := flag.NewFlagSet("workers "+sub, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	admin := fs.String("admin", DefaultAdmin, "tetherd's admin API")
@@ -100,7 +103,7 @@ func cmdWorkers(args []string, stdout io.Writer) error {
 		}
 		return printOne(stdout, body, *asJSON, "draining")
 	}
-	return usagef("unknown subcommand %q: want list, add, remove or drain", sub)
+	return usagef("unknown subcommand %q: want list, add, remove, drain or register", sub)
 }
 
 type adminClient struct {

@@ -235,6 +235,9 @@ func TestBadValuesRefused(t *testing.T) {
 		{[]string{"--hash-spill-ttl=-1s"}, "hash-spill-ttl"},
 		{[]string{"--learn-session-path=sessions"}, "learn-session-path"},
 		{[]string{"--learn-session-ttl=-1s"}, "learn-session-ttl"},
+		{[]string{"--cluster", "http://127.0.0.1:2379"}, "cluster"},
+		{[]string{"--cluster-name", "x"}, "cluster"},
+		{[]string{"--cluster", "etcd://127.0.0.1:2379", "--cluster-name", "a/b"}, "cluster-name"},
 	} {
 		args := append([]string{"--listen", "127.0.0.1:0", "--bpf", "off", "--demo", "1"}, tc.args...)
 		c, err := parse(args)

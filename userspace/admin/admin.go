@@ -25,6 +25,7 @@
 package admin
 
 import (
+	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
@@ -42,14 +43,30 @@ import (
 // Config configures the admin API.
 type Config struct {
 	Registry *registry.Registry
-	Metrics  http.Handler // GET /metrics; nil: 404
-	Health   http.Handler // GET /health on the admin listener; nil: {"status":"ok"}
+	// Writer changes the worker table: nil, the registry itself (one
+	// host); in cluster mode the cluster replica, which writes etcd and
+	// returns once the change is applied here.
+	Writer  Writer
+	Metrics http.Handler // GET /metrics; nil: 404
+	Health  http.Handler // GET /health on the admin listener; nil: {"status":"ok"}
 	// Routing returns what GET /routing answers (JSON); nil: 404.
 	Routing func() any
+	// Cluster returns what GET /cluster answers (the etcd link's state);
+	// nil (not in cluster mode): 404.
+	Cluster func() any
 	// Token, when set, is required as "Authorization: Bearer TOKEN" on
 	// every endpoint, wherever it is served.
 	Token string
 	Log   *slog.Logger
+}
+
+// Writer is what changes the worker table.
+type Writer interface {
+	Add(ctx context.Context, url string, origin registry.Origin) (registry.Info, error)
+	Remove(id string) (registry.Info, error)
+	Drain(id string) (registry.Info, error)
+	Undrain(id string) (registry.Info, error)
+	SetCapacity(url string, n uint64) (string, error)
 }
 
 // Server is the admin API, an http.Handler.
@@ -67,6 +84,9 @@ func New(cfg Config) *Server {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
+	if cfg.Writer == nil {
+		cfg.Writer = cfg.Registry
+	}
 	s := &Server{cfg: cfg, mux: http.NewServeMux()}
 	if cfg.Token != "" {
 		s.token = []byte(cfg.Token)
@@ -83,6 +103,7 @@ func New(cfg Config) *Server {
 	m.HandleFunc("POST /workers/{id}/undrain", s.undrain)
 	m.HandleFunc("PATCH /workers/{id}", s.patch)
 	m.HandleFunc("GET /routing", s.routing)
+	m.HandleFunc("GET /cluster", s.cluster)
 	m.HandleFunc("GET /get_loads", s.loads)
 	m.HandleFunc("GET /v1/loads", s.loads)
 	m.HandleFunc("GET /metrics", s.metrics)
@@ -135,7 +156,7 @@ func IsAdminPath(path []byte) bool {
 		}
 	}
 	switch string(path) {
-	case "/add_worker", "/remove_worker", "/list_workers", "/workers", "/get_loads", "/v1/loads", "/metrics", "/routing":
+	case "/add_worker", "/remove_worker", "/list_workers", "/workers", "/get_loads", "/v1/loads", "/metrics", "/routing", "/cluster":
 		return true
 	}
 	const p = "/workers/"
@@ -307,12 +328,12 @@ func (s *Server) add(w http.ResponseWriter, r *http.Request) (registry.Info, boo
 	}
 	if spec.MaxInFlight != nil {
 		// Before the add: the worker routes with its capacity from the start.
-		if _, err := s.cfg.Registry.SetCapacity(spec.URL, *spec.MaxInFlight); err != nil {
+		if _, err := s.cfg.Writer.SetCapacity(spec.URL, *spec.MaxInFlight); err != nil {
 			s.fail(w, err)
 			return registry.Info{}, false
 		}
 	}
-	info, err := s.cfg.Registry.Add(r.Context(), spec.URL, registry.OriginAdmin)
+	info, err := s.cfg.Writer.Add(r.Context(), spec.URL, registry.OriginAdmin)
 	if errors.Is(err, registry.ErrDuplicate) {
 		// An engine restarted on the same host:port registers again: the
 		// routers this replaces treat that as a no-op, and clients call
@@ -353,7 +374,7 @@ func (s *Server) legacyRemove(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	info, err := s.cfg.Registry.Remove(u)
+	info, err := s.cfg.Writer.Remove(u)
 	if err != nil {
 		s.fail(w, err)
 		return
@@ -405,7 +426,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) delete(w http.ResponseWriter, r *http.Request) {
-	info, err := s.cfg.Registry.Remove(id(r))
+	info, err := s.cfg.Writer.Remove(id(r))
 	if err != nil {
 		s.fail(w, err)
 		return
@@ -438,7 +459,7 @@ func (s *Server) patch(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "nothing to change: want {\"max_in_flight\":N}")
 		return
 	}
-	if _, err := s.cfg.Registry.SetCapacity(info.URL, *req.MaxInFlight); err != nil {
+	if _, err := s.cfg.Writer.SetCapacity(info.URL, *req.MaxInFlight); err != nil {
 		s.fail(w, err)
 		return
 	}
@@ -458,8 +479,16 @@ func (s *Server) routing(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, s.cfg.Routing())
 }
 
+func (s *Server) cluster(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Cluster == nil {
+		writeError(w, http.StatusNotFound, "not in cluster mode (--cluster)")
+		return
+	}
+	writeJSON(w, http.StatusOK, s.cfg.Cluster())
+}
+
 func (s *Server) undrain(w http.ResponseWriter, r *http.Request) {
-	info, err := s.cfg.Registry.Undrain(id(r))
+	info, err := s.cfg.Writer.Undrain(id(r))
 	if err != nil {
 		s.fail(w, err)
 		return
@@ -468,7 +497,7 @@ func (s *Server) undrain(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) drain(w http.ResponseWriter, r *http.Request) {
-	info, err := s.cfg.Registry.Drain(id(r))
+	info, err := s.cfg.Writer.Drain(id(r))
 	if err != nil {
 		s.fail(w, err)
 		return

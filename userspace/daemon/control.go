@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tether-rl/tether/userspace/cluster"
 	"net"
 	"net/http"
 	"sync"
@@ -30,6 +31,12 @@ const DefaultAdmin = "127.0.0.1:8081"
 const originDemo registry.Origin = "demo" // --demo: removable, not reloaded
 
 type control struct {
+	// Cluster mode (cluster.go).
+	store     *cluster.Store
+	replica   *cluster.Replica
+	claimStop context.CancelFunc
+	claims    sync.WaitGroup
+
 	prober   registry.Prober
 	adminLn  net.Listener
 	adminSrv *http.Server
@@ -83,6 +90,9 @@ func (d *Daemon) newRegistry(opts Options, demos int) error {
 			}
 		}
 	}
+	if opts.Cluster != "" {
+		return d.startCluster(opts, opts.Workers)
+	}
 	static := len(opts.Workers) - demos
 	for i, u := range opts.Workers {
 		origin := registry.OriginConfig
@@ -107,14 +117,29 @@ func (d *Daemon) newControl(opts Options) error {
 		Proxy:     d.Proxy.Counters(),
 		Listeners: func() int { return len(d.lns) },
 		Steering:  d.steering,
+		Cluster: func() (bool, uint64, uint64, bool) {
+			st := d.ClusterStatus()
+			if st == nil {
+				return false, 0, 0, false
+			}
+			return st.Up, st.Applied, st.Skipped, true
+		},
 	})
 	for _, w := range d.Table.Snapshot() {
 		if w != nil {
 			d.Metrics.SetWorker(w)
 		}
 	}
+	var writer admin.Writer = d.Registry
+	var clusterStatus func() any
+	if d.ctl.replica != nil {
+		writer = d.ctl.replica
+		clusterStatus = func() any { return d.ClusterStatus() }
+	}
 	d.Admin = admin.New(admin.Config{
 		Registry: d.Registry,
+		Writer:   writer,
+		Cluster:  clusterStatus,
 		Metrics:  d.Metrics.Handler(),
 		Health:   http.HandlerFunc(d.serveAdminHealth),
 		Routing:  func() any { return d.RoutingCounts() },
@@ -313,6 +338,7 @@ func (d *Daemon) stopControl(ctx context.Context) {
 		if d.Health != nil {
 			d.Health.Stop()
 		}
+		d.stopCluster()
 		if d.Registry != nil {
 			d.Registry.Close()
 		}
@@ -363,9 +389,13 @@ func (d *Daemon) Reload(opts Options) error {
 		}
 		applies = append(applies, apply)
 	}
-	added, removed, err := d.Registry.Sync(opts.Workers)
-	if err != nil {
-		return err
+	var added, removed []string
+	if d.ctl.replica == nil {
+		if added, removed, err = d.Registry.Sync(opts.Workers); err != nil {
+			return err
+		}
+	} else if len(opts.Workers) > 0 {
+		d.log.Warn("cluster mode: the worker table is in etcd; a reload changes no worker (use the admin API or tetherctl workers)")
 	}
 	d.Router.SetBadSession(bad)
 	for _, apply := range applies {

@@ -75,6 +75,11 @@ type Options struct {
 	// engine endpoints (routing.go).
 	Routing RoutingOptions
 
+	// Cluster: etcd://HOST:PORT[,...]: the worker table lives in etcd,
+	// shared with every tetherd of the same ClusterName (cluster.go).
+	Cluster     string
+	ClusterName string
+
 	// Control plane (control.go). Zero values take the defaults.
 	Admin           string        // admin API address; "" turns it off (cmd/tetherd: DefaultAdmin)
 	AdminOnDataPort bool          // also serve the admin API on the data port
@@ -183,6 +188,9 @@ func (o *Options) checkRanges() error {
 func New(opts Options) (*Daemon, error) {
 	if opts.Log == nil {
 		opts.Log = slog.Default()
+	}
+	if err := checkCluster(&opts); err != nil {
+		return nil, err
 	}
 	if err := opts.checkRanges(); err != nil {
 		return nil, err

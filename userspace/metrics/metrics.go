@@ -52,6 +52,9 @@ type Sources struct {
 	Listeners func() int
 	// Steering returns the BPF program's decisions; ok=false without BPF.
 	Steering func() (s Steering, ok bool)
+	// Cluster returns the etcd link (up, changes applied, bad entries
+	// skipped); ok=false without --cluster.
+	Cluster func() (up bool, applied, skipped uint64, ok bool)
 }
 
 // Code classes passed to Observe: 0 when no response status was relayed
@@ -200,6 +203,12 @@ var (
 		"Requests answered by tetherd itself on the data port (/health, control endpoints).", nil, nil)
 	dProxyErrors = prometheus.NewDesc("tether_proxy_errors_total",
 		"Data-plane failures by reason.", []string{"reason"}, nil)
+	dClusterUp = prometheus.NewDesc("tether_cluster_up",
+		"1 while etcd answers (--cluster); 0: routing on the last table seen, admin writes answer 503.", nil, nil)
+	dClusterApplied = prometheus.NewDesc("tether_cluster_changes_applied_total",
+		"Changes of the cluster's worker table applied to this replica.", nil, nil)
+	dClusterSkipped = prometheus.NewDesc("tether_cluster_bad_entries_total",
+		"Entries under the cluster's prefix that could not be read (logged and skipped).", nil, nil)
 	dProxyOpen = prometheus.NewDesc("tether_proxy_connections_open",
 		"Client connections open in this process (capped by --max-conns).", nil, nil)
 	dProxyAcceptPauses = prometheus.NewDesc("tether_proxy_accept_pauses_total",
@@ -215,7 +224,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		dWorkerRetries, dWorkerConns, dWorkerHealthy, dWorkerState, dWorkers, dPanic, dPanicEntered,
 		dDecisions, dLearned, dListenerActive, dListenerAccepted, dListenerClosed, dListenerSelected,
 		dListenerMigrated, dSteeringFallbacks, dProxyAccepted, dProxyRequests, dProxyLocal, dProxyErrors, dProxyBuffers,
-		dWorkerQueued, dProxyOpen, dProxyAcceptPauses, dProxyQueued} {
+		dWorkerQueued, dProxyOpen, dProxyAcceptPauses, dProxyQueued, dClusterUp, dClusterApplied, dClusterSkipped} {
 		ch <- d
 	}
 }
@@ -309,6 +318,13 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 					ch <- counter(dSteeringFallbacks, v, reason)
 				}
 			}
+		}
+	}
+	if src.Cluster != nil {
+		if up, applied, skipped, ok := src.Cluster(); ok {
+			ch <- gauge(dClusterUp, b2f(up))
+			ch <- counter(dClusterApplied, applied)
+			ch <- counter(dClusterSkipped, skipped)
 		}
 	}
 	if p := src.Proxy; p != nil {

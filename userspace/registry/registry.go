@@ -40,6 +40,9 @@ const (
 	OriginConfig Origin = "config" // --worker, --demo or the config file; SIGHUP reconciles them
 	OriginAdmin  Origin = "admin"  // added through the admin API
 	OriginSpawn  Origin = "spawn"  // a process of --spawn; the supervisor owns it
+	// OriginCluster: in the cluster's table (etcd, --cluster), applied by
+	// the cluster replica; changed only through it.
+	OriginCluster Origin = "cluster"
 )
 
 // States reported by Info.State (route.State plus the registry's own).
@@ -642,6 +645,18 @@ func (r *Registry) addWait(ctx context.Context, e *entry) (Info, error) {
 	r.log.Info("worker added", "slot", info.Slot, "url", info.URL, "origin", info.Origin, "state", StateHealthy)
 	r.putHook(w)
 	return info, nil
+}
+
+// WaitHealthy probes url until it answers, ctx ends or the startup
+// timeout passes: the check an add makes before the worker takes a slot
+// (the cluster's add makes it on the adding replica).
+func (r *Registry) WaitHealthy(ctx context.Context, url string) error {
+	if r.opts.Probe == nil {
+		return errors.New("registry: no health prober")
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.opts.StartupTimeout)
+	defer cancel()
+	return r.waitHealthy(ctx, url)
 }
 
 // waitHealthy probes url until it answers or ctx ends.

@@ -1,0 +1,116 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/tether-rl/tether/userspace/cluster"
+	"github.com/tether-rl/tether/userspace/registry"
+)
+
+// Cluster mode (--cluster etcd://...): the worker table lives in etcd and
+// this tetherd is one replica of it (userspace/cluster, docs/cluster.md).
+
+// DefaultClusterName is the key prefix's name without --cluster-name.
+const DefaultClusterName = "default"
+
+// startCluster connects to etcd, starts applying the cluster's table to
+// the registry, and claims the start-up workers (--worker, --demo) in it.
+// An unreachable etcd is no error: the replica says the link is down and
+// the claims are retried in the background until it answers.
+func (d *Daemon) startCluster(opts Options, workers []string) error {
+	eps, err := cluster.ParseEndpoints(opts.Cluster)
+	if err != nil {
+		return err
+	}
+	name := opts.ClusterName
+	if name == "" {
+		name = DefaultClusterName
+	}
+	store, err := cluster.Dial(eps, name)
+	if err != nil {
+		return err
+	}
+	d.ctl.store = store
+	d.ctl.replica = cluster.NewReplica(store, d.Registry, d.log)
+	d.log.Info("cluster mode: the worker table is in etcd", "endpoints", eps, "name", name)
+	if len(workers) > 0 {
+		ctx, cancel := context.WithCancel(context.Background())
+		d.ctl.claimStop = cancel
+		d.ctl.claims.Add(1)
+		go func() {
+			defer d.ctl.claims.Done()
+			d.claimStartup(ctx, store, workers)
+		}()
+	}
+	return nil
+}
+
+// claimStartup claims each start-up worker's slot (one already claimed by
+// another replica is kept), retrying while etcd is unreachable.
+func (d *Daemon) claimStartup(ctx context.Context, store *cluster.Store, workers []string) {
+	left := append([]string(nil), workers...)
+	for len(left) > 0 && ctx.Err() == nil {
+		canon, _, err := registry.ParseURL(left[0])
+		if err == nil {
+			_, err = store.Claim(ctx, cluster.Spec{URL: canon}, 0)
+		}
+		switch {
+		case err == nil || errors.Is(err, cluster.ErrDuplicate):
+			left = left[1:]
+		case errors.Is(err, cluster.ErrUnavailable):
+			select {
+			case <-ctx.Done():
+			case <-time.After(500 * time.Millisecond):
+			}
+		default:
+			d.log.Error("cluster: start-up worker not claimed", "url", left[0], "err", err)
+			left = left[1:]
+		}
+	}
+}
+
+func (d *Daemon) stopCluster() {
+	if d.ctl.claimStop != nil {
+		d.ctl.claimStop()
+		d.ctl.claims.Wait()
+	}
+	if d.ctl.replica != nil {
+		d.ctl.replica.Close()
+	}
+	if d.ctl.store != nil {
+		d.ctl.store.Close()
+	}
+}
+
+// ClusterStatus is the cluster link's state (nil without --cluster).
+func (d *Daemon) ClusterStatus() *cluster.Status {
+	if d.ctl.replica == nil {
+		return nil
+	}
+	st := d.ctl.replica.Status()
+	return &st
+}
+
+func checkCluster(o *Options) error {
+	if o.Cluster == "" {
+		if o.ClusterName != "" {
+			return errors.New("--cluster-name without --cluster")
+		}
+		return nil
+	}
+	if _, err := cluster.ParseEndpoints(o.Cluster); err != nil {
+		return err
+	}
+	if o.ClusterName != "" {
+		if err := cluster.ValidName(o.ClusterName); err != nil {
+			return err
+		}
+	}
+	if o.Spawn > 0 {
+		return fmt.Errorf("--spawn and --cluster: spawned workers are local to one host; register them with 'tetherctl workers register' instead")
+	}
+	return nil
+}
