@@ -68,6 +68,7 @@ func parse(args []string) (*cli, error) {
 	fs.IntVar(&opts.Demo, "demo", 0, "start N built-in demo session workers on loopback and route to them")
 	fs.StringVar(&opts.Cluster, "cluster", "", "etcd://HOST:PORT[,HOST:PORT...]: keep the worker table in etcd, shared by every tetherd of the same --cluster-name (docs/cluster.md)")
 	fs.StringVar(&opts.ClusterName, "cluster-name", "", "the cluster's name, the key prefix /tether/<name>/ in etcd (default \"default\" with --cluster)")
+	fs.BoolVar(&opts.ClusterShareSessions, "cluster-share-sessions", false, "with --cluster: also write each new sticky assignment (learned session ids, sticky keys, spills) to etcd, so every replica routes the session the same way")
 	fs.StringVar(&opts.BadSession, "bad-session", "spread", "session id naming no worker: spread or reject (404)")
 	fs.DurationVar(&opts.ResponseTimeout, "response-timeout", 30*time.Minute, "wait for the first response byte before 504")
 	fs.Int64Var(&opts.SpliceMin, "splice-min", 16<<10, "body remainders of at least this many bytes move with splice(2), smaller ones are copied")

@@ -8,6 +8,7 @@ import (
 
 	"github.com/tether-rl/tether/userspace/cluster"
 	"github.com/tether-rl/tether/userspace/registry"
+	"github.com/tether-rl/tether/userspace/sticky"
 )
 
 // Cluster mode (--cluster etcd://...): the worker table lives in etcd and
@@ -72,6 +73,18 @@ func (d *Daemon) claimStartup(ctx context.Context, store *cluster.Store, workers
 	}
 }
 
+// shareSessions returns the wrapper that shares the sticky table through
+// etcd (--cluster-share-sessions), or nil.
+func (d *Daemon) shareSessions(opts Options) func(sticky.Table) sticky.Table {
+	if d.ctl.store == nil || !opts.ClusterShareSessions {
+		return nil
+	}
+	return func(t sticky.Table) sticky.Table {
+		d.ctl.shared = cluster.ShareSessions(d.ctl.store, t, d.log)
+		return d.ctl.shared
+	}
+}
+
 func (d *Daemon) stopCluster() {
 	if d.ctl.claimStop != nil {
 		d.ctl.claimStop()
@@ -96,8 +109,11 @@ func (d *Daemon) ClusterStatus() *cluster.Status {
 
 func checkCluster(o *Options) error {
 	if o.Cluster == "" {
-		if o.ClusterName != "" {
+		switch {
+		case o.ClusterName != "":
 			return errors.New("--cluster-name without --cluster")
+		case o.ClusterShareSessions:
+			return errors.New("--cluster-share-sessions without --cluster")
 		}
 		return nil
 	}
@@ -108,6 +124,9 @@ func checkCluster(o *Options) error {
 		if err := cluster.ValidName(o.ClusterName); err != nil {
 			return err
 		}
+	}
+	if o.ClusterShareSessions && o.Cluster == "" {
+		return errors.New("--cluster-share-sessions without --cluster")
 	}
 	if o.Spawn > 0 {
 		return fmt.Errorf("--spawn and --cluster: spawned workers are local to one host; register them with 'tetherctl workers register' instead")

@@ -424,3 +424,61 @@ func TestClusterReplicaKilled(t *testing.T) {
 	}
 	t.Logf("60 sessions, %d moved replica, all on their worker", moved)
 }
+
+// With --cluster-share-sessions a bare session id learned on one replica
+// routes to its creator through the others; without it, they do not know
+// it.
+func TestClusterSharedSessions(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	ds := replicas(t, etcd, 2, Options{ClusterShareSessions: true, BadSession: "reject"})
+	for _, u := range bareSessionServers(t, 3) {
+		if r := ctlDo(t, "POST", "http://"+ds[0].AdminAddr()+"/workers", `{"url":"`+u+`"}`); r.status != 200 {
+			t.Fatalf("add: %d %s", r.status, r.body)
+		}
+	}
+	waitWithin(t, "three workers on both", time.Second, func() bool { return sameTables(ds) && len(tableOf(ds[1])) == 3 })
+	type session struct{ id, engine string }
+	var ss []session
+	var lag []time.Duration
+	for range 30 {
+		r := ctlDo(t, "POST", "http://"+ds[0].Addr()+"/sessions", "")
+		var s struct {
+			SessionID string `json:"session_id"`
+		}
+		r.json(t, &s)
+		created := time.Now()
+		ss = append(ss, session{s.SessionID, r.header.Get("X-Engine")})
+		// Through B: the first turn may race the copy; it lands within a
+		// second.
+		testenv.WaitFor(t, "the session known to B", func() bool {
+			r := ctlDo(t, "POST", "http://"+ds[1].Addr()+"/sessions/"+s.SessionID+"/turn", "{}")
+			return r.status == 200
+		})
+		lag = append(lag, time.Since(created))
+	}
+	for _, s := range ss {
+		for _, d := range ds {
+			r := ctlDo(t, "POST", "http://"+d.Addr()+"/sessions/"+s.id+"/turn", "{}")
+			if r.status != 200 || r.header.Get("X-Engine") != s.engine {
+				t.Fatalf("session %s through %s: %d engine %q, want %s", s.id, d.Addr(), r.status, r.header.Get("X-Engine"), s.engine)
+			}
+		}
+	}
+	w, c, dropped := ds[0].ctl.shared.Counts()
+	_, c1, _ := ds[1].ctl.shared.Counts()
+	if w < 30 || c1 < 30 || dropped != 0 {
+		t.Fatalf("A wrote %d (copied %d, dropped %d), B copied %d", w, c, dropped, c1)
+	}
+	var max time.Duration
+	for _, l := range lag {
+		max = maxDur(max, l)
+	}
+	t.Logf("30 learned sessions shared; slowest seen by B %v after its creation answer", max)
+}
+
+func maxDur(a, b time.Duration) time.Duration {
+	if a > b {
+		return a
+	}
+	return b
+}

@@ -34,6 +34,7 @@ type control struct {
 	// Cluster mode (cluster.go).
 	store     *cluster.Store
 	replica   *cluster.Replica
+	shared    *cluster.SharedSessions // --cluster-share-sessions; closed with the routing's sticky table
 	claimStop context.CancelFunc
 	claims    sync.WaitGroup
 

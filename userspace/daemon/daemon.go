@@ -79,6 +79,10 @@ type Options struct {
 	// shared with every tetherd of the same ClusterName (cluster.go).
 	Cluster     string
 	ClusterName string
+	// ClusterShareSessions: new sticky assignments (learned session ids,
+	// sticky keys, remembered spills) are also written to etcd and copied
+	// by every replica (cluster.SharedSessions).
+	ClusterShareSessions bool
 
 	// Control plane (control.go). Zero values take the defaults.
 	Admin           string        // admin API address; "" turns it off (cmd/tetherd: DefaultAdmin)
@@ -268,7 +272,7 @@ func New(opts Options) (*Daemon, error) {
 	d.restoreWorkers(handed)
 	d.Router = &route.Router{Table: d.Table}
 	d.Router.SetBadSession(bad)
-	if d.routing, err = setupRouting(opts, d.Group, d.Router); err != nil {
+	if d.routing, err = setupRouting(opts, d.Group, d.Router, d.shareSessions(opts)); err != nil {
 		return nil, err
 	}
 	d.OnReload(d.routing.reload)

@@ -90,7 +90,7 @@ type routing struct {
 // setupRouting builds the policy, the sticky table, the request id table
 // and the engine endpoints around rt. With BPF steering loaded (g), the
 // sticky table is its sticky_sessions map.
-func setupRouting(opts Options, g *listener.Group, rt *route.Router) (*routing, error) {
+func setupRouting(opts Options, g *listener.Group, rt *route.Router, share func(sticky.Table) sticky.Table) (*routing, error) {
 	o := opts.Routing
 	if o.StickyMap == nil && g != nil && g.Steering() != nil {
 		o.StickyMap = g.Steering().StickyMap()
@@ -111,6 +111,9 @@ func setupRouting(opts Options, g *listener.Group, rt *route.Router) (*routing, 
 	r := &routing{rt: rt, log: opts.Log, opts: o, bpfOff: opts.BPF == string(bpf.ModeOff), peek: peek}
 	if r.sticky, err = r.openSticky(); err != nil {
 		return nil, err
+	}
+	if share != nil {
+		r.sticky = share(r.sticky)
 	}
 	p, err := r.newPolicy(o)
 	if err != nil {
