@@ -392,8 +392,9 @@ func TestClusterEtcdOutage(t *testing.T) {
 	}
 }
 
-// Clients spread over three replicas; one replica dies mid-run; its
-// clients move to the others and every session stays on its worker.
+// Clients spread over three replicas under load; one replica dies
+// mid-run; its clients move to the others and every session stays on its
+// worker.
 func TestClusterReplicaKilled(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	ds := replicas(t, etcd, 3, Options{})
@@ -404,25 +405,51 @@ func TestClusterReplicaKilled(t *testing.T) {
 		}
 	}
 	waitWithin(t, "four workers everywhere", time.Second, func() bool { return sameTables(ds) && len(tableOf(ds[1])) == 4 })
-	owner := map[string]string{}
-	for k := range 60 {
-		key := fmt.Sprintf("traj-%d", k)
-		owner[key] = workerOf(t, ds[k%3], key)
+	const sessions = 60
+	owner := make([]string, sessions)
+	for k := range sessions {
+		owner[k] = workerOf(t, ds[k%3], fmt.Sprintf("traj-%d", k))
 	}
-	ds[1].Close() // killed: no drain
-	moved := 0
-	for k := range 60 {
-		key := fmt.Sprintf("traj-%d", k)
-		d := ds[k%3]
-		if k%3 == 1 {
-			d = ds[(k/3)%2*2] // its clients move to A or C
-			moved++
-		}
-		if got := workerOf(t, d, key); got != owner[key] {
-			t.Fatalf("%s moved from worker %s to %s with its client", key, owner[key], got)
-		}
+	var killed atomic.Bool
+	var turns, moved, wrong atomic.Int64
+	var wg sync.WaitGroup
+	client := &http.Client{Timeout: 10 * time.Second}
+	for k := range sessions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d := ds[k%3]
+			for turn := 0; turn < 20; turn++ {
+				req, _ := http.NewRequest("POST", "http://"+d.Addr()+"/v1/chat/completions", strings.NewReader(`{"messages":[{"role":"user","content":"hi"}]}`))
+				req.Header.Set("X-Session-ID", fmt.Sprintf("traj-%d", k))
+				resp, err := client.Do(req)
+				if err != nil {
+					// Its replica died: the client moves to another one
+					// and sends the turn again.
+					d = ds[(k/3)%2*2]
+					moved.Add(1)
+					turn--
+					continue
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				turns.Add(1)
+				if got := resp.Header.Get("X-Tether-Demo-Worker"); resp.StatusCode != 200 || got != owner[k] {
+					wrong.Add(1)
+					t.Errorf("traj-%d turn %d: %d on worker %q, its worker is %s", k, turn, resp.StatusCode, got, owner[k])
+					return
+				}
+				if turn == 5 && k == 0 && killed.CompareAndSwap(false, true) {
+					ds[1].Close() // killed mid-run: no drain
+				}
+			}
+		}()
 	}
-	t.Logf("60 sessions, %d moved replica, all on their worker", moved)
+	wg.Wait()
+	t.Logf("%d sessions × 20 turns over 3 replicas, one killed mid-run: %d turns, %d client moves, %d on a wrong worker", sessions, turns.Load(), moved.Load(), wrong.Load())
+	if moved.Load() == 0 {
+		t.Fatal("no client had to move: the kill came too late to test anything")
+	}
 }
 
 // With --cluster-share-sessions a bare session id learned on one replica
