@@ -10,6 +10,8 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -146,8 +148,12 @@ func (b *bench) wrkRate(t *target, in *instance, conns int, d time.Duration) (fl
 }
 
 // soakSlowloris: 2,000 connections send a head one field every 2 s (never
-// finishing it) while wrk measures what legitimate clients still get.
+// finishing it) while wrk measures what legitimate clients still get:
+// slowhttptest -H when installed (Debian's), else a built-in equivalent.
 func (b *bench) soakSlowloris(t *target, in *instance) []string {
+	if bin, err := exec.LookPath("slowhttptest"); err == nil {
+		return b.soakSlowhttptest(t, in, bin)
+	}
 	base, _ := b.wrkRate(t, in, 32, 3*time.Second)
 	rss0 := treeRSS(in.pids()...)
 	const n = 2000
@@ -213,6 +219,53 @@ func (b *bench) soakSlowloris(t *target, in *instance) []string {
 	return []string{
 		fmt.Sprintf("%.0f → %.0f req/s (held %.0f%%), %d failed", base, under, 100*held, fails),
 		fmt.Sprintf("%d/%d slow connections closed by the proxy within head timeout + 10 s, %d with a 408", closed.Load(), opened.Load(), got408.Load()),
+		"RSS +" + mib(rss1-rss0),
+	}
+}
+
+var (
+	ansiRe = regexp.MustCompile("\x1b\\[[0-9;]*m")
+	slowRe = regexp.MustCompile(`(connected|closed|error):\s+(\d+)`)
+)
+
+// soakSlowhttptest runs slowhttptest in slowloris mode (2,000 connections,
+// a header line every 2 s, 25 s) against the target while wrk measures the
+// legitimate load's throughput, before and during.
+func (b *bench) soakSlowhttptest(t *target, in *instance, bin string) []string {
+	base, _ := b.wrkRate(t, in, 32, 3*time.Second)
+	rss0 := treeRSS(in.pids()...)
+	ctx, cancel := context.WithTimeout(b.ctx, 60*time.Second)
+	defer cancel()
+	url := fmt.Sprintf("http://127.0.0.1:%d/sessions/%s/x", in.port, b.ids[0][0])
+	cmd := exec.CommandContext(ctx, bin, "-c", "2000", "-H", "-i", "2", "-r", "1000", "-l", "25", "-p", "3", "-u", url)
+	out := &strings.Builder{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		return []string{"slowhttptest did not start: " + err.Error()}
+	}
+	time.Sleep(4 * time.Second) // the slow connections open
+	under, fails := b.wrkRate(t, in, 32, 3*time.Second)
+	rss1 := treeRSS(in.pids()...)
+	cmd.Wait()
+	var maxConnected, closed, errs int
+	for _, m := range slowRe.FindAllStringSubmatch(ansiRe.ReplaceAllString(out.String(), ""), -1) {
+		n, _ := strconv.Atoi(m[2])
+		switch m[1] {
+		case "connected":
+			maxConnected = max(maxConnected, n)
+		case "closed":
+			closed = n
+		case "error":
+			errs = n
+		}
+	}
+	held := 0.0
+	if base > 0 {
+		held = under / base
+	}
+	return []string{
+		fmt.Sprintf("%.0f → %.0f req/s (held %.0f%%), %d failed", base, under, 100*held, fails),
+		fmt.Sprintf("slowhttptest -H -c 2000: up to %d slow connections open at once, %d closed by the proxy over 25 s, %d errors", maxConnected, closed, errs),
 		"RSS +" + mib(rss1-rss0),
 	}
 }
@@ -454,7 +507,7 @@ func soakReport(rows []soakRow) string {
 	}
 	var s strings.Builder
 	s.WriteString("\n## Soak: overload and faults (make soak)\n\n")
-	s.WriteString("Each scenario on a fresh instance; tetherd with `--head-timeout 10s --max-conns 16384`, nginx with `client_header_timeout 10s` and `worker_connections 16384`.\n\n")
+	s.WriteString("Each scenario on a fresh instance (slowloris: Debian's `slowhttptest -H` when installed, else a built-in equivalent); tetherd with `--head-timeout 10s --max-conns 16384`, nginx with `client_header_timeout 10s` and `worker_connections 16384`.\n\n")
 	s.WriteString("| scenario | target | figures |\n|---|---|---|\n")
 	for _, r := range rows {
 		fmt.Fprintf(&s, "| %s | %s | %s |\n", r.scenario, r.target, strings.Join(r.cells, "; "))
