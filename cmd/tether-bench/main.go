@@ -48,6 +48,7 @@ type options struct {
 	ctlArgs      []string
 	tetherdExtra []string
 	soakGB       int
+	soakOnly     map[string]bool
 }
 
 // durationFlag accepts "5", "5s", "1500ms".
@@ -96,6 +97,8 @@ func parseFlags() options {
 	flag.StringVar(&only, "only", "", "comma list of targets: "+strings.Join(allTargets, ",")+" (direct, the baseline, always runs)")
 	flag.StringVar(&phases, "phases", "rps,bodies,balance,restart", "comma list of phases to run (also: soak, the overload and fault scenarios of make soak)")
 	flag.IntVar(&o.soakGB, "soak-gb", 8, "body size in GiB for the soak's big-body scenario")
+	var soakOnly string
+	flag.StringVar(&soakOnly, "soak-only", "", "comma list of soak scenarios to run (slowloris, idle, slow readers, big bodies, fd limit); default all")
 	flag.IntVar(&o.bodyMB, "body-mb", 16, "body size in MiB for the upload/download phase")
 	flag.IntVar(&o.bodyN, "body-n", 1000, "max transfers per target and direction (the time bound -body-d usually ends first)")
 	flag.Var(durationFlag{&o.bodyDur}, "body-d", "max time per target, direction and run")
@@ -116,6 +119,12 @@ func parseFlags() options {
 		}
 	}
 	o.phases = splitSet(phases)
+	if soakOnly != "" {
+		o.soakOnly = map[string]bool{}
+		for _, x := range strings.Split(soakOnly, ",") {
+			o.soakOnly[strings.TrimSpace(x)] = true
+		}
+	}
 	o.ctlArgs = strings.Fields(ctl)
 	o.tetherdExtra = strings.Fields(extra)
 	if o.runs < 1 || o.conns < 1 || o.threads < 1 || o.bodyMB < 1 || o.dur < time.Second {

@@ -57,6 +57,9 @@ func (b *bench) phaseSoak() []soakRow {
 		{"big bodies", b.soakBig},
 	}
 	for _, sc := range scenarios {
+		if len(b.o.soakOnly) > 0 && !b.o.soakOnly[sc.name] {
+			continue
+		}
 		for _, t := range b.soakTargets() {
 			if b.ctx.Err() != nil {
 				return rows
@@ -73,7 +76,7 @@ func (b *bench) phaseSoak() []soakRow {
 		}
 	}
 	for _, t := range b.soakTargets() {
-		if b.ctx.Err() != nil {
+		if b.ctx.Err() != nil || len(b.o.soakOnly) > 0 && !b.o.soakOnly["fd limit"] {
 			break
 		}
 		logf("soak fd limit: %s", t.name)
@@ -304,7 +307,7 @@ func (b *bench) soakIdle(t *target, in *instance) []string {
 		}
 		conns = append(conns, c)
 	}
-	time.Sleep(2 * time.Second) // settle
+	time.Sleep(5 * time.Second) // settle (tetherd parks idle connections after --park-after, 250 ms)
 	rss1 := treeRSS(in.pids()...)
 	for _, c := range conns {
 		c.Close()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
 )
 
 // Etcd is a single-member etcd cluster on loopback.
@@ -52,8 +53,8 @@ func (e *Etcd) start() {
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
 	cfg.InitialCluster = cfg.Name + "=" + e.peer
-	cfg.LogLevel = "error"
 	cfg.Logger = "zap"
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	m, err := embed.StartEtcd(cfg)
 	if err != nil {
 		e.t.Fatalf("etcd: %v", err)

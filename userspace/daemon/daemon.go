@@ -53,6 +53,9 @@ type Options struct {
 	HeadTimeout     time.Duration // reading a request head once it began (408); default 30s
 	IOTimeout       time.Duration // a body read or write without progress; default 120s
 	MaxBodyBytes    int64         // largest request body (413); 0: no limit
+	// ParkAfter: an idle keep-alive connection gives up its goroutine
+	// after this long (proxy.Config.ParkAfter); 0: 250ms, negative: never.
+	ParkAfter time.Duration
 	// StreamIdleTimeout cuts a streamed response whose worker sent nothing
 	// for this long; default 5m.
 	StreamIdleTimeout time.Duration
@@ -291,6 +294,7 @@ func New(opts Options) (*Daemon, error) {
 		StreamIdleTimeout: opts.StreamIdleTimeout,
 		MaxBodyBytes:      opts.MaxBodyBytes,
 		MaxConns:          maxConns(opts.MaxConns),
+		ParkAfter:         opts.ParkAfter,
 		QueueSize:         opts.MaxQueue,
 		QueueTimeout:      opts.QueueTimeout,
 		LocalBodyBudget:   opts.LocalBodyBudget,

@@ -213,6 +213,8 @@ var (
 		"Client connections open in this process (capped by --max-conns).", nil, nil)
 	dProxyAcceptPauses = prometheus.NewDesc("tether_proxy_accept_pauses_total",
 		"Episodes in which accepting paused: at --max-conns, or accept failing (out of descriptors).", nil, nil)
+	dProxyParked = prometheus.NewDesc("tether_proxy_connections_parked",
+		"Idle keep-alive connections waiting without a goroutine (--park-after).", nil, nil)
 	dProxyQueued = prometheus.NewDesc("tether_proxy_queued",
 		"Requests waiting in a worker's queue now.", nil, nil)
 	dProxyBuffers = prometheus.NewDesc("tether_proxy_buffers",
@@ -224,7 +226,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		dWorkerRetries, dWorkerConns, dWorkerHealthy, dWorkerState, dWorkers, dPanic, dPanicEntered,
 		dDecisions, dLearned, dListenerActive, dListenerAccepted, dListenerClosed, dListenerSelected,
 		dListenerMigrated, dSteeringFallbacks, dProxyAccepted, dProxyRequests, dProxyLocal, dProxyErrors, dProxyBuffers,
-		dWorkerQueued, dProxyOpen, dProxyAcceptPauses, dProxyQueued, dClusterUp, dClusterApplied, dClusterSkipped} {
+		dWorkerQueued, dProxyOpen, dProxyAcceptPauses, dProxyQueued, dProxyParked, dClusterUp, dClusterApplied, dClusterSkipped} {
 		ch <- d
 	}
 }
@@ -343,5 +345,6 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- gauge(dProxyOpen, float64(p.Open.Load()))
 		ch <- counter(dProxyAcceptPauses, p.AcceptPauses.Load())
 		ch <- gauge(dProxyQueued, float64(p.Queued.Load()))
+		ch <- gauge(dProxyParked, float64(p.Parked.Load()))
 	}
 }

@@ -172,14 +172,12 @@ func (s *Server) Serve(ln net.Listener, slot *stats.Slot) error {
 		s.counters.Open.Add(1)
 		slot.Opened()
 		c := newConn(s, tc)
+		c.slot = slot
 		s.mu.Lock()
 		s.conns[c] = struct{}{}
 		s.wg.Add(1)
 		s.mu.Unlock()
-		go func() {
-			defer slot.Finished()
-			c.serve()
-		}()
+		go c.serve()
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/stats"
 	"github.com/tether-rl/tether/userspace/upstream"
 )
 
@@ -33,8 +34,13 @@ type conn struct {
 	req  httphead.Request
 	resp httphead.Response
 
-	idle      atomic.Bool  // waiting for a request with nothing buffered
-	idleSince atomic.Int64 // when it began waiting (UnixNano)
+	idle atomic.Bool // waiting for a request with nothing buffered
+	// wantPark: readHead found the connection idle for ParkAfter; serve
+	// parks it. noPark: parking failed once, wait with a goroutine.
+	wantPark, noPark bool
+	resumed          bool         // back from the parker: wait out the idle timeout here
+	slot             *stats.Slot  // counted in: Finished when the connection ends
+	idleSince        atomic.Int64 // when it began waiting (UnixNano)
 
 	// Client watch during an exchange (see watchClient).
 	watchTimer *time.Timer
@@ -74,23 +80,43 @@ func (c *conn) wakeIfIdle(grace time.Duration) {
 	}
 }
 
+// serve runs the connection until it ends, or until it parks (park.go):
+// then the goroutine returns and the parker starts serve again when the
+// client sends.
 func (c *conn) serve() {
-	defer func() {
-		if c.watchTimer != nil {
-			c.watchTimer.Stop()
+	for {
+		ok := c.serveOne()
+		if c.wantPark {
+			c.wantPark = false
+			if p := c.s.parker; p != nil && p.park(c) {
+				return // c belongs to the parker now: not one more access
+			}
+			c.noPark = true // could not: wait here, to the idle timeout
+			continue
 		}
-		c.c.Close()
-		if c.buf != nil {
-			c.s.putBuf(c.buf)
-			c.buf = nil
+		// A response that went out before the server began closing
+		// promised keep-alive: with an idle grace (ShutdownGently) the
+		// next request is still read and answered (with Connection:
+		// close).
+		if !ok || c.s.closing.Load() && c.s.idleGrace.Load() == 0 {
+			break
 		}
-		c.s.forget(c)
-	}()
-	// A response that went out before the server began closing promised
-	// keep-alive: with an idle grace (ShutdownGently) the next request is
-	// still read and answered (with Connection: close).
-	for c.serveOne() && (!c.s.closing.Load() || c.s.idleGrace.Load() > 0) {
 	}
+	c.finish()
+}
+
+// finish releases an ended connection.
+func (c *conn) finish() {
+	if c.watchTimer != nil {
+		c.watchTimer.Stop()
+	}
+	c.c.Close()
+	if c.buf != nil {
+		c.s.putBuf(c.buf)
+		c.buf = nil
+	}
+	c.slot.Finished()
+	c.s.forget(c)
 }
 
 // serveOne handles one request; it reports whether the connection may
@@ -225,14 +251,31 @@ func (c *conn) readHead() error {
 			if c.s.closing.Load() && c.s.idleGrace.Load() == 0 {
 				return net.ErrClosed
 			}
-			c.idleSince.Store(time.Now().UnixNano())
+			now := time.Now()
+			if !c.idle.Load() {
+				c.idleSince.Store(now.UnixNano())
+			}
 			c.idle.Store(true)
-			c.c.SetReadDeadline(time.Now().Add(c.s.cfg.IdleTimeout))
+			// Wait here for ParkAfter, then park (park.go) for the rest
+			// of the idle timeout.
+			since := time.Unix(0, c.idleSince.Load())
+			deadline := since.Add(c.s.cfg.IdleTimeout)
+			park := c.s.parker != nil && !c.noPark && !c.resumed && c.s.cfg.ParkAfter < c.s.cfg.IdleTimeout
+			if park {
+				deadline = since.Add(c.s.cfg.ParkAfter)
+			}
+			c.c.SetReadDeadline(deadline)
 			err := c.readIdle()
-			c.idle.Store(false)
 			if err != nil {
+				if park && isTimeout(err) && !c.s.closing.Load() {
+					c.wantPark = true // still idle: serve parks it
+					return err
+				}
+				c.idle.Store(false)
 				return err
 			}
+			c.idle.Store(false)
+			c.resumed = false
 			continue
 		}
 		if c.r > 0 {
@@ -886,8 +929,13 @@ func (c *conn) relayRequestBody(x *exchange, sc *httphead.Chunked, sent int64) e
 				continue
 			}
 			if c.r == c.w {
-				if c.buf == nil {
-					c.buf = c.s.getBuf()
+				// Everything buffered went out (the head's slices are
+				// dead): stream the rest through a big buffer.
+				if cap(c.buf) != bigBufSize {
+					if c.buf != nil {
+						c.s.putBuf(c.buf)
+					}
+					c.buf = c.s.getBigBuf()
 				}
 				c.r, c.w = 0, 0
 				c.c.SetReadDeadline(time.Now().Add(cfg.IOTimeout))

@@ -75,6 +75,10 @@ type Config struct {
 	// (each at most MaxLocalBody): past it such a request gets 503 with
 	// Retry-After instead of raising RSS. Default 64 MiB.
 	LocalBodyBudget int64
+	// ParkAfter: a keep-alive connection idle this long gives up its
+	// goroutine and waits in the server's epoll set (park.go); default
+	// 250ms. Negative: never park.
+	ParkAfter time.Duration
 	// SpliceMin: body remainders of at least this many bytes move with
 	// splice(2); smaller ones are copied through the buffer. Default 16 KiB
 	// (see docs/ARCHITECTURE.md for the measurement).
@@ -122,6 +126,9 @@ func (c *Config) setDefaults() {
 	if c.LocalBodyBudget <= 0 {
 		c.LocalBodyBudget = 64 << 20
 	}
+	if c.ParkAfter == 0 {
+		c.ParkAfter = 250 * time.Millisecond
+	}
 	if c.SpliceMin <= 0 {
 		c.SpliceMin = 16 << 10
 	}
@@ -159,6 +166,7 @@ type Server struct {
 	open     int
 	freed    *sync.Cond // signalled (under mu) when a connection ends or the server closes
 	freedGen uint64     // connections ended (under mu)
+	parker   *parker    // idle connections without a goroutine (park.go); nil: none
 	// capped and acceptFailing: the episodes of accepting paused at
 	// MaxConns and of accept failing, logged once each (accept.go).
 	capped, acceptFailing episode
@@ -198,6 +206,8 @@ type Counters struct {
 	QueueFull     atomic.Uint64
 	QueueTimeouts atomic.Uint64
 	LocalBusy     atomic.Uint64
+	// Parked is how many idle connections wait without a goroutine now.
+	Parked atomic.Int64
 }
 
 // New returns a server.
@@ -205,6 +215,9 @@ func New(cfg Config) *Server {
 	cfg.setDefaults()
 	s := &Server{cfg: cfg, conns: make(map[*conn]struct{}), listeners: make(map[net.Listener]struct{})}
 	s.freed = sync.NewCond(&s.mu)
+	if cfg.ParkAfter > 0 {
+		s.parker = newParker(s)
+	}
 	return s
 }
 
@@ -274,6 +287,9 @@ func (s *Server) ShutdownGently(ctx context.Context, idleGrace time.Duration) er
 				c.wakeIfIdle(idleGrace)
 			}
 			s.mu.Unlock()
+			if s.parker != nil {
+				s.parker.sweep()
+			}
 		}
 	}
 }
@@ -290,6 +306,9 @@ func (s *Server) Close() {
 	}
 	s.freed.Broadcast()
 	s.mu.Unlock()
+	if s.parker != nil {
+		s.parker.closeAll() // their goroutines are gone: finish them here
+	}
 }
 
 // Buffers: one size class, pooled, held only while a connection is in a
@@ -304,11 +323,29 @@ func (s *Server) getBuf() []byte {
 	return bufPool.Get().(*[bufSize]byte)[:]
 }
 
-// putBuf returns a buffer from getBuf (grown ones are left to the GC).
+// bigBufSize: the buffer of a chunked request body streamed past its head
+// (conn.relayRequestBody): a read takes a few chunks at once, where 16 KiB
+// took a chunk in two.
+const bigBufSize = 128 << 10
+
+var bigPool = sync.Pool{New: func() any { return new([bigBufSize]byte) }}
+
+// getBigBuf takes a big buffer, counted as one in Counters.Buffers.
+func (s *Server) getBigBuf() []byte {
+	s.counters.Buffers.Add(1)
+	return bigPool.Get().(*[bigBufSize]byte)[:]
+}
+
+// putBuf returns a buffer from getBuf or getBigBuf (grown ones are left to
+// the GC).
 func (s *Server) putBuf(b []byte) {
-	if cap(b) == bufSize {
+	switch cap(b) {
+	case bufSize:
 		s.counters.Buffers.Add(-1)
 		bufPool.Put((*[bufSize]byte)(b[:bufSize]))
+	case bigBufSize:
+		s.counters.Buffers.Add(-1)
+		bigPool.Put((*[bigBufSize]byte)(b[:bigBufSize]))
 	}
 }
 

@@ -1,0 +1,87 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/tether-rl/tether/testenv"
+)
+
+// Idle keep-alive connections give up their goroutines after ParkAfter
+// and come back when their client sends: every next request is answered,
+// a client that leaves while parked is cleaned up, and the idle timeout
+// still closes the rest.
+func TestIdleConnectionsPark(t *testing.T) {
+	testenv.CheckLeaks(t)
+	be := httpBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	p := startProxy(t, []string{be}, func(c *Config) { c.ParkAfter = 50 * time.Millisecond; c.IdleTimeout = 3 * time.Second })
+	const n = 50
+	type client struct {
+		c  net.Conn
+		br *bufio.Reader
+	}
+	var cs []client
+	get := "GET /x HTTP/1.1\r\nHost: x\r\n\r\n"
+	for range n {
+		c, br := p.dial()
+		io.WriteString(c, get)
+		if resp, _ := readResp(t, br, false); resp.StatusCode != 200 {
+			t.Fatal(resp.Status)
+		}
+		cs = append(cs, client{c, br})
+	}
+	g0 := runtime.NumGoroutine()
+	testenv.WaitFor(t, "all parked", func() bool { return p.srv.Counters().Parked.Load() == n })
+	if g := runtime.NumGoroutine(); g > g0-n+5 {
+		t.Fatalf("%d goroutines with %d connections parked (was %d)", g, n, g0)
+	}
+	// Back to work: each answered on its parked connection.
+	for i, c := range cs {
+		io.WriteString(c.c, get)
+		if resp, body := readResp(t, c.br, false); resp.StatusCode != 200 || body != "ok" {
+			t.Fatalf("client %d after parking: %d %q", i, resp.StatusCode, body)
+		}
+	}
+	// They park again; half of the clients leave while parked.
+	testenv.WaitFor(t, "parked again", func() bool { return p.srv.Counters().Parked.Load() == n })
+	for _, c := range cs[:n/2] {
+		c.c.Close()
+	}
+	testenv.WaitFor(t, "the departed cleaned up", func() bool {
+		return p.srv.Counters().Open.Load() == n/2 && p.srv.Counters().Parked.Load() == n/2
+	})
+	// The idle timeout closes the others (swept once a second).
+	for _, c := range cs[n/2:] {
+		c.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := c.br.ReadByte(); err != io.EOF {
+			t.Fatalf("parked past the idle timeout: %v, want EOF", err)
+		}
+	}
+	testenv.WaitFor(t, "nothing open", func() bool { return p.srv.Counters().Open.Load() == 0 && p.srv.Counters().Parked.Load() == 0 })
+}
+
+// A gentle shutdown closes parked connections once idle past the grace,
+// and returns.
+func TestShutdownClosesParked(t *testing.T) {
+	be := httpBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	p := startProxy(t, []string{be}, func(c *Config) { c.ParkAfter = 20 * time.Millisecond })
+	c, br := p.dial()
+	io.WriteString(c, "GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+	readResp(t, br, false)
+	testenv.WaitFor(t, "parked", func() bool { return p.srv.Counters().Parked.Load() == 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := p.srv.ShutdownGently(ctx, 100*time.Millisecond); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := br.ReadByte(); err != io.EOF {
+		t.Fatalf("parked connection after shutdown: %v", err)
+	}
+}
