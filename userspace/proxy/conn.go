@@ -389,7 +389,7 @@ func (c *conn) rejectAndClose(status int) {
 // destroy the answer before the client reads it. The caller then closes.
 func (c *conn) lingerClose() {
 	c.c.CloseWrite()
-	c.c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+	c.c.SetReadDeadline(time.Now().Add(c.s.cfg.Waits.Linger))
 	var b [4096]byte
 	for i := 0; i < 64; i++ {
 		if _, err := c.c.Read(b[:]); err != nil {
@@ -629,7 +629,7 @@ func (c *conn) proxyExchange(x *exchange) bool {
 	if waitContinue {
 		// Wait briefly for the backend's 100 (or a final answer); a backend
 		// that ignores Expect gets the body anyway, as curl does.
-		up.SetReadDeadline(time.Now().Add(time.Second))
+		up.SetReadDeadline(time.Now().Add(c.s.cfg.Waits.Continue))
 		status, nw, err := c.readResponseHead(x, uw)
 		uw = nw
 		switch {
@@ -740,7 +740,7 @@ func (c *conn) awaitAndRelay(x *exchange, uw int) bool {
 // or 408, and its connection closes, since its body was not all read. It
 // reports whether there was such an answer.
 func (c *conn) earlyAnswer(x *exchange, uw int) bool {
-	x.up.SetReadDeadline(time.Now().Add(earlyAnswerWait))
+	x.up.SetReadDeadline(time.Now().Add(c.s.cfg.Waits.EarlyAnswer))
 	for {
 		status, nw, err := c.readResponseHead(x, uw)
 		uw = nw
@@ -754,10 +754,6 @@ func (c *conn) earlyAnswer(x *exchange, uw int) bool {
 		}
 	}
 }
-
-// earlyAnswerWait bounds the look for an early answer: one that was sent
-// is already queued on the socket.
-const earlyAnswerWait = 100 * time.Millisecond
 
 // continue100 is the interim response tether sends itself (see
 // proxyExchange).
@@ -1180,12 +1176,8 @@ func appendDechunked(out []byte, sc *httphead.Chunked, p []byte) ([]byte, int, e
 	return out, used, nil
 }
 
-// watchDelay: the client watch starts only for exchanges still running
-// after this long, so quick ones pay nothing for it.
-const watchDelay = 2 * time.Millisecond
-
 // watchClient arranges that, if the backend is still working after
-// watchDelay, a goroutine waits (without reading) for the client to close
+// Waits.Watch, a goroutine waits (without reading) for the client to close
 // or reset; then it closes up at once, so the engine cancels the
 // generation. stopWatch ends the watch and reports whether the client left.
 func (c *conn) watchClient(up *upstream.Conn) {
@@ -1206,9 +1198,9 @@ func (c *conn) startWatch(up *upstream.Conn, stop context.CancelFunc) {
 	c.watchGone.Store(false)
 	c.watchWG.Add(1)
 	if c.watchTimer == nil {
-		c.watchTimer = time.AfterFunc(watchDelay, c.watch)
+		c.watchTimer = time.AfterFunc(c.s.cfg.Waits.Watch, c.watch)
 	} else {
-		c.watchTimer.Reset(watchDelay)
+		c.watchTimer.Reset(c.s.cfg.Waits.Watch)
 	}
 }
 

@@ -510,7 +510,7 @@ func TestExpectContinueFinalWithout100(t *testing.T) {
 					close(upstreamEOF)
 				}
 			})
-			p := startProxy(t, []string{be.addr}, nil)
+			p := startProxy(t, []string{be.addr}, func(c *Config) { c.Waits.Linger = 50 * time.Millisecond })
 			c, br := p.dial()
 			io.WriteString(c, "PUT /x HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
 			resp, _ := readResp(t, br, false)

@@ -131,11 +131,12 @@ func TestEarlyAnswerDuringUpload(t *testing.T) {
 // has told the client to send by then, and the client sees exactly one 100
 // before the final answer.
 func TestExpectContinueLate100(t *testing.T) {
+	late := make(chan struct{})
 	be := newBackend(t, func(c *bconn) {
 		if _, err := readHeadFrom(c.br); err != nil {
 			return
 		}
-		time.Sleep(1500 * time.Millisecond) // a busy backend
+		<-late // a busy backend: its 100 comes after tetherd's own
 		io.WriteString(c, "HTTP/1.1 100 Continue\r\n\r\n")
 		b := make([]byte, 5)
 		if _, err := io.ReadFull(c.br, b); err != nil {
@@ -143,7 +144,7 @@ func TestExpectContinueLate100(t *testing.T) {
 		}
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 	})
-	p := startProxy(t, []string{be.addr}, nil)
+	p := startProxy(t, []string{be.addr}, func(c *Config) { c.Waits.Continue = 50 * time.Millisecond })
 	c, br := p.dial()
 	start := time.Now()
 	io.WriteString(c, "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
@@ -152,6 +153,7 @@ func TestExpectContinueLate100(t *testing.T) {
 	if err != nil || head != "HTTP/1.1 100 Continue\r\n\r\n" {
 		t.Fatalf("after %v: %q (%v), want a 100", time.Since(start), head, err)
 	}
+	close(late)
 	io.WriteString(c, "hello")
 	resp, body := readResp(t, br, false)
 	if resp.StatusCode != 200 || body != "ok" {

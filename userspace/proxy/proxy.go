@@ -79,6 +79,9 @@ type Config struct {
 	// goroutine and waits in the server's epoll set (park.go); default
 	// 250ms. Negative: never park.
 	ParkAfter time.Duration
+	// Waits are the data plane's internal waits; tests shorten them to
+	// sequence events instead of sleeping past them.
+	Waits Waits
 	// SpliceMin: body remainders of at least this many bytes move with
 	// splice(2); smaller ones are copied through the buffer. Default 16 KiB
 	// (see docs/ARCHITECTURE.md for the measurement).
@@ -126,6 +129,7 @@ func (c *Config) setDefaults() {
 	if c.LocalBodyBudget <= 0 {
 		c.LocalBodyBudget = 64 << 20
 	}
+	c.Waits.setDefaults()
 	if c.ParkAfter == 0 {
 		c.ParkAfter = 250 * time.Millisecond
 	}
@@ -134,6 +138,37 @@ func (c *Config) setDefaults() {
 	}
 	if c.Log == nil {
 		c.Log = slog.Default()
+	}
+}
+
+// Waits: zero fields take the defaults.
+type Waits struct {
+	// Continue: how long a request with Expect: 100-continue waits for
+	// the worker's 100 (or a final answer) before its body is sent
+	// anyway, as curl does; default 1s.
+	Continue time.Duration
+	// EarlyAnswer: after a request body failed to go up, how long to look
+	// for a final answer the worker sent early (413, 401 and close): one
+	// that was sent is already queued; default 100ms.
+	EarlyAnswer time.Duration
+	// Linger: after an answer to a request whose body was not read, how
+	// long the client is read (and discarded) before the close, so the
+	// answer is not destroyed by a reset; default 500ms.
+	Linger time.Duration
+	// Watch: an exchange still running after this long gets a client
+	// watch (a client that leaves closes the upstream); quick ones pay
+	// nothing for it; default 2ms.
+	Watch time.Duration
+}
+
+func (w *Waits) setDefaults() {
+	for _, d := range []struct {
+		p   *time.Duration
+		def time.Duration
+	}{{&w.Continue, time.Second}, {&w.EarlyAnswer, 100 * time.Millisecond}, {&w.Linger, 500 * time.Millisecond}, {&w.Watch, 2 * time.Millisecond}} {
+		if *d.p <= 0 {
+			*d.p = d.def
+		}
 	}
 }
 
