@@ -26,7 +26,7 @@ import (
 	"time"
 )
 
-var allTargets = []string{"direct", "tetherd", "tetherd-nobpf", "nginx", "haproxy"}
+var allTargets = []string{"direct", "tetherd", "tetherd-nobpf", "nginx", "haproxy", "caddy"}
 
 type options struct {
 	dur          time.Duration
@@ -283,6 +283,8 @@ type bench struct {
 	demoNote     string
 	nginxBin     string
 	haproxyBin   string
+	caddyBin     string
+	caddyErr     string
 
 	workerPorts []int
 	workerProcs []*proc
@@ -384,6 +386,13 @@ func (b *bench) setup() error {
 			}
 		}
 	}
+	if b.want("caddy") {
+		logf("building caddy %s in its own module (cached; the first time takes minutes)", caddyVersion)
+		if b.caddyBin, err = buildCaddy(b.ctx); err != nil {
+			b.caddyErr = err.Error()
+			logf("!!! caddy: %v", err)
+		}
+	}
 	b.haproxyBin, _ = exec.LookPath("haproxy")
 	if b.haproxyBin == "" {
 		if _, err := os.Stat("/usr/sbin/haproxy"); err == nil {
@@ -456,6 +465,11 @@ func (b *bench) setup() error {
 	}
 	addExternal("nginx", b.nginxBin, b.startNginx)
 	addExternal("haproxy", b.haproxyBin, b.startHaproxy)
+	if b.want("caddy") && b.caddyBin == "" && b.caddyErr != "" {
+		b.targets = append(b.targets, &target{name: "caddy", skip: "caddy did not build: " + firstLine(b.caddyErr)})
+	} else {
+		addExternal("caddy", b.caddyBin, b.startCaddy)
+	}
 	return nil
 }
 

@@ -159,7 +159,7 @@ func (b *bench) report(bal balanceResult) string {
 		rpsOf := func(x rpsSample) float64 { return x.rps }
 		if td != nil && sums["tetherd"].ok {
 			w.WriteString("\n")
-			for _, other := range []string{"nginx", "haproxy"} {
+			for _, other := range []string{"nginx", "haproxy", "caddy"} {
 				ot := b.targetByName(other)
 				if ot == nil || !sums[other].ok {
 					continue
@@ -168,6 +168,15 @@ func (b *bench) report(bal balanceResult) string {
 				rr := runRatio(td, ot, rpsOf)
 				fmt.Fprintf(&w, "- tetherd/%s: CPU per request **%.2f×** (per run %s), req/s %.2f× (per run %s)\n",
 					other, median(cr), fmtList(cr, 2), median(rr), fmtList(rr, 2))
+				if other == "nginx" {
+					// The event-loop issue's keep-alive targets.
+					fmt.Fprintf(&w, "  - target CPU per request ≤ 0.75× nginx: %s; req/s ≥ 1.15× nginx: %s\n",
+						passMiss(median(cr) <= 0.75), passMiss(median(rr) >= 1.15))
+				}
+			}
+			if sc := sums["tetherd"].syscalls; sc >= 0 {
+				fmt.Fprintf(&w, "- tetherd system calls per proxied request %.2f (target ≤ 4: %s), context switches %.2f; nginx %.2f and %.2f\n",
+					sc, passMiss(sc <= 4), sums["tetherd"].switches, sums["nginx"].syscalls, sums["nginx"].switches)
 			}
 			if d := sums["direct"]; d.ok {
 				fmt.Fprintf(&w, "- tetherd/direct: req/s %.2f×, p99 %+.2f ms\n", sums["tetherd"].rps/d.rps, sums["tetherd"].p99ms-d.p99ms)
