@@ -14,6 +14,7 @@ package bpf
 import (
 	"errors"
 	"fmt"
+	"github.com/tether-rl/tether/userspace/sysconn"
 	"net"
 	"os"
 	"path/filepath"
@@ -409,7 +410,7 @@ func (s *Steering) Insert(slot int, ln *net.TCPListener) error {
 	if s.prog == nil {
 		return errors.New("insert listener: steering opened without its program")
 	}
-	err := withFD(ln, func(fd int) error {
+	err := sysconn.Control(ln, func(fd int) error {
 		err := s.sockets.Update(uint32(slot), uint64(fd), ebpf.UpdateAny)
 		if err != nil && s.inherited && errors.Is(err, unix.EBUSY) {
 			// Handed over by the old process: the socket is already in
@@ -442,25 +443,13 @@ func (s *Steering) Attach(ln *net.TCPListener) error {
 	if s.prog == nil {
 		return errors.New("attach: steering opened without its program")
 	}
-	err := withFD(ln, func(fd int) error {
+	err := sysconn.Control(ln, func(fd int) error {
 		return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ATTACH_REUSEPORT_EBPF, s.prog.FD())
 	})
 	if err != nil {
 		return fmt.Errorf("attach steering program (SO_ATTACH_REUSEPORT_EBPF): %w", err)
 	}
 	return nil
-}
-
-func withFD(ln *net.TCPListener, f func(fd int) error) error {
-	rc, err := ln.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var ferr error
-	if err := rc.Control(func(fd uintptr) { ferr = f(int(fd)) }); err != nil {
-		return err
-	}
-	return ferr
 }
 
 // SetSlotState writes slot_table[slot]. weight 0 means 1.

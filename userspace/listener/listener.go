@@ -14,15 +14,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tether-rl/tether/userspace/sysconn"
 	"log/slog"
 	"net"
 	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/tether-rl/tether/bpf"
 	"github.com/tether-rl/tether/userspace/stats"
@@ -167,7 +165,7 @@ func (g *Group) listen(addr string, k int) error {
 	if err != nil {
 		return fmt.Errorf("listen address %q: %w", addr, err)
 	}
-	lc := net.ListenConfig{Control: reusePort}
+	lc := net.ListenConfig{Control: sysconn.ReusePort}
 	// Since Go 1.24 listeners are MPTCP by default when the kernel has it;
 	// a REUSEPORT_SOCKARRAY refuses MPTCP sockets (EOPNOTSUPP).
 	lc.SetMultipathTCP(false)
@@ -184,17 +182,6 @@ func (g *Group) listen(addr string, k int) error {
 		g.lns = append(g.lns, ln.(*net.TCPListener))
 	}
 	return nil
-}
-
-func reusePort(_, _ string, c syscall.RawConn) error {
-	var serr error
-	err := c.Control(func(fd uintptr) {
-		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
-	})
-	if err != nil {
-		return err
-	}
-	return serr
 }
 
 // steer loads the program, inserts every listener into its slot, empties
@@ -306,10 +293,10 @@ func (g *Group) drain(slot int) error {
 		}
 	}
 	start := time.Now()
-	queued, err := acceptQueue(ln)
+	queued, err := sysconn.AcceptQueue(ln)
 	for err == nil && queued > 0 && time.Since(start) < g.cfg.drainTimeout {
 		time.Sleep(5 * time.Millisecond)
-		queued, err = acceptQueue(ln)
+		queued, err = sysconn.AcceptQueue(ln)
 	}
 	if err != nil {
 		// Closed already (by Close, or the listener failed): nothing to wait for.
@@ -330,26 +317,6 @@ func (g *Group) drain(slot int) error {
 	// there) when they complete. Nothing pending is left here.
 	g.stats.Slot(slot).ResetPending()
 	return cerr
-}
-
-// acceptQueue returns how many connections wait in ln's accept queue: for a
-// listening socket tcpi_unacked is the current accept backlog.
-func acceptQueue(ln *net.TCPListener) (int, error) {
-	rc, err := ln.SyscallConn()
-	if err != nil {
-		return 0, err
-	}
-	var (
-		info *unix.TCPInfo
-		ierr error
-	)
-	if err := rc.Control(func(fd uintptr) { info, ierr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); err != nil {
-		return 0, err
-	}
-	if ierr != nil {
-		return 0, ierr
-	}
-	return int(info.Unacked), nil
 }
 
 // watch drains the slots that someone else (tetherctl listeners drain)
@@ -434,7 +401,7 @@ type steeredAt struct {
 // history holds the steered samples of the last grace (and one older); the
 // slot is settled only once it reaches back that far.
 func (g *Group) settle(slot int, history []steeredAt) []steeredAt {
-	queued, err := acceptQueue(g.lns[slot])
+	queued, err := sysconn.AcceptQueue(g.lns[slot])
 	if err != nil {
 		return nil // closed: Drain or Close resets its counts
 	}

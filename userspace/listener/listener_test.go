@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/tether-rl/tether/userspace/sysconn"
 	"io"
 	"log/slog"
 	"net"
@@ -329,7 +330,7 @@ func TestDrainMigratesFullQueue(t *testing.T) {
 		}
 	}
 	waitFor(t, "a full accept queue on slot 0", func() bool {
-		q, err := acceptQueue(ln0)
+		q, err := sysconn.AcceptQueue(ln0)
 		return err == nil && q == n
 	})
 

@@ -2,6 +2,7 @@ package listener
 
 import (
 	"encoding/binary"
+	"github.com/tether-rl/tether/userspace/sysconn"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -53,7 +54,7 @@ func TestPendingCountedOnSYN(t *testing.T) {
 	// accept queues, counted pending where the program sent them.
 	for i := range k {
 		l := g.Stats().Slot(i).Load()
-		q, err := acceptQueue(g.Listeners()[i].(*net.TCPListener))
+		q, err := sysconn.AcceptQueue(g.Listeners()[i].(*net.TCPListener))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -104,7 +105,7 @@ func TestSettleLeak(t *testing.T) {
 		conns = append(conns, c)
 	}
 	ln1 := g.Listeners()[1].(*net.TCPListener)
-	q1, err := acceptQueue(ln1)
+	q1, err := sysconn.AcceptQueue(ln1)
 	if err != nil || q1 == 0 {
 		t.Fatalf("slot 1 queue: %d, %v; want connections queued there", q1, err)
 	}

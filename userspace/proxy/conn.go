@@ -14,6 +14,7 @@ import (
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/stats"
+	"github.com/tether-rl/tether/userspace/sysconn"
 	"github.com/tether-rl/tether/userspace/upstream"
 )
 
@@ -1073,7 +1074,7 @@ func (c *conn) bodyFailed(x *exchange, err error) bool {
 
 // clientGone reports whether the client closed or reset its connection.
 // It ends the client watch first: while the watch waits it holds the read
-// side, and peerGone would block until the client sends or leaves. A
+// side, and sysconn.PeerGone would block until the client sends or leaves. A
 // departure the watch saw is reported here once (the stopWatch after the
 // exchange then reports false, so it is not counted twice).
 func (c *conn) clientGone() bool {
@@ -1082,7 +1083,7 @@ func (c *conn) clientGone() bool {
 		return true
 	}
 	c.c.SetReadDeadline(time.Time{})
-	return peerGone(c.raw)
+	return sysconn.PeerGone(c.raw)
 }
 
 // relayChunkedResponse streams a chunked body: every piece the backend
@@ -1227,15 +1228,15 @@ func (c *conn) watch() {
 
 // watchPeek is watch's RawConn.Read callback.
 func (c *conn) watchPeek(fd uintptr) bool {
-	switch upstream.Peek(fd) {
-	case upstream.PeekEmpty:
+	switch sysconn.Peek(fd) {
+	case sysconn.PeekEmpty:
 		return false // nothing yet: wait for readability
-	case upstream.PeekData:
+	case sysconn.PeekData:
 		// A pipelined request waits for its turn; the client may still
 		// leave behind it (FIN or reset after the bytes), which a peek
 		// cannot see. Until then, wait for the next event on the socket
 		// (more bytes, FIN, reset): edge-triggered, so no spinning.
-		if !upstream.PeerShutdown(fd) {
+		if !sysconn.PeerShutdown(fd) {
 			return false
 		}
 	}

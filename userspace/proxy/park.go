@@ -7,6 +7,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tether-rl/tether/userspace/httphead"
+	"github.com/tether-rl/tether/userspace/sysconn"
 )
 
 // Parking: a keep-alive connection idle for Config.ParkAfter gives up its
@@ -47,8 +48,7 @@ func newParker(s *Server) *parker {
 // keeps serving it). After true the caller must not touch c: it may be
 // resumed at once.
 func (p *parker) park(c *conn) bool {
-	fd := -1
-	c.raw.Control(func(s uintptr) { fd = int(s) })
+	fd := sysconn.FD(c.raw)
 	if fd < 0 {
 		return false
 	}

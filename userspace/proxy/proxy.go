@@ -17,11 +17,11 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/sysconn"
 	"github.com/tether-rl/tether/userspace/upstream"
 )
 
@@ -389,23 +389,6 @@ var aLongTimeAgo = time.Unix(1, 0)
 // isTimeout reports a deadline expiry.
 func isTimeout(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }
 
-// peerGone reports, without blocking, whether the peer of raw closed or
-// reset the connection. A reset with unread bytes still queued (a body the
-// client was sending) counts: a peek alone sees only the bytes.
-func peerGone(raw syscall.RawConn) bool {
-	gone := false
-	raw.Read(func(fd uintptr) bool {
-		switch upstream.Peek(fd) {
-		case upstream.PeekClosed:
-			gone = true
-		case upstream.PeekData:
-			gone = upstream.PeerReset(fd)
-		}
-		return true
-	})
-	return gone
-}
-
 // move sends exactly n bytes from src to dst: splice(2) for remainders of
 // at least Config.SpliceMin (or when there is no scratch buffer), a copy
 // through scratch below that. Deadlines are renewed for every step, so a
@@ -418,11 +401,11 @@ func peerGone(raw syscall.RawConn) bool {
 // with the default low-water mark, so the end of a body never waits for
 // bytes that will not come.
 func (c *conn) move(dst, src *net.TCPConn, n int64, scratch []byte, timeout time.Duration) (int64, error) {
-	if n < batchMin || n >= 1<<62 || !setLowat(src, batchLowat) {
+	if n < batchMin || n >= 1<<62 || !sysconn.SetRcvLowat(src, batchLowat) {
 		return c.moveSteps(dst, src, n, scratch, timeout)
 	}
 	moved, err := c.moveSteps(dst, src, n-batchLowat, scratch, timeout)
-	setLowat(src, 1)
+	sysconn.SetRcvLowat(src, 1)
 	if err != nil {
 		return moved, err
 	}
@@ -488,18 +471,3 @@ const (
 	batchMin   = 1 << 20
 	batchLowat = 256 << 10
 )
-
-// setLowat sets SO_RCVLOWAT on c and reports whether it took.
-func setLowat(c *net.TCPConn, n int) bool {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return false
-	}
-	var serr error
-	if err := raw.Control(func(fd uintptr) {
-		serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVLOWAT, n)
-	}); err != nil {
-		return false
-	}
-	return serr == nil
-}

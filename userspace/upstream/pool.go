@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/tether-rl/tether/userspace/stats"
+	"github.com/tether-rl/tether/userspace/sysconn"
 )
 
 // Options configure a Pool. Zero values take the defaults.
@@ -47,7 +48,7 @@ type Conn struct {
 	fresh bool // dialed for this request, never used before
 
 	peekFn func(uintptr) bool
-	peeked PeekState
+	peeked sysconn.PeekState
 
 	// ReadFirst's state, its callback bound once.
 	readFn func(uintptr) bool
@@ -241,13 +242,13 @@ func (c *Conn) alive() bool {
 		return false
 	}
 	err := c.raw.Read(c.peekFn)
-	return err == nil && c.peeked == PeekEmpty
+	return err == nil && c.peeked == sysconn.PeekEmpty
 }
 
 // peek is the RawConn.Read callback of alive, bound once per connection
 // (a closure per call would allocate).
 func (c *Conn) peek(fd uintptr) bool {
-	c.peeked = Peek(fd)
+	c.peeked = sysconn.Peek(fd)
 	return true
 }
 

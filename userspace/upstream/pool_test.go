@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tether-rl/tether/userspace/sysconn"
 	"io"
 	"net"
 	"os"
@@ -171,21 +172,21 @@ func TestPeek(t *testing.T) {
 	}
 	defer c.Close()
 	raw, _ := c.(*net.TCPConn).SyscallConn()
-	peek := func() (s PeekState) {
-		raw.Read(func(fd uintptr) bool { s = Peek(fd); return true })
+	peek := func() (s sysconn.PeekState) {
+		raw.Read(func(fd uintptr) bool { s = sysconn.Peek(fd); return true })
 		return s
 	}
 	time.Sleep(30 * time.Millisecond)
-	if s := peek(); s != PeekData {
+	if s := peek(); s != sysconn.PeekData {
 		t.Fatalf("peek with a byte waiting = %v", s)
 	}
 	var b [1]byte
 	c.Read(b[:])
-	if s := peek(); s != PeekEmpty {
+	if s := peek(); s != sysconn.PeekEmpty {
 		t.Fatalf("peek on a quiet socket = %v", s)
 	}
 	time.Sleep(150 * time.Millisecond)
-	if s := peek(); s != PeekClosed {
+	if s := peek(); s != sysconn.PeekClosed {
 		t.Fatalf("peek after the peer closed = %v", s)
 	}
 }

@@ -1,4 +1,4 @@
-package upstream
+package sysconn
 
 import (
 	"syscall"
@@ -52,4 +52,21 @@ func pollNow(fd uintptr) int16 {
 		return 0
 	}
 	return fds[0].Revents
+}
+
+// PeerGone reports, without blocking, whether the peer of raw closed or
+// reset the connection. A reset with unread bytes still queued (a body the
+// client was sending) counts: a peek alone sees only the bytes.
+func PeerGone(raw syscall.RawConn) bool {
+	gone := false
+	raw.Read(func(fd uintptr) bool {
+		switch Peek(fd) {
+		case PeekClosed:
+			gone = true
+		case PeekData:
+			gone = PeerReset(fd)
+		}
+		return true
+	})
+	return gone
 }

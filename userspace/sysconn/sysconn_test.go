@@ -1,0 +1,71 @@
+package sysconn
+
+import (
+	"context"
+	"net"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The helpers reach a Go socket's descriptor without making it blocking,
+// and see what they should: options set, the accept queue, a peer's close.
+func TestHelpers(t *testing.T) {
+	lc := net.ListenConfig{Control: ReusePort}
+	lc.SetMultipathTCP(false)
+	l, err := lc.Listen(context.Background(), "tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ln := l.(*net.TCPListener)
+	var reuse int
+	if err := Control(ln, func(fd int) error {
+		reuse, err = unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT)
+		return err
+	}); err != nil || reuse != 1 {
+		t.Fatalf("SO_REUSEPORT %d %v", reuse, err)
+	}
+	c, err := net.Dial("tcp4", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for q, _ := AcceptQueue(ln); q != 1; q, _ = AcceptQueue(ln) {
+		if time.Now().After(deadline) {
+			t.Fatalf("accept queue %d, want 1", q)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	sc, err := ln.AcceptTCP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	if !SetRcvLowat(sc, 4096) {
+		t.Fatal("SO_RCVLOWAT refused")
+	}
+	raw, _ := sc.SyscallConn()
+	if FD(raw) < 0 {
+		t.Fatal("no descriptor")
+	}
+	// Still non-blocking: a peek of a quiet peer says empty at once.
+	var st PeekState
+	raw.Read(func(fd uintptr) bool { st = Peek(fd); return true })
+	if st != PeekEmpty || PeerGone(raw) {
+		t.Fatalf("quiet peer: %v", st)
+	}
+	c.Close()
+	for !PeerGone(raw) {
+		if time.Now().After(deadline) {
+			t.Fatal("a closed peer not seen")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := Control(sc, func(int) error { return syscall.EINVAL }); err != syscall.EINVAL {
+		t.Fatalf("Control lost f's error: %v", err)
+	}
+}
