@@ -3,7 +3,6 @@ package proxy
 import (
 	"bytes"
 	"context"
-	"errors"
 	"io"
 	"net"
 	"sync"
@@ -516,40 +515,6 @@ func (c *conn) notAdmitted(adm route.Admission) bool {
 	return keep
 }
 
-// refusedOrFail ends an exchange whose worker could not be connected to
-// (nothing was sent): reported as refused when the request may be placed
-// again, else a 502 not-sent. When the connect failed for want of this
-// host's descriptors or ports (upstream.ErrLocal), no other worker would
-// fare better: 502 at once, and the log says so (once per episode).
-func (c *conn) refusedOrFail(x *exchange, err error) bool {
-	if errors.Is(err, upstream.ErrLocal) {
-		c.s.logLocalShortage(err)
-		return c.fail(x, 502)
-	}
-	if x.reroutable {
-		x.refused, x.failed = true, true
-		return false
-	}
-	return c.fail(x, 502)
-}
-
-// fail answers status if no response head went out yet; either way the
-// client connection closes.
-func (c *conn) fail(x *exchange, status int) bool {
-	x.failed = true
-	if !x.sentHead {
-		x.status = status
-		switch status {
-		case 502:
-			c.s.counters.BadGateway.Add(1)
-		case 504:
-			c.s.counters.Timeouts.Add(1)
-		}
-		c.writeClient(upstreamError(status, x.sentUp, true))
-	}
-	return false
-}
-
 func (c *conn) proxyExchange(x *exchange) bool {
 	req := &c.req
 	cfg := &c.s.cfg
@@ -597,11 +562,7 @@ func (c *conn) proxyExchange(x *exchange) bool {
 		out, sent, err = c.appendBuffered(out, &sc, 0)
 		if err != nil {
 			c.out = out[:0]
-			x.up.Discard()
-			x.up = nil
-			c.s.counters.Rejected.Add(1)
-			c.rejectAndClose(err.(*httphead.Error).Status)
-			return false
+			return c.sendFailed(x, err, 0)
 		}
 	}
 	c.out = out[:0]
@@ -643,11 +604,7 @@ func (c *conn) proxyExchange(x *exchange) bool {
 			c.lingerClose()
 			return false
 		case !isTimeout(err):
-			if c.clientGone() {
-				c.s.counters.ClientAborted.Add(1)
-				return false
-			}
-			return c.fail(x, c.headErrStatus(err))
+			return c.answerFailed(x, err)
 		case req.Minor == 1:
 			// The backend is silent: tell the client to send (RFC 9110
 			// §10.1.1 lets a proxy do so) rather than leave a client that
@@ -667,41 +624,13 @@ func (c *conn) proxyExchange(x *exchange) bool {
 		}
 		c.out = nout[:0]
 		if err != nil {
-			if e, ok := err.(*httphead.Error); ok {
-				c.s.counters.Rejected.Add(1)
-				c.rejectAndClose(e.Status)
-				return false
-			}
-			if c.earlyAnswer(x, uw) {
-				return false
-			}
-			return c.fail(x, 502)
+			return c.sendFailed(x, err, uw)
 		}
 	}
 
 	// The rest of the request body.
 	if err := c.relayRequestBody(x, &sc, sent); err != nil {
-		if e, ok := err.(*httphead.Error); ok {
-			c.s.counters.Rejected.Add(1)
-			c.rejectAndClose(e.Status)
-			return false
-		}
-		if c.clientGone() {
-			c.s.counters.ClientAborted.Add(1)
-			return false
-		}
-		if c.earlyAnswer(x, uw) {
-			return false
-		}
-		if isTimeout(err) {
-			// A client that stopped sending its body (the worker is not to
-			// blame): 408, and the half-sent request dies with the upstream
-			// connection.
-			c.s.counters.Rejected.Add(1)
-			c.rejectAndClose(408)
-			return false
-		}
-		return c.fail(x, 502)
+		return c.sendFailed(x, err, uw)
 	}
 
 	// Watch the client while the backend works: if it leaves, close the
@@ -722,10 +651,7 @@ func (c *conn) awaitAndRelay(x *exchange, uw int) bool {
 		status, nw, err := c.readResponseHead(x, uw)
 		uw = nw
 		if err != nil {
-			if c.watchGone.Load() {
-				return false // the client left and the watch closed up: not the worker's fault
-			}
-			return c.fail(x, c.headErrStatus(err))
+			return c.answerFailed(x, err)
 		}
 		if status >= 200 {
 			return c.relayResponse(x, uw, true)
@@ -759,14 +685,6 @@ func (c *conn) earlyAnswer(x *exchange, uw int) bool {
 // continue100 is the interim response tether sends itself (see
 // proxyExchange).
 var continue100 = []byte("HTTP/1.1 100 Continue\r\n\r\n")
-
-// headErrStatus maps a failure before the response head to its status.
-func (c *conn) headErrStatus(err error) int {
-	if isTimeout(err) {
-		return 504
-	}
-	return 502
-}
 
 // dropHead removes the parsed response head from ubuf.
 func (c *conn) dropHead(uw *int) {
@@ -1051,25 +969,6 @@ func (c *conn) relayResponse(x *exchange, uw int, bodyRead bool) bool {
 		return false
 	}
 	return keep
-}
-
-// bodyFailed handles a relay error after the response head went out: the
-// client must see the truncation, so its connection closes.
-func (c *conn) bodyFailed(x *exchange, err error) bool {
-	x.reuse = false
-	if c.clientGone() {
-		c.s.counters.ClientAborted.Add(1)
-		return false
-	}
-	x.failed = true
-	c.s.counters.Truncated.Add(1)
-	if x.closeDelimited {
-		// A body framed by the close would look complete after a FIN:
-		// a reset (SO_LINGER 0) is the only way to show the cut. Bytes
-		// already queued to the client arrive before the error.
-		c.c.SetLinger(0)
-	}
-	return false
 }
 
 // clientGone reports whether the client closed or reset its connection.
