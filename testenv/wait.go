@@ -1,10 +1,12 @@
 package testenv
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -14,14 +16,45 @@ import (
 // guessed to be long enough.
 func WaitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	WaitForWithin(t, what, 10*time.Second, cond)
+}
+
+// WaitForWithin is WaitFor with its own bound: a test that asserts how
+// soon something happens (a change seen by every replica within 1 s), or
+// waits for something slow (a spawned process).
+func WaitForWithin(t testing.TB, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+			t.Fatalf("timed out waiting for %s (%v)", what, d)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// Buffer is a bytes.Buffer safe for concurrent writers (a log sink, a
+// command's output) that a test reads while they write.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+// String returns what was written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// Count returns how many times sub was written so far.
+func (b *Buffer) Count(sub string) int { return strings.Count(b.String(), sub) }
 
 // Resources are what a test may leak: goroutines, open descriptors, and
 // the pipes among them (splice pipes).

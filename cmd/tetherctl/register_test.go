@@ -1,10 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,24 +10,6 @@ import (
 	"github.com/tether-rl/tether/testenv/etcdtest"
 	"github.com/tether-rl/tether/userspace/cluster"
 )
-
-// syncWriter is a buffer safe to read while register writes to it.
-type syncWriter struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (w *syncWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
-}
 
 // workers register keeps the worker in the cluster's table while it runs
 // and takes it out when stopped; bad arguments are refused.
@@ -43,7 +23,7 @@ func TestWorkersRegister(t *testing.T) {
 		{"--cluster", ep, "--lease", "100ms", "http://127.0.0.1:9"},
 		{"--cluster", ep, "ftp://x"},
 	} {
-		if err := register(context.Background(), args, &syncWriter{}); err == nil {
+		if err := register(context.Background(), args, &testenv.Buffer{}); err == nil {
 			t.Errorf("%v accepted", args)
 		}
 	}
@@ -60,7 +40,7 @@ func TestWorkersRegister(t *testing.T) {
 		return len(tab.Workers)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	out := &syncWriter{}
+	out := &testenv.Buffer{}
 	done := make(chan error, 1)
 	go func() {
 		done <- register(ctx, []string{"--cluster", ep, "--cluster-name", "rl", "--lease", "2s", "http://127.0.0.1:30001"}, out)

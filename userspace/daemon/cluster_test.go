@@ -54,18 +54,6 @@ func sameTables(ds []*Daemon) bool {
 	return true
 }
 
-// waitWithin waits for cond at most d, failing with how long it took.
-func waitWithin(t *testing.T, what string, d time.Duration, cond func() bool) {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > d {
-			t.Fatalf("%s: not within %v", what, d)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // workerOf sends a keyed chat through d and returns the demo worker that
 // answered.
 func workerOf(t *testing.T, d *Daemon, key string) string {
@@ -91,14 +79,14 @@ func TestClusterReplicasAgree(t *testing.T) {
 	if r := ctlDo(t, "POST", "http://"+ds[0].AdminAddr()+"/workers", `{"url":"`+urls[0]+`"}`); r.status != 200 {
 		t.Fatalf("add through A: %d %s", r.status, r.body)
 	}
-	waitWithin(t, "the add seen by B and C", time.Second, func() bool { return sameTables(ds) && len(tableOf(ds[2])) == 1 })
+	testenv.WaitForWithin(t, "the add seen by B and C", time.Second, func() bool { return sameTables(ds) && len(tableOf(ds[2])) == 1 })
 	if r := ctlDo(t, "POST", "http://"+ds[1].AdminAddr()+"/add_worker?url="+url.QueryEscape(urls[1]), ""); r.status != 200 {
 		t.Fatalf("add through B: %d %s", r.status, r.body)
 	}
 	if r := ctlDo(t, "POST", "http://"+ds[2].AdminAddr()+"/workers", `{"url":"`+urls[2]+`","max_in_flight":50}`); r.status != 200 {
 		t.Fatalf("add through C: %d %s", r.status, r.body)
 	}
-	waitWithin(t, "three workers everywhere", time.Second, func() bool { return sameTables(ds) && len(tableOf(ds[0])) == 3 })
+	testenv.WaitForWithin(t, "three workers everywhere", time.Second, func() bool { return sameTables(ds) && len(tableOf(ds[0])) == 3 })
 	// Re-adding through another replica is a no-op, as on one host.
 	if r := ctlDo(t, "POST", "http://"+ds[1].AdminAddr()+"/workers", `{"url":"`+urls[0]+`"}`); r.status != 200 {
 		t.Fatalf("re-add: %d %s", r.status, r.body)
@@ -142,7 +130,7 @@ func TestClusterReplicasAgree(t *testing.T) {
 	if r := ctlDo(t, "POST", "http://"+ds[2].AdminAddr()+"/workers/0/drain", ""); r.status != 200 {
 		t.Fatalf("drain: %d %s", r.status, r.body)
 	}
-	waitWithin(t, "the drain everywhere", time.Second, func() bool {
+	testenv.WaitForWithin(t, "the drain everywhere", time.Second, func() bool {
 		for _, d := range ds {
 			if in, err := d.Registry.Get("0"); err != nil || in.State != registry.StateDraining {
 				return false
@@ -156,7 +144,7 @@ func TestClusterReplicasAgree(t *testing.T) {
 	if r := ctlDo(t, "DELETE", "http://"+ds[1].AdminAddr()+"/workers/0", ""); r.status != 200 {
 		t.Fatalf("remove: %d %s", r.status, r.body)
 	}
-	waitWithin(t, "the removal everywhere", time.Second, func() bool { return sameTables(ds) && len(tableOf(ds[2])) == 2 })
+	testenv.WaitForWithin(t, "the removal everywhere", time.Second, func() bool { return sameTables(ds) && len(tableOf(ds[2])) == 2 })
 	if st := ds[0].ClusterStatus(); !st.Up || st.Applied == 0 {
 		t.Fatalf("status %+v", st)
 	}
@@ -246,7 +234,7 @@ func TestClusterSelfRegistration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitWithin(t, "the registration everywhere", time.Second, func() bool {
+	testenv.WaitForWithin(t, "the registration everywhere", time.Second, func() bool {
 		return sameTables(ds) && tableOf(ds[0])[slot] == w0
 	})
 	time.Sleep(3 * time.Second) // past the TTL: the renewals hold it
@@ -257,7 +245,7 @@ func TestClusterSelfRegistration(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("revoke: %v", err)
 	}
-	waitWithin(t, "a stopped registration gone everywhere", time.Second, func() bool { return len(tableOf(ds[2])) == 0 && sameTables(ds) })
+	testenv.WaitForWithin(t, "a stopped registration gone everywhere", time.Second, func() bool { return len(tableOf(ds[2])) == 0 && sameTables(ds) })
 
 	// A registrant that dies: its client goes away without a revoke.
 	dying, err := cluster.Dial([]string{"http://" + etcd.Endpoint()}, DefaultClusterName)
@@ -319,7 +307,7 @@ func TestClusterEtcdOutage(t *testing.T) {
 			t.Fatalf("add: %d %s", r.status, r.body)
 		}
 	}
-	waitWithin(t, "two workers everywhere", time.Second, func() bool { return sameTables(ds) && len(tableOf(ds[2])) == 2 })
+	testenv.WaitForWithin(t, "two workers everywhere", time.Second, func() bool { return sameTables(ds) && len(tableOf(ds[2])) == 2 })
 
 	stop := make(chan struct{})
 	var sent, failed atomic.Int64
@@ -384,7 +372,7 @@ func TestClusterEtcdOutage(t *testing.T) {
 	if r := ctlDo(t, "POST", "http://"+ds[1].AdminAddr()+"/workers", `{"url":"`+urls[2]+`"}`); r.status != 200 {
 		t.Fatalf("add after the outage: %d %s", r.status, r.body)
 	}
-	waitWithin(t, "the add after the outage everywhere", time.Second, func() bool { return sameTables(ds) && len(tableOf(ds[0])) == 3 })
+	testenv.WaitForWithin(t, "the add after the outage everywhere", time.Second, func() bool { return sameTables(ds) && len(tableOf(ds[0])) == 3 })
 	halt()
 	t.Logf("%d requests during and around a 30s etcd outage, %d failed", sent.Load(), failed.Load())
 	if failed.Load() != 0 || sent.Load() < 100 {
@@ -404,7 +392,7 @@ func TestClusterReplicaKilled(t *testing.T) {
 			t.Fatalf("add: %d %s", r.status, r.body)
 		}
 	}
-	waitWithin(t, "four workers everywhere", time.Second, func() bool { return sameTables(ds) && len(tableOf(ds[1])) == 4 })
+	testenv.WaitForWithin(t, "four workers everywhere", time.Second, func() bool { return sameTables(ds) && len(tableOf(ds[1])) == 4 })
 	const sessions = 60
 	owner := make([]string, sessions)
 	for k := range sessions {
@@ -463,7 +451,7 @@ func TestClusterSharedSessions(t *testing.T) {
 			t.Fatalf("add: %d %s", r.status, r.body)
 		}
 	}
-	waitWithin(t, "three workers on both", time.Second, func() bool { return sameTables(ds) && len(tableOf(ds[1])) == 3 })
+	testenv.WaitForWithin(t, "three workers on both", time.Second, func() bool { return sameTables(ds) && len(tableOf(ds[1])) == 3 })
 	type session struct{ id, engine string }
 	var ss []session
 	var lag []time.Duration

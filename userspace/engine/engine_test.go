@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/tether-rl/tether/testenv"
 	"io"
 	"log/slog"
 	"net"
@@ -125,18 +126,6 @@ func decode[T any](t *testing.T, r response) T {
 	return v
 }
 
-// waitFor polls cond for up to 10s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // generate starts a slow POST /generate through the proxy and returns a
 // channel with its response.
 func (h *harness) generate(body string, headers ...string) <-chan response {
@@ -178,7 +167,7 @@ var slow = demo.Options{StreamDelay: 50 * time.Millisecond, StreamChunks: 400}
 func TestAbortReachesOwnerOnly(t *testing.T) {
 	h := newHarness(t, 4, slow, route.PolicyConfig{})
 	gen := h.generate(`{"rid":"gen-1","text":"a long prompt","sampling_params":{}}`, "X-Session-ID", "trajectory-7:0")
-	waitFor(t, "gen-1 running", func() bool { return h.running() == 1 })
+	testenv.WaitFor(t, "gen-1 running", func() bool { return h.running() == 1 })
 	owner, ok := h.owners.Owner([]byte("gen-1"))
 	if !ok {
 		t.Fatal("gen-1 not tracked")
@@ -218,7 +207,7 @@ func TestAbortReachesOwnerOnly(t *testing.T) {
 		t.Fatalf("generate: %d %s", g.status, g.body)
 	}
 	// The id is released once the exchange ended.
-	waitFor(t, "gen-1 released", func() bool { return h.owners.Len() == 0 })
+	testenv.WaitFor(t, "gen-1 released", func() bool { return h.owners.Len() == 0 })
 
 	// An id nobody knows goes to every worker.
 	r = h.do("POST", "/abort_request", `{"rid":"never-seen","extra":{"kept":true}}`)
@@ -232,7 +221,7 @@ func TestAbortReachesOwnerOnly(t *testing.T) {
 func TestAbortByHeaderRequestID(t *testing.T) {
 	h := newHarness(t, 3, slow, route.PolicyConfig{})
 	gen := h.generate(`{"text":"x"}`, "X-Request-ID", "hdr-9", "X-SMG-Target-Worker", "2")
-	waitFor(t, "hdr-9 running", func() bool { return slices.Equal(h.demos[2].Running(), []string{"hdr-9"}) })
+	testenv.WaitFor(t, "hdr-9 running", func() bool { return slices.Equal(h.demos[2].Running(), []string{"hdr-9"}) })
 	r := h.do("POST", "/abort_requests", `{"request_ids":["hdr-9"]}`)
 	ans := decode[engine.AbortAnswer](t, r)
 	if r.status != 200 || ans.Routed != "owners" || len(ans.Successful) != 1 || ans.Successful[0].Worker != 2 {
@@ -247,7 +236,7 @@ func TestAbortRequestsGroupedPerOwner(t *testing.T) {
 	for _, g := range []struct{ rid, slot string }{{"a", "0"}, {"b", "1"}, {"c", "1"}} {
 		gens = append(gens, h.generate(`{"rid":"`+g.rid+`"}`, "X-SMG-Target-Worker", g.slot))
 	}
-	waitFor(t, "3 running", func() bool { return h.running() == 3 })
+	testenv.WaitFor(t, "3 running", func() bool { return h.running() == 3 })
 	r := h.do("POST", "/abort_requests", `{"request_ids":["a","b","c","zz","b"]}`)
 	if r.status != 200 {
 		t.Fatalf("%d %s", r.status, r.body)
@@ -278,7 +267,7 @@ func TestAbortAllFansOut(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		gens = append(gens, h.generate(fmt.Sprintf(`{"rid":"x%d","stream":true}`, i), "X-SMG-Target-Worker", fmt.Sprint(i)))
 	}
-	waitFor(t, "3 running", func() bool { return h.running() == 3 })
+	testenv.WaitFor(t, "3 running", func() bool { return h.running() == 3 })
 	r := h.do("POST", "/abort_request", `{"abort_all":true}`)
 	ans := decode[engine.AbortAnswer](t, r)
 	if r.status != 200 || ans.Routed != "all" || len(ans.Successful) != 3 {
@@ -302,7 +291,7 @@ func TestAbortUntilIdle(t *testing.T) {
 		}
 		gens = append(gens, h.generate(body, "X-Session-ID", fmt.Sprint("k", i)))
 	}
-	waitFor(t, "9 running", func() bool { return h.running() == 9 })
+	testenv.WaitFor(t, "9 running", func() bool { return h.running() == 9 })
 	start := time.Now()
 	r := h.do("POST", "/abort_until_idle?timeout_s=10", "")
 	took := time.Since(start)
@@ -327,7 +316,7 @@ func TestAbortUntilIdle(t *testing.T) {
 	// still running.
 	slowReq := make(chan response, 1)
 	go func() { slowReq <- h.do("POST", "/sessions/w1-abc/slow?chunks=8&delay_ms=100", "") }()
-	waitFor(t, "slow session request in flight", func() bool { return h.tab.Get(1).Stats.Pending() == 1 })
+	testenv.WaitFor(t, "slow session request in flight", func() bool { return h.tab.Get(1).Stats.Pending() == 1 })
 	r = h.do("POST", "/abort_until_idle?timeout_s=0.3", "")
 	ans = decode[engine.IdleAnswer](t, r)
 	if r.status != 200 || ans.Idle || len(ans.StillRunning) != 1 || ans.StillRunning[0].Worker != 1 || ans.StillRunning[0].InFlight != 1 || ans.Waves < 1 {
@@ -498,5 +487,5 @@ func TestTrackingUnderLoad(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	waitFor(t, "all ids released", func() bool { return h.owners.Len() == 0 })
+	testenv.WaitFor(t, "all ids released", func() bool { return h.owners.Len() == 0 })
 }

@@ -86,7 +86,7 @@ func closeAll(t *testing.T, g *Group, k int, conns []net.Conn) {
 	for _, c := range conns {
 		c.Close()
 	}
-	waitFor(t, "every connection counted closed", func() bool {
+	testenv.WaitFor(t, "every connection counted closed", func() bool {
 		for i := range k {
 			if l := g.Stats().Slot(i).Load(); l.Active != 0 || l.SteerLoad != 0 {
 				return false

@@ -243,7 +243,7 @@ func TestBalance(t *testing.T) {
 		}
 		c.Close()
 	}
-	waitFor(t, "all connections counted closed", func() bool {
+	testenv.WaitFor(t, "all connections counted closed", func() bool {
 		for i := range k {
 			l := g.Stats().Slot(i).Load()
 			if l.Active != 0 || l.Closed != l.Accepted {
@@ -252,17 +252,6 @@ func TestBalance(t *testing.T) {
 		}
 		return true
 	})
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // TestDrainingSlotGetsNothing: a slot marked draining gets no new
@@ -329,7 +318,7 @@ func TestDrainMigratesFullQueue(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "a full accept queue on slot 0", func() bool {
+	testenv.WaitFor(t, "a full accept queue on slot 0", func() bool {
 		q, err := sysconn.AcceptQueue(ln0)
 		return err == nil && q == n
 	})
@@ -399,7 +388,7 @@ func TestWatcherDrains(t *testing.T) {
 	if err := ctl.SetSlotState(2, bpf.SlotDraining, 1); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "slot 2 drained", func() bool {
+	testenv.WaitFor(t, "slot 2 drained", func() bool {
 		state, _, err := ctl.Slot(2)
 		return err == nil && state == bpf.SlotEmpty
 	})
@@ -431,7 +420,7 @@ func TestLastListenerStays(t *testing.T) {
 	if err := ctl.SetSlotState(1, bpf.SlotDraining, 1); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "slot 1 active again", func() bool {
+	testenv.WaitFor(t, "slot 1 active again", func() bool {
 		state, _, err := ctl.Slot(1)
 		return err == nil && state == bpf.SlotActive
 	})

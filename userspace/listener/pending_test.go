@@ -77,7 +77,7 @@ func TestPendingCountedOnSYN(t *testing.T) {
 	for _, c := range conns {
 		c.Close()
 	}
-	waitFor(t, "steer_load back to 0", func() bool { return slotSum(g, k, steerLoadOf) == 0 })
+	testenv.WaitFor(t, "steer_load back to 0", func() bool { return slotSum(g, k, steerLoadOf) == 0 })
 }
 
 // TestSettleLeak: counts the program left pending for connections that
@@ -124,7 +124,7 @@ func TestSettleLeak(t *testing.T) {
 		atomic.AddUint64(&l.s.Pending, l.n)
 	}
 	start := time.Now()
-	waitFor(t, "leaked counts settled", func() bool {
+	testenv.WaitFor(t, "leaked counts settled", func() bool {
 		return s0.Load().Pending == 0 && s1.Load().Pending == uint64(q1)
 	})
 	t.Logf("settled after %v", time.Since(start).Round(time.Millisecond))
@@ -175,19 +175,19 @@ func TestSettleAbandonedSYN(t *testing.T) {
 	// A bare ACK (no connection): the program chooses a listener for it,
 	// which answers with a reset; nothing is counted pending.
 	sendRaw(t, ns, 40001, port, tcpACK)
-	waitFor(t, "the ACK steered", func() bool { return selected() == 1 })
+	testenv.WaitFor(t, "the ACK steered", func() bool { return selected() == 1 })
 	if p, s := slotSum(g, k, pendingOf), slotSum(g, k, steeredOf); p != 0 || s != 0 {
 		t.Errorf("after a bare ACK: pending %d, steered %d; want 0", p, s)
 	}
 
 	// A SYN: counted pending; the handshake dies on the client's reset.
 	sendRaw(t, ns, 40002, port, tcpSYN)
-	waitFor(t, "the SYN steered", func() bool { return selected() == 2 })
+	testenv.WaitFor(t, "the SYN steered", func() bool { return selected() == 2 })
 	if s, p := slotSum(g, k, steeredOf), slotSum(g, k, pendingOf); s != 1 || p != 1 {
 		t.Errorf("after a SYN: steered %d, pending %d; want 1, 1", s, p)
 	}
 	start := time.Now()
-	waitFor(t, "the abandoned SYN settled", func() bool {
+	testenv.WaitFor(t, "the abandoned SYN settled", func() bool {
 		return slotSum(g, k, pendingOf) == 0 && slotSum(g, k, steerLoadOf) == 0
 	})
 	t.Logf("abandoned SYN settled after %v (grace 100ms, poll 20ms)", time.Since(start).Round(time.Millisecond))

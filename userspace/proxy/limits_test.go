@@ -2,14 +2,12 @@ package proxy
 
 import (
 	"bufio"
-	"bytes"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -18,25 +16,7 @@ import (
 	"github.com/tether-rl/tether/testenv"
 )
 
-// syncBuffer is a log sink safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) count(sub string) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return strings.Count(s.b.String(), sub)
-}
-
-func logTo(b *syncBuffer) *slog.Logger { return slog.New(slog.NewTextHandler(b, nil)) }
+func logTo(b *testenv.Buffer) *slog.Logger { return slog.New(slog.NewTextHandler(b, nil)) }
 
 // At MaxConns the accept loop pauses: a further client waits in the
 // kernel's queue, unanswered, and is served as soon as a connection
@@ -44,7 +24,7 @@ func logTo(b *syncBuffer) *slog.Logger { return slog.New(slog.NewTextHandler(b, 
 func TestMaxConnsPausesAccept(t *testing.T) {
 	testenv.CheckLeaks(t)
 	be := httpBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
-	var logs syncBuffer
+	var logs testenv.Buffer
 	p := startProxy(t, []string{be}, func(c *Config) { c.MaxConns = 2; c.Log = logTo(&logs) })
 	get := "GET /x HTTP/1.1\r\nHost: x\r\n\r\n"
 	var held []net.Conn
@@ -75,8 +55,8 @@ func TestMaxConnsPausesAccept(t *testing.T) {
 		t.Fatal("a connection past MaxConns was served")
 	case <-time.After(200 * time.Millisecond):
 	}
-	if n := logs.count("accepting paused"); n != 1 {
-		t.Fatalf("%d pause lines, want 1 for the episode:\n%s", n, logs.b.String())
+	if n := logs.Count("accepting paused"); n != 1 {
+		t.Fatalf("%d pause lines, want 1 for the episode:\n%s", n, logs.String())
 	}
 	// Each close lets one waiting client in.
 	for i, w := range ws {
@@ -96,9 +76,9 @@ func TestMaxConnsPausesAccept(t *testing.T) {
 	}
 	testenv.WaitFor(t, "connections closed", func() bool { return p.srv.Counters().Open.Load() == 0 })
 	// The clients came in one by one: one episode, ended once quiet.
-	testenv.WaitFor(t, "the resume line", func() bool { return logs.count("accepting resumed") == 1 })
-	if n := logs.count("accepting paused"); n != 1 {
-		t.Fatalf("%d pause lines for one episode:\n%s", n, logs.b.String())
+	testenv.WaitFor(t, "the resume line", func() bool { return logs.Count("accepting resumed") == 1 })
+	if n := logs.Count("accepting paused"); n != 1 {
+		t.Fatalf("%d pause lines for one episode:\n%s", n, logs.String())
 	}
 	if pauses := p.srv.Counters().AcceptPauses.Load(); pauses != 1 {
 		t.Fatalf("%d pause episodes for 3 waiting clients, want 1", pauses)
@@ -124,7 +104,7 @@ func (l *failingListener) Accept() (net.Conn, error) {
 // is logged once when it begins and once when it ends; service resumes.
 func TestAcceptFailureBacksOff(t *testing.T) {
 	be := httpBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
-	var logs syncBuffer
+	var logs testenv.Buffer
 	p := startProxy(t, []string{be}, func(c *Config) { c.Log = logTo(&logs) })
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
@@ -152,12 +132,12 @@ func TestAcceptFailureBacksOff(t *testing.T) {
 	if resp, _ := readResp(t, bufio.NewReader(c), false); resp.StatusCode != 200 {
 		t.Fatalf("after the failures: %d", resp.StatusCode)
 	}
-	if n := logs.count("accept failing"); n != 1 {
-		t.Fatalf("%d failure lines, want 1:\n%s", n, logs.b.String())
+	if n := logs.Count("accept failing"); n != 1 {
+		t.Fatalf("%d failure lines, want 1:\n%s", n, logs.String())
 	}
-	testenv.WaitFor(t, "the resume line", func() bool { return logs.count("accept resumed") == 1 })
-	if !strings.Contains(logs.b.String(), "too many open files") {
-		t.Fatalf("the log does not name the cause:\n%s", logs.b.String())
+	testenv.WaitFor(t, "the resume line", func() bool { return logs.Count("accept resumed") == 1 })
+	if !strings.Contains(logs.String(), "too many open files") {
+		t.Fatalf("the log does not name the cause:\n%s", logs.String())
 	}
 }
 

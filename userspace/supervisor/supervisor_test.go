@@ -5,6 +5,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"github.com/tether-rl/tether/testenv"
 	"io"
 	"log/slog"
 	"net"
@@ -133,17 +134,6 @@ func getPIDs(t *testing.T, url string) (pid, gpid int) {
 	return pid, gpid
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timeout waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // alive reports whether pid is a live process (a zombie is not: it holds
 // no port and no memory).
 func alive(pid int) bool {
@@ -210,7 +200,7 @@ func TestSpawnCrashRestartStop(t *testing.T) {
 			s.Stop(context.Background())
 		}
 	}()
-	waitFor(t, "3 workers routable", func() bool {
+	testenv.WaitForWithin(t, "3 workers routable", 20*time.Second, func() bool {
 		for i := 0; i < 3; i++ {
 			if w := reg.Table().Get(i); w == nil || w.State() != route.Healthy {
 				return false
@@ -241,8 +231,8 @@ func TestSpawnCrashRestartStop(t *testing.T) {
 	// Crash worker 1: unhealthy at once, then back in slot 1 on its port.
 	pid1, _ := getPIDs(t, urls[1])
 	syscall.Kill(pid1, syscall.SIGKILL)
-	waitFor(t, "slot 1 unhealthy", func() bool { return reg.Table().Get(1).State() == route.Unhealthy })
-	waitFor(t, "slot 1 back", func() bool { return reg.Table().Get(1).State() == route.Healthy })
+	testenv.WaitForWithin(t, "slot 1 unhealthy", 20*time.Second, func() bool { return reg.Table().Get(1).State() == route.Unhealthy })
+	testenv.WaitForWithin(t, "slot 1 back", 20*time.Second, func() bool { return reg.Table().Get(1).State() == route.Healthy })
 	if got := reg.Table().Get(1).URL; got != urls[1] {
 		t.Fatalf("restarted on %s, want %s", got, urls[1])
 	}
@@ -289,7 +279,7 @@ func TestStopKillsAfterGrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Start()
-	waitFor(t, "ready", func() bool { return s.Procs()[0].Ready })
+	testenv.WaitForWithin(t, "ready", 20*time.Second, func() bool { return s.Procs()[0].Ready })
 	pid, _ := getPIDs(t, s.URLs()[0])
 	start := time.Now()
 	s.Stop(context.Background())
@@ -310,10 +300,10 @@ func TestFDHandover(t *testing.T) {
 	reg.Reserve(0, s.URLs()[0], registry.OriginSpawn)
 	s.Start()
 	defer s.Stop(context.Background())
-	waitFor(t, "ready", func() bool { w := reg.Table().Get(0); return w != nil && w.State() == route.Healthy })
+	testenv.WaitForWithin(t, "ready", 20*time.Second, func() bool { w := reg.Table().Get(0); return w != nil && w.State() == route.Healthy })
 	pid, _ := getPIDs(t, s.URLs()[0])
 	syscall.Kill(pid, syscall.SIGKILL)
-	waitFor(t, "restart", func() bool { p := s.Procs()[0]; return p.Ready && p.PID != pid })
+	testenv.WaitForWithin(t, "restart", 20*time.Second, func() bool { p := s.Procs()[0]; return p.Ready && p.PID != pid })
 	if npid, _ := getPIDs(t, s.URLs()[0]); npid == pid {
 		t.Fatal("not restarted")
 	}
@@ -347,6 +337,6 @@ func TestWorkersDieWithTetherd(t *testing.T) {
 	}
 	cmd.Process.Kill()
 	cmd.Wait()
-	waitFor(t, "orphan worker to die", func() bool { return !alive(pid) })
-	waitFor(t, "port to be free", func() bool { return portFree(t, url) })
+	testenv.WaitForWithin(t, "orphan worker to die", 20*time.Second, func() bool { return !alive(pid) })
+	testenv.WaitForWithin(t, "port to be free", 20*time.Second, func() bool { return portFree(t, url) })
 }
