@@ -26,7 +26,7 @@ import (
 	"time"
 )
 
-var allTargets = []string{"direct", "tetherd", "tetherd-nobpf", "nginx", "haproxy", "caddy"}
+var allTargets = []string{"direct", "tetherd", "tetherd-nobpf", "nginx", "haproxy", "caddy", "evloop-exp"}
 
 type options struct {
 	dur          time.Duration
@@ -150,6 +150,10 @@ func logf(format string, args ...any) {
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "standin-worker" {
 		runStandinWorker(os.Args[2:])
+		return
+	}
+	if len(os.Args) > 1 && os.Args[1] == "evloop-proxy" {
+		runEvloopProxy(os.Args[2:])
 		return
 	}
 	o := parseFlags()
@@ -465,6 +469,11 @@ func (b *bench) setup() error {
 	}
 	addExternal("nginx", b.nginxBin, b.startNginx)
 	addExternal("haproxy", b.haproxyBin, b.startHaproxy)
+	evt := &target{name: "evloop-exp", start: b.startEvloop}
+	if !b.want("evloop-exp") {
+		evt.skip, evt.start = "excluded by -only", nil
+	}
+	b.targets = append(b.targets, evt)
 	if b.want("caddy") && b.caddyBin == "" && b.caddyErr != "" {
 		b.targets = append(b.targets, &target{name: "caddy", skip: "caddy did not build: " + firstLine(b.caddyErr)})
 	} else {

@@ -174,6 +174,11 @@ func (b *bench) report(bal balanceResult) string {
 						passMiss(median(cr) <= 0.75), passMiss(median(rr) >= 1.15))
 				}
 			}
+			if ev, ng := b.targetByName("evloop-exp"), b.targetByName("nginx"); ev != nil && ng != nil && sums["evloop-exp"].ok && sums["nginx"].ok {
+				cr, rr := runRatio(ev, ng, cpuOf), runRatio(ev, ng, rpsOf)
+				fmt.Fprintf(&w, "- evloop-exp (the event-loop experiment, userspace/evloop: keep-alive path only, not the data plane)/nginx: CPU per request %.2f× (per run %s), req/s %.2f×, %.2f system calls per request\n",
+					median(cr), fmtList(cr, 2), median(rr), sums["evloop-exp"].syscalls)
+			}
 			if sc := sums["tetherd"].syscalls; sc >= 0 {
 				fmt.Fprintf(&w, "- tetherd system calls per proxied request %.2f (target ≤ 4: %s), context switches %.2f; nginx %.2f and %.2f\n",
 					sc, passMiss(sc <= 4), sums["tetherd"].switches, sums["nginx"].syscalls, sums["nginx"].switches)

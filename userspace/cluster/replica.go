@@ -46,14 +46,16 @@ type Replica struct {
 	rev     int64
 	pending map[string]uint64 // max_in_flight asked before the worker's add
 
-	up       atomic.Bool
-	lastErr  atomic.Pointer[string]
-	applied  atomic.Uint64 // changes applied to the registry
-	skipped  atomic.Uint64 // bad entries skipped
-	kick     chan struct{}
-	stop     chan struct{}
-	done     chan struct{}
-	stopOnce sync.Once
+	up        atomic.Bool
+	lastErr   atomic.Pointer[string]
+	applied   atomic.Uint64 // changes applied to the registry
+	skipped   atomic.Uint64 // bad entries skipped
+	kick      chan struct{}
+	stop      chan struct{}
+	done      chan struct{}
+	stopOnce  sync.Once
+	startOnce sync.Once
+	started   bool
 }
 
 // Status is what GET /cluster, tetherctl status and /metrics show.
@@ -67,18 +69,29 @@ type Status struct {
 	Skipped   uint64 `json:"skipped"`
 }
 
-// NewReplica starts applying the cluster's table to reg.
+// NewReplica returns the replica that applies the cluster's table to
+// reg once started: Start it when everything the registry's changes reach
+// (metrics, hooks) exists.
 func NewReplica(store *Store, reg Registry, log *slog.Logger) *Replica {
-	r := &Replica{store: store, reg: reg, log: log, desired: map[int]Spec{}, pending: map[string]uint64{},
+	return &Replica{store: store, reg: reg, log: log, desired: map[int]Spec{}, pending: map[string]uint64{},
 		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
-	go r.run()
-	return r
+}
+
+// Start begins listing, watching and applying.
+func (r *Replica) Start() {
+	r.startOnce.Do(func() {
+		r.started = true
+		go r.run()
+	})
 }
 
 // Close stops the replica (the registry keeps what it has).
 func (r *Replica) Close() {
 	r.stopOnce.Do(func() { close(r.stop) })
-	<-r.done
+	r.startOnce.Do(func() {}) // never started: nothing to wait for
+	if r.started {
+		<-r.done
+	}
 }
 
 // Up reports whether etcd answered the last check.

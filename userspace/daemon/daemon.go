@@ -304,6 +304,10 @@ func New(opts Options) (*Daemon, error) {
 	if err := d.newControl(opts); err != nil {
 		return nil, err
 	}
+	if d.ctl.replica != nil {
+		// Only now: its changes reach the metrics and hooks made above.
+		d.ctl.replica.Start()
+	}
 	ok = true
 	return d, nil
 }
