@@ -61,3 +61,21 @@ func TestWorkersRegister(t *testing.T) {
 		t.Fatalf("%d workers after the registrant stopped", n)
 	}
 }
+
+// tetherctl status says whether the cluster link is up, and why not.
+func TestStatusCluster(t *testing.T) {
+	var b strings.Builder
+	st := &Status{Cluster: &cluster.Status{Name: "/tether/rl/", Up: false, LastError: "cluster store (etcd) unavailable: context deadline exceeded", Workers: 3, Revision: 42}}
+	if err := st.printCluster(&b); err != nil {
+		t.Fatal(err)
+	}
+	if out := b.String(); !strings.Contains(out, "link DOWN") || !strings.Contains(out, "503") || !strings.Contains(out, "3 workers at revision 42") {
+		t.Fatalf("status: %q", out)
+	}
+	b.Reset()
+	st.Cluster.Up = true
+	st.printCluster(&b)
+	if !strings.Contains(b.String(), "link UP") {
+		t.Fatalf("status: %q", b.String())
+	}
+}
