@@ -768,6 +768,9 @@ func (b *bench) phaseBodies() {
 	want := hex.EncodeToString(sum[:])
 	for run := 1; run <= o.runs; run++ {
 		for _, t := range b.targets {
+			if t.name == "evloop-exp" {
+				continue // the experiment proxies the keep-alive path only
+			}
 			if !b.active(t) || b.ctx.Err() != nil {
 				continue
 			}

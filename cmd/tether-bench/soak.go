@@ -227,8 +227,10 @@ func (b *bench) soakSlowloris(t *target, in *instance) []string {
 }
 
 var (
-	ansiRe = regexp.MustCompile("\x1b\\[[0-9;]*m")
-	slowRe = regexp.MustCompile(`(connected|closed|error):\s+(\d+)`)
+	ansiRe  = regexp.MustCompile("\x1b\\[[0-9;]*m")
+	slowRe  = regexp.MustCompile(`(connected|closed|error):\s+(\d+)`)
+	endedRe = regexp.MustCompile(`Test ended on (\d+)`)
+	exitRe  = regexp.MustCompile(`Exit status:\s*([^\n]*)`)
 )
 
 // soakSlowhttptest runs slowhttptest in slowloris mode (2,000 connections,
@@ -250,8 +252,9 @@ func (b *bench) soakSlowhttptest(t *target, in *instance, bin string) []string {
 	under, fails := b.wrkRate(t, in, 32, 3*time.Second)
 	rss1 := treeRSS(in.pids()...)
 	cmd.Wait()
+	text := ansiRe.ReplaceAllString(out.String(), "")
 	var maxConnected, closed, errs int
-	for _, m := range slowRe.FindAllStringSubmatch(ansiRe.ReplaceAllString(out.String(), ""), -1) {
+	for _, m := range slowRe.FindAllStringSubmatch(text, -1) {
 		n, _ := strconv.Atoi(m[2])
 		switch m[1] {
 		case "connected":
@@ -262,13 +265,25 @@ func (b *bench) soakSlowhttptest(t *target, in *instance, bin string) []string {
 			errs = n
 		}
 	}
+	// Its status lines come every 5 s; the end says why it stopped: "No
+	// open connections left" means the proxy closed every one.
+	ended, exit := "25", "?"
+	if m := endedRe.FindStringSubmatch(text); m != nil {
+		ended = m[1]
+	}
+	if m := exitRe.FindStringSubmatch(text); m != nil {
+		exit = strings.TrimSpace(m[1])
+	}
+	if strings.Contains(exit, "No open connections left") {
+		closed = maxConnected
+	}
 	held := 0.0
 	if base > 0 {
 		held = under / base
 	}
 	return []string{
 		fmt.Sprintf("%.0f → %.0f req/s (held %.0f%%), %d failed", base, under, 100*held, fails),
-		fmt.Sprintf("slowhttptest -H -c 2000: up to %d slow connections open at once, %d closed by the proxy over 25 s, %d errors", maxConnected, closed, errs),
+		fmt.Sprintf("slowhttptest -H -c 2000: up to %d slow connections open at once, %d closed by the proxy, test ended on second %s (%s), %d errors", maxConnected, closed, ended, exit, errs),
 		"RSS +" + mib(rss1-rss0),
 	}
 }
