@@ -59,7 +59,8 @@ type manager struct {
 	closing bool
 	keepTmp bool
 	hooks   []func()
-	noFile  int // >0: processes start under ulimit -n noFile
+	noFile  int      // >0: processes start under ulimit -n noFile
+	env     []string // extra environment for the processes started now
 
 	cleanOnce sync.Once
 }
@@ -101,6 +102,9 @@ func (m *manager) start(name, bin string, args ...string) (*proc, error) {
 		bin = "/bin/sh"
 	}
 	cmd := exec.Command(bin, args...)
+	if len(m.env) > 0 {
+		cmd.Env = append(os.Environ(), m.env...)
+	}
 	cmd.Stdout = lf
 	cmd.Stderr = lf
 	cmd.Dir = m.tmp
