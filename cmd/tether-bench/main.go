@@ -95,7 +95,7 @@ func parseFlags() options {
 	flag.IntVar(&o.conns, "conns", 64, "wrk connections")
 	flag.IntVar(&o.threads, "threads", 2, "wrk threads")
 	flag.StringVar(&only, "only", "", "comma list of targets: "+strings.Join(allTargets, ",")+" (direct, the baseline, always runs)")
-	flag.StringVar(&phases, "phases", "rps,bodies,balance,restart,scaling", "comma list of phases to run (also: soak, the overload and fault scenarios of make soak)")
+	flag.StringVar(&phases, "phases", "rps,bodies,balance,restart,scaling,latency", "comma list of phases to run (also: soak, the overload and fault scenarios of make soak)")
 	flag.IntVar(&o.soakGB, "soak-gb", 8, "body size in GiB for the soak's big-body scenario")
 	var soakOnly string
 	flag.StringVar(&soakOnly, "soak-only", "", "comma list of soak scenarios to run (slowloris, idle, slow readers, big bodies, fd limit); default all")
@@ -932,6 +932,10 @@ func (b *bench) main() int {
 	if b.o.phases["restart"] && b.ctx.Err() == nil {
 		restarts = b.phaseRestart()
 	}
+	var lat latencyResult
+	if b.o.phases["latency"] && b.ctx.Err() == nil {
+		lat = b.phaseLatency()
+	}
 	var scaling []scalingRow
 	if b.o.phases["scaling"] && b.ctx.Err() == nil {
 		scaling = b.phaseScaling()
@@ -945,6 +949,7 @@ func (b *bench) main() int {
 	if b.o.phases["restart"] {
 		report += restartReport(restarts)
 	}
+	report += latencyReport(lat)
 	report += scalingReport(scaling)
 	report += soakReport(soaks)
 	fmt.Println(report)
