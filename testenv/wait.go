@@ -3,6 +3,7 @@ package testenv
 import (
 	"bytes"
 	"fmt"
+	"net"
 	"os"
 	"runtime"
 	"strings"
@@ -104,4 +105,40 @@ func CheckLeaks(t testing.TB) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	})
+}
+
+// RunNoLeaks runs a package's tests (a TestMain calls it) and fails the
+// package when they leave goroutines, descriptors or pipes behind, after
+// waiting up to 10 s for them to wind down (splice pipes close through
+// finalizers: the wait runs the GC). It returns the exit code.
+func RunNoLeaks(m *testing.M) int {
+	if ln, err := net.Listen("tcp4", "127.0.0.1:0"); err == nil {
+		ln.Close() // the network poller's own descriptors are not a leak
+	}
+	before := Snapshot()
+	code := m.Run()
+	if code != 0 {
+		return code
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		runtime.GC()
+		now := Snapshot()
+		if now.Goroutines <= before.Goroutines && now.FDs <= before.FDs && now.Pipes <= before.Pipes {
+			return 0
+		}
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			fmt.Fprintf(os.Stderr, "LEAK: before %v, after %v\n", before, now)
+			if ents, err := os.ReadDir("/proc/self/fd"); err == nil {
+				for _, e := range ents {
+					l, _ := os.Readlink("/proc/self/fd/" + e.Name())
+					fmt.Fprintf(os.Stderr, "  fd %s -> %s\n", e.Name(), l)
+				}
+			}
+			os.Stderr.Write(buf[:runtime.Stack(buf, true)])
+			return 1
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

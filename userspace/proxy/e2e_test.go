@@ -8,8 +8,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"runtime"
-	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,52 +27,9 @@ func TestMain(m *testing.M) {
 		faultBackend() // a worker process for fault_process_test.go
 		return
 	}
-	// Start the network poller first: its descriptors are not a leak.
-	if ln, err := net.Listen("tcp4", "127.0.0.1:0"); err == nil {
-		ln.Close()
-	}
-	g0, fd0 := runtime.NumGoroutine(), countFDs()
-	code := m.Run()
-	if code == 0 && !noLeaks(g0, fd0) {
-		code = 1
-	}
-	os.Exit(code)
-}
-
-func countFDs() int {
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		return -1
-	}
-	return len(ents)
-}
-
-// noLeaks waits up to 2 s for the goroutines and descriptors to come back
-// to their baseline; it dumps what is left when they do not.
-func noLeaks(g0, fd0 int) bool {
-	const slack = 0 // the steady state is exactly the baseline
-	deadline := time.Now().Add(2 * time.Second)
-	for {
-		g, fd := runtime.NumGoroutine(), countFDs()
-		if g <= g0+slack && fd <= fd0 {
-			return true
-		}
-		if time.Now().After(deadline) {
-			fmt.Fprintf(os.Stderr, "LEAK: %d goroutines (baseline %d), %d fds (baseline %d)\n", g, g0, fd, fd0)
-			if ents, err := os.ReadDir("/proc/self/fd"); err == nil {
-				for _, e := range ents {
-					l, _ := os.Readlink("/proc/self/fd/" + e.Name())
-					fmt.Fprintf(os.Stderr, "  fd %s -> %s\n", e.Name(), l)
-				}
-			}
-			pprof.Lookup("goroutine").WriteTo(os.Stderr, 2)
-			return false
-		}
-		// splice(2) keeps its pipes in a sync.Pool, closed by a finalizer
-		// once the pool is dropped: that takes garbage collections.
-		runtime.GC()
-		time.Sleep(10 * time.Millisecond)
-	}
+	// No test of the package may leave a goroutine, descriptor or pipe
+	// behind.
+	os.Exit(testenv.RunNoLeaks(m))
 }
 
 // tbackend is a raw TCP backend that counts connections, records every

@@ -310,6 +310,9 @@ func (s *Server) ShutdownGently(ctx context.Context, idleGrace time.Duration) er
 	for {
 		select {
 		case <-done:
+			if s.parker != nil {
+				s.parker.closeAll() // no connection left to park: end its loop
+			}
 			return nil
 		case <-ctx.Done():
 			s.Close()

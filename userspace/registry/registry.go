@@ -975,11 +975,21 @@ func (r *Registry) Close() {
 	}
 	r.closed = true
 	close(r.stop)
+	var pools []*upstream.Pool
 	for _, e := range r.entries {
 		if e.w == nil && e.cancel != nil {
 			e.cancel()
 		}
+		if e.w != nil {
+			pools = append(pools, e.w.Pool)
+		}
 	}
 	r.mu.Unlock()
 	r.wg.Wait()
+	// The registry made the workers' pools: it closes them (their idle
+	// connections and janitors). Requests still running put theirs back
+	// into a closed pool, which closes them.
+	for _, p := range pools {
+		p.Close()
+	}
 }
