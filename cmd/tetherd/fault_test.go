@@ -60,7 +60,7 @@ func TestOutOfDescriptors(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer cmd.Process.Kill()
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
 	var logs logWatch
 	go logs.run(stderr)
 	addr := logs.wait(t, `msg="tetherd serving" listen=(\S+)`)
