@@ -322,7 +322,7 @@ func (b *bench) soakIdle(t *target, in *instance) []string {
 		}
 		conns = append(conns, c)
 	}
-	time.Sleep(5 * time.Second) // settle (tetherd parks idle connections after --park-after, 250 ms)
+	time.Sleep(5 * time.Second) // settle (RSS after the connections opened)
 	rss1 := treeRSS(in.pids()...)
 	for _, c := range conns {
 		c.Close()

@@ -73,7 +73,7 @@ func parse(args []string) (*cli, error) {
 	fs.DurationVar(&opts.ResponseTimeout, "response-timeout", 30*time.Minute, "wait for the first response byte before 504")
 	fs.Int64Var(&opts.SpliceMin, "splice-min", 16<<10, "body remainders of at least this many bytes move with splice(2), smaller ones are copied")
 	fs.DurationVar(&opts.IdleTimeout, "idle-timeout", 120*time.Second, "close a client keep-alive connection idle this long")
-	fs.DurationVar(&opts.ParkAfter, "park-after", 250*time.Millisecond, "an idle keep-alive connection gives up its goroutine after this long and waits in an epoll set (-1s: never)")
+	fs.DurationVar(&opts.ParkAfter, "park-after", 0, "a connection a goroutine served (streamed body, Expect, local or queued request) goes back to its listener's event loop once idle this long (0: at once; -1s: never)")
 	fs.DurationVar(&opts.HeadTimeout, "head-timeout", 30*time.Second, "a request head not complete this long after its first byte gets 408 (slowloris)")
 	fs.DurationVar(&opts.IOTimeout, "io-timeout", 120*time.Second, "a request or response body that makes no progress this long ends the exchange")
 	fs.DurationVar(&opts.StreamIdleTimeout, "stream-idle-timeout", 5*time.Minute, "a streamed response (SSE, chunked) whose worker sends nothing this long is cut, visibly to the client (a stopped engine frees its clients)")

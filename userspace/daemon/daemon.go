@@ -53,8 +53,9 @@ type Options struct {
 	HeadTimeout     time.Duration // reading a request head once it began (408); default 30s
 	IOTimeout       time.Duration // a body read or write without progress; default 120s
 	MaxBodyBytes    int64         // largest request body (413); 0: no limit
-	// ParkAfter: an idle keep-alive connection gives up its goroutine
-	// after this long (proxy.Config.ParkAfter); 0: 250ms, negative: never.
+	// ParkAfter: a connection a goroutine served goes back to its
+	// listener's event loop once idle this long (proxy.Config.ParkAfter);
+	// 0: at once, negative: never.
 	ParkAfter time.Duration
 	// StreamIdleTimeout cuts a streamed response whose worker sent nothing
 	// for this long; default 5m.

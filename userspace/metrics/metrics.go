@@ -214,7 +214,7 @@ var (
 	dProxyAcceptPauses = prometheus.NewDesc("tether_proxy_accept_pauses_total",
 		"Episodes in which accepting paused: at --max-conns, or accept failing (out of descriptors).", nil, nil)
 	dProxyParked = prometheus.NewDesc("tether_proxy_connections_parked",
-		"Idle keep-alive connections waiting without a goroutine (--park-after).", nil, nil)
+		"Client connections held by the event loops (idle, reading a head, or in an exchange the loop runs): none has a goroutine.", nil, nil)
 	dProxyQueued = prometheus.NewDesc("tether_proxy_queued",
 		"Requests waiting in a worker's queue now.", nil, nil)
 	dProxyBuffers = prometheus.NewDesc("tether_proxy_buffers",

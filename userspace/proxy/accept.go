@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"syscall"
@@ -112,26 +113,49 @@ func (e *episode) over(done func(n int, d time.Duration)) {
 
 var noSlot = new(stats.Slot)
 
-// Serve accepts connections on ln until it is closed, counting them in
-// slot (which may be nil). It returns nil when ln was closed.
+// Serve serves ln until the server closes, counting its connections in
+// slot (which may be nil). A TCP listener gets an event loop (loop.go),
+// run on the calling goroutine: Serve returns once the server is closing
+// and the loop holds no connection. Any other listener (tests wrap one)
+// gets an accept loop and a goroutine per connection; Serve returns when
+// it is closed.
 func (s *Server) Serve(ln net.Listener, slot *stats.Slot) error {
 	if slot == nil {
 		slot = noSlot
 	}
+	var l *loop
+	if tl, ok := ln.(*net.TCPListener); ok {
+		var err error
+		if l, err = newLoop(s, tl, slot); err != nil {
+			return fmt.Errorf("event loop: %w", err)
+		}
+	}
 	s.mu.Lock()
 	if s.closing.Load() {
 		s.mu.Unlock()
+		if l != nil {
+			l.release()
+		}
 		return nil
 	}
 	s.listeners[ln] = struct{}{}
+	if l != nil {
+		s.loops[l] = struct{}{}
+	}
 	s.accepting.Add(1)
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
 		delete(s.listeners, ln)
+		delete(s.loops, l)
+		delete(s.placeWaiters, l)
 		s.mu.Unlock()
 		s.accepting.Done()
 	}()
+	if l != nil {
+		l.run()
+		return nil
+	}
 	var backoff time.Duration
 	for {
 		if !s.admit() {
@@ -209,11 +233,70 @@ func (s *Server) admit() bool {
 	return true
 }
 
+// tryAdmit is admit for an event loop, which never waits: false when the
+// server is closing or at MaxConns (then l is woken when a place frees).
+func (s *Server) tryAdmit(l *loop) bool {
+	max := s.cfg.MaxConns
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing.Load() {
+		return false
+	}
+	if max > 0 && s.open >= max {
+		if !l.paused {
+			l.paused = true
+			if s.capped.begin() {
+				s.counters.AcceptPauses.Add(1)
+				s.cfg.Log.Warn("connection limit reached: accepting paused, new connections wait in the kernel's queue",
+					"max_conns", max)
+			}
+		}
+		s.placeWaiters[l] = false
+		return false
+	}
+	if l.paused {
+		l.paused = false
+		s.capped.over(func(n int, d time.Duration) {
+			s.cfg.Log.Info("accepting resumed", "max_conns", max, "pauses", n, "over", d.Round(time.Millisecond))
+		})
+	}
+	s.open++ // a place reserved for the connection accept will return
+	return true
+}
+
+// waitForDescriptor wakes l when a connection ends, which frees a
+// descriptor (an accept failing for want of them retries then, before its
+// backoff ends).
+func (s *Server) waitForDescriptor(l *loop) {
+	s.mu.Lock()
+	s.placeWaiters[l] = true
+	s.mu.Unlock()
+}
+
+// placeFreedLocked wakes the loops waiting for a place under MaxConns
+// and, when a connection ended (closed), those waiting for a descriptor
+// (s.mu held). A reservation given back after a failed accept frees a
+// place but no descriptor: waking a loop that failed for want of one
+// would make it spin.
+func (s *Server) placeFreedLocked(closed bool) {
+	for l, wantsFD := range s.placeWaiters {
+		if wantsFD && !closed {
+			continue
+		}
+		l.freed.Store(true)
+		l.wake()
+		delete(s.placeWaiters, l)
+	}
+}
+
 // unadmit gives back a place that admit reserved.
 func (s *Server) unadmit() {
 	s.mu.Lock()
 	s.open--
 	s.freed.Broadcast()
+	if len(s.placeWaiters) > 0 {
+		s.placeFreedLocked(false)
+	}
 	s.mu.Unlock()
 }
 
@@ -243,6 +326,9 @@ func (s *Server) forget(c *conn) {
 	s.counters.Open.Add(-1)
 	s.freedGen++
 	s.freed.Broadcast()
+	if len(s.placeWaiters) > 0 {
+		s.placeFreedLocked(true)
+	}
 	s.mu.Unlock()
 	s.wg.Done()
 }

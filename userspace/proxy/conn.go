@@ -10,9 +10,12 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/stats"
+	"github.com/tether-rl/tether/userspace/sysconn"
 	"github.com/tether-rl/tether/userspace/upstream"
 )
 
@@ -21,9 +24,23 @@ import (
 // released while it is idle.
 type conn struct {
 	s   *Server
-	c   *net.TCPConn
-	raw syscall.RawConn
-	ip  []byte // client address for X-Forwarded-For
+	c   *net.TCPConn    // while a goroutine serves it (under s.mu): a duplicate of fd lent to the net package
+	raw syscall.RawConn // c's
+	ip  []byte          // client address for X-Forwarded-For
+
+	// In an event loop (loop.go, fast.go): the socket, the loop, its
+	// registration, the one deadline (UnixNano, 0: none), and the
+	// exchange the loop runs (x, while busy).
+	fd        int // -1: a goroutine-only connection (a listener that is not TCP)
+	lp        *loop
+	seq       uint32
+	deadline  int64
+	headSince int64  // when the head now being read began (0: none)
+	readable  bool   // the socket may hold bytes (an edge not yet drained)
+	busy      bool   // x is running
+	pend      []byte // response bytes the client has not taken yet
+	x         lx
+	hand      handoff // where the goroutine starts (set by the loop)
 
 	buf  []byte // client bytes read and not yet consumed: buf[r:w]
 	r, w int
@@ -35,9 +52,9 @@ type conn struct {
 
 	idle atomic.Bool // waiting for a request with nothing buffered
 	// wantPark: readHead found the connection idle for ParkAfter; serve
-	// parks it. noPark: parking failed once, wait with a goroutine.
+	// gives it back to its loop. noPark: it could not, wait with a
+	// goroutine.
 	wantPark, noPark bool
-	resumed          bool         // back from the parker: wait out the idle timeout here
 	slot             *stats.Slot  // counted in: Finished when the connection ends
 	idleSince        atomic.Int64 // when it began waiting (UnixNano)
 
@@ -61,7 +78,7 @@ type conn struct {
 }
 
 func newConn(s *Server, tc *net.TCPConn) *conn {
-	c := &conn{s: s, c: tc}
+	c := &conn{s: s, c: tc, fd: -1}
 	c.raw, _ = tc.SyscallConn()
 	if a, ok := tc.RemoteAddr().(*net.TCPAddr); ok {
 		c.ip = []byte(a.IP.String())
@@ -72,23 +89,30 @@ func newConn(s *Server, tc *net.TCPConn) *conn {
 
 // wakeIfIdle makes an idle connection's read return so that it sees the
 // server closing, if it has been idle for at least grace (see
-// Server.ShutdownGently).
+// Server.ShutdownGently). Called under s.mu; a connection its loop holds
+// is the loop's to close.
 func (c *conn) wakeIfIdle(grace time.Duration) {
-	if c.idle.Load() && (grace <= 0 || time.Since(time.Unix(0, c.idleSince.Load())) >= grace) {
+	if c.c != nil && c.idle.Load() && (grace <= 0 || time.Since(time.Unix(0, c.idleSince.Load())) >= grace) {
 		c.c.SetReadDeadline(aLongTimeAgo)
 	}
 }
 
-// serve runs the connection until it ends, or until it parks (park.go):
-// then the goroutine returns and the parker starts serve again when the
-// client sends.
+// serve runs the connection on a goroutine until it ends, or until it is
+// idle again and goes back to its event loop (Config.ParkAfter).
 func (c *conn) serve() {
+	if c.c == nil && !c.attach() {
+		c.finish()
+		return
+	}
 	for {
 		ok := c.serveOne()
 		if c.wantPark {
 			c.wantPark = false
-			if p := c.s.parker; p != nil && p.park(c) {
-				return // c belongs to the parker now: not one more access
+			if c.detach() {
+				return // c belongs to its loop now: not one more access
+			}
+			if c.c == nil {
+				break
 			}
 			c.noPark = true // could not: wait here, to the idle timeout
 			continue
@@ -104,23 +128,87 @@ func (c *conn) serve() {
 	c.finish()
 }
 
+// attach lends the loop's socket to the net package for this goroutine;
+// false if the server closed (or the socket could not be lent).
+func (c *conn) attach() bool {
+	tc, err := sysconn.TCPConn(c.fd)
+	if err != nil {
+		c.s.cfg.Log.Warn("connection dropped: its socket could not be lent to a goroutine", "err", err)
+		return false
+	}
+	tc.SetNoDelay(true)
+	raw, _ := tc.SyscallConn()
+	c.s.mu.Lock()
+	if c.s.closed {
+		c.s.mu.Unlock()
+		tc.Close()
+		return false
+	}
+	c.c, c.raw = tc, raw
+	c.s.mu.Unlock()
+	return true
+}
+
+// detach gives an idle connection back to its loop; false if it has none
+// (or the loop is gone: then c.c is lent again, or nil if that failed).
+func (c *conn) detach() bool {
+	if c.lp == nil {
+		return false
+	}
+	c.s.mu.Lock()
+	tc := c.c
+	c.c, c.raw = nil, nil
+	c.s.mu.Unlock()
+	tc.Close() // the duplicate: the loop's descriptor stays open
+	c.idle.Store(false)
+	if c.lp.adopt(c) {
+		return true
+	}
+	c.attach()
+	return false
+}
+
 // finish releases an ended connection.
 func (c *conn) finish() {
 	if c.watchTimer != nil {
 		c.watchTimer.Stop()
 	}
-	c.c.Close()
+	c.s.mu.Lock()
+	tc := c.c
+	c.c = nil
+	c.s.mu.Unlock()
+	if tc != nil {
+		tc.Close()
+	}
+	if c.fd >= 0 {
+		unix.Close(c.fd)
+		c.fd = -1
+	}
 	if c.buf != nil {
 		c.s.putBuf(c.buf)
 		c.buf = nil
+	}
+	if c.ubuf != nil {
+		c.s.putBuf(c.ubuf)
+		c.ubuf = nil
 	}
 	c.slot.Finished()
 	c.s.forget(c)
 }
 
 // serveOne handles one request; it reports whether the connection may
-// carry another.
+// carry another. A connection handed over by its loop starts where the
+// loop left it (c.hand).
 func (c *conn) serveOne() bool {
+	h := c.hand
+	c.hand = handoff{}
+	switch {
+	case h.reject != 0:
+		c.rejectAndClose(h.reject)
+		return false
+	case h.decided:
+		return c.serveDecision(h.dec, c.bufferedBody(), h.refused)
+	}
 	if err := c.readHead(); err != nil {
 		if e, ok := err.(*httphead.Error); ok {
 			c.s.counters.Rejected.Add(1)
@@ -150,7 +238,25 @@ func (c *conn) serveOne() bool {
 		c.rejectAndClose(413)
 		return false
 	}
-	dec := c.s.cfg.Router.Route(req, peek)
+	return c.serveDecision(c.s.cfg.Router.Route(req, peek), peek, false)
+}
+
+// bufferedBody returns the body bytes buffered behind the consumed head.
+func (c *conn) bufferedBody() []byte {
+	end := c.w
+	if !c.req.HasBody() {
+		end = c.r
+	} else if cl := c.req.ContentLength; cl >= 0 && int64(end-c.r) > cl {
+		end = c.r + int(cl)
+	}
+	return c.buf[c.r:end]
+}
+
+// serveDecision proxies a routed request (peek: its buffered body bytes,
+// as the router saw them); refused: the decision's worker already refused
+// the connect, nothing sent (the loop tried it), so place it again.
+func (c *conn) serveDecision(dec route.Decision, peek []byte, refused bool) bool {
+	req := &c.req
 	defer func() {
 		if dec.Done != nil {
 			dec.Done()
@@ -170,9 +276,17 @@ func (c *conn) serveOne() bool {
 		return keep
 	}
 	rr, _ := c.s.cfg.Router.(Rerouter)
-	keep, refused := c.proxy(dec.Worker, dec.Learn, rr != nil)
 	if !refused {
-		return keep
+		var keep bool
+		keep, refused = c.proxy(dec.Worker, dec.Learn, rr != nil)
+		if !refused {
+			return keep
+		}
+	}
+	if rr == nil {
+		c.s.counters.BadGateway.Add(1)
+		c.writeClient(upstreamError(502, false, true))
+		return false
 	}
 	// The worker refused the connection: nothing was sent, so another
 	// worker may take the request (once).
@@ -185,7 +299,7 @@ func (c *conn) serveOne() bool {
 		c.writeClient(upstreamError(502, false, true))
 		return false
 	}
-	keep, _ = c.proxy(dec.Worker, dec.Learn, false)
+	keep, _ := c.proxy(dec.Worker, dec.Learn, false)
 	return keep
 }
 
@@ -259,6 +373,38 @@ func (c *conn) proxy(w *route.Worker, learn *route.Learner, reroutable bool) (ke
 	return keep, x.refused
 }
 
+// appendUpstreamHead appends the rewritten request head: origin-form
+// target, HTTP/1.1, hop-by-hop fields removed, everything else
+// byte-identical, X-Forwarded-For appended.
+func (c *conn) appendUpstreamHead(out []byte, w *route.Worker) []byte {
+	req := &c.req
+	out = append(out, req.Method...)
+	out = append(out, ' ')
+	out = append(out, req.Path...)
+	out = append(out, " HTTP/1.1\r\n"...)
+	for i := range req.Fields {
+		if f := &req.Fields[i]; !f.Drop {
+			out = append(out, f.Line...)
+		}
+	}
+	if req.HostRewritten || req.Host == nil {
+		host := req.Host
+		if host == nil {
+			host = []byte(w.Addr)
+		}
+		out = append(out, "Host: "...)
+		out = append(out, host...)
+		out = append(out, "\r\n"...)
+	}
+	out = append(out, "X-Forwarded-For: "...)
+	if len(req.XFF) > 0 {
+		out = append(out, req.XFF...)
+		out = append(out, ", "...)
+	}
+	out = append(out, c.ip...)
+	return append(out, "\r\n\r\n"...)
+}
+
 // admit takes a place among w's requests in flight (route.Worker.Admit):
 // at once under its max_in_flight, else after a wait in its queue while
 // the client is watched, so a client that leaves frees its place in line.
@@ -308,34 +454,7 @@ func (c *conn) proxyExchange(x *exchange) bool {
 	}
 	x.up = up
 
-	// The rewritten head: origin-form target, HTTP/1.1, hop-by-hop fields
-	// removed, everything else byte-identical, X-Forwarded-For appended.
-	out := c.out[:0]
-	out = append(out, req.Method...)
-	out = append(out, ' ')
-	out = append(out, req.Path...)
-	out = append(out, " HTTP/1.1\r\n"...)
-	for i := range req.Fields {
-		if f := &req.Fields[i]; !f.Drop {
-			out = append(out, f.Line...)
-		}
-	}
-	if req.HostRewritten || req.Host == nil {
-		host := req.Host
-		if host == nil {
-			host = []byte(x.w.Addr)
-		}
-		out = append(out, "Host: "...)
-		out = append(out, host...)
-		out = append(out, "\r\n"...)
-	}
-	out = append(out, "X-Forwarded-For: "...)
-	if len(req.XFF) > 0 {
-		out = append(out, req.XFF...)
-		out = append(out, ", "...)
-	}
-	out = append(out, c.ip...)
-	out = append(out, "\r\n\r\n"...)
+	out := c.appendUpstreamHead(c.out[:0], x.w)
 
 	// Body bytes already buffered behind the head go in the same write,
 	// unless the client waits for 100 Continue.

@@ -5,6 +5,7 @@ package proxy
 // refusals that close the connection.
 
 import (
+	"errors"
 	"io"
 	"net"
 	"syscall"
@@ -79,11 +80,15 @@ func (c *conn) readHead() error {
 				c.idleSince.Store(now.UnixNano())
 			}
 			c.idle.Store(true)
-			// Wait here for ParkAfter, then park (park.go) for the rest
-			// of the idle timeout.
+			// Idle: back to the event loop, at once or after ParkAfter
+			// (then wait out the idle timeout there).
 			since := time.Unix(0, c.idleSince.Load())
 			deadline := since.Add(c.s.cfg.IdleTimeout)
-			park := c.s.parker != nil && !c.noPark && !c.resumed && c.s.cfg.ParkAfter < c.s.cfg.IdleTimeout
+			park := c.lp != nil && !c.noPark && c.s.cfg.ParkAfter >= 0 && c.s.cfg.ParkAfter < c.s.cfg.IdleTimeout
+			if park && c.s.cfg.ParkAfter == 0 {
+				c.wantPark = true
+				return errParked
+			}
 			if park {
 				deadline = since.Add(c.s.cfg.ParkAfter)
 			}
@@ -98,7 +103,6 @@ func (c *conn) readHead() error {
 				return err
 			}
 			c.idle.Store(false)
-			c.resumed = false
 			continue
 		}
 		if c.r > 0 {
@@ -128,6 +132,9 @@ func (c *conn) readHead() error {
 		}
 	}
 }
+
+// errParked: readHead gave the idle connection back to its loop.
+var errParked = errors.New("idle: back to the event loop")
 
 // readIdle waits for the next request without holding a buffer: the read
 // is made in a RawConn.Read callback that takes a pooled buffer only when

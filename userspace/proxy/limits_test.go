@@ -241,23 +241,37 @@ func TestWorkerQueueTimeoutAndClientLeaves(t *testing.T) {
 		t.Fatal("queue timeout not counted")
 	}
 
-	// A client that leaves while queued (long timeout now).
-	p.srv.cfg.QueueTimeout = time.Minute
-	c, _ := p.dial()
+	// A client that leaves while queued: a second proxy with a long queue
+	// timeout, its worker (the same backend) also at its limit.
+	p2 := startProxy(t, []string{be.addr}, func(c *Config) { c.QueueTimeout = time.Minute })
+	w2 := p2.table.Get(0)
+	w2.SetMaxInFlight(1)
+	second := make(chan int, 1)
+	go func() {
+		c, br := p2.dial()
+		io.WriteString(c, "GET /held HTTP/1.1\r\nHost: x\r\n\r\n")
+		resp, _ := readResp(t, br, false)
+		second <- resp.StatusCode
+	}()
+	testenv.WaitFor(t, "a request at the worker through the second proxy", func() bool { return be.now.Load() == 2 })
+	c, _ := p2.dial()
 	io.WriteString(c, "GET /leaves HTTP/1.1\r\nHost: x\r\n\r\n")
-	testenv.WaitFor(t, "the request queued", func() bool { return w.Queued() == 1 })
-	aborted := p.srv.Counters().ClientAborted.Load()
+	testenv.WaitFor(t, "the request queued", func() bool { return w2.Queued() == 1 })
+	aborted := p2.srv.Counters().ClientAborted.Load()
 	c.Close()
-	testenv.WaitFor(t, "the queue emptied by the client leaving", func() bool { return w.Queued() == 0 })
-	testenv.WaitFor(t, "the abort counted", func() bool { return p.srv.Counters().ClientAborted.Load() == aborted+1 })
+	testenv.WaitFor(t, "the queue emptied by the client leaving", func() bool { return w2.Queued() == 0 })
+	testenv.WaitFor(t, "the abort counted", func() bool { return p2.srv.Counters().ClientAborted.Load() == aborted+1 })
 	close(be.release)
 	if code := <-first; code != 200 {
 		t.Fatalf("first request %d", code)
 	}
-	if be.seen.Load() != 1 {
-		t.Fatalf("the worker saw %d requests, want only the first", be.seen.Load())
+	if code := <-second; code != 200 {
+		t.Fatalf("second proxy's first request %d", code)
 	}
-	testenv.WaitFor(t, "every place given back", func() bool { return w.Admitted() == 0 })
+	if be.seen.Load() != 2 {
+		t.Fatalf("the worker saw %d requests, want only the two held ones", be.seen.Load())
+	}
+	testenv.WaitFor(t, "every place given back", func() bool { return w.Admitted() == 0 && w2.Admitted() == 0 })
 }
 
 // Local endpoints' bodies are capped across connections: past

@@ -75,9 +75,10 @@ type Config struct {
 	// (each at most MaxLocalBody): past it such a request gets 503 with
 	// Retry-After instead of raising RSS. Default 64 MiB.
 	LocalBodyBudget int64
-	// ParkAfter: a keep-alive connection idle this long gives up its
-	// goroutine and waits in the server's epoll set (park.go); default
-	// 250ms. Negative: never park.
+	// ParkAfter: a connection that a goroutine served (a streamed body,
+	// Expect, a local or queued request: loop.go) goes back to its
+	// listener's event loop once idle this long; 0: at once. Negative:
+	// never (it waits on its goroutine to the idle timeout).
 	ParkAfter time.Duration
 	// Waits are the data plane's internal waits; tests shorten them to
 	// sequence events instead of sleeping past them.
@@ -130,9 +131,6 @@ func (c *Config) setDefaults() {
 		c.LocalBodyBudget = 64 << 20
 	}
 	c.Waits.setDefaults()
-	if c.ParkAfter == 0 {
-		c.ParkAfter = 250 * time.Millisecond
-	}
 	if c.SpliceMin <= 0 {
 		c.SpliceMin = 16 << 10
 	}
@@ -199,9 +197,14 @@ type Server struct {
 	// open counts client connections admitted (accept.go): at
 	// Config.MaxConns the accept loops wait on freed.
 	open     int
-	freed    *sync.Cond // signalled (under mu) when a connection ends or the server closes
-	freedGen uint64     // connections ended (under mu)
-	parker   *parker    // idle connections without a goroutine (park.go); nil: none
+	freed    *sync.Cond         // signalled (under mu) when a connection ends or the server closes
+	freedGen uint64             // connections ended (under mu)
+	loops    map[*loop]struct{} // one per TCP listener (loop.go)
+	// placeWaiters: loops that stopped accepting at MaxConns (or for want
+	// of descriptors), woken when a place frees.
+	// true: for a descriptor (accept failing), false: for a place.
+	placeWaiters map[*loop]bool
+	closed       bool // Close ran (under mu)
 	// capped and acceptFailing: the episodes of accepting paused at
 	// MaxConns and of accept failing, logged once each (accept.go).
 	capped, acceptFailing episode
@@ -241,18 +244,22 @@ type Counters struct {
 	QueueFull     atomic.Uint64
 	QueueTimeouts atomic.Uint64
 	LocalBusy     atomic.Uint64
-	// Parked is how many idle connections wait without a goroutine now.
+	// Parked is how many client connections the event loops hold now
+	// (idle, reading a head, or in an exchange the loop runs): none of
+	// them has a goroutine.
 	Parked atomic.Int64
+	// UpstreamIdle is how many idle upstream connections the event loops
+	// keep (each loop its own, per worker; upstream.Pool holds the
+	// goroutines').
+	UpstreamIdle atomic.Int64
 }
 
 // New returns a server.
 func New(cfg Config) *Server {
 	cfg.setDefaults()
-	s := &Server{cfg: cfg, conns: make(map[*conn]struct{}), listeners: make(map[net.Listener]struct{})}
+	s := &Server{cfg: cfg, conns: make(map[*conn]struct{}), listeners: make(map[net.Listener]struct{}),
+		loops: map[*loop]struct{}{}, placeWaiters: map[*loop]bool{}}
 	s.freed = sync.NewCond(&s.mu)
-	if cfg.ParkAfter > 0 {
-		s.parker = newParker(s)
-	}
 	return s
 }
 
@@ -295,6 +302,9 @@ func (s *Server) ShutdownGently(ctx context.Context, idleGrace time.Duration) er
 	for c := range s.conns {
 		c.wakeIfIdle(idleGrace)
 	}
+	for l := range s.loops {
+		l.wake() // stop accepting; idle connections go once idle for idleGrace
+	}
 	s.freed.Broadcast()
 	s.mu.Unlock()
 	done := make(chan struct{})
@@ -310,9 +320,6 @@ func (s *Server) ShutdownGently(ctx context.Context, idleGrace time.Duration) er
 	for {
 		select {
 		case <-done:
-			if s.parker != nil {
-				s.parker.closeAll() // no connection left to park: end its loop
-			}
 			return nil
 		case <-ctx.Done():
 			s.Close()
@@ -325,9 +332,6 @@ func (s *Server) ShutdownGently(ctx context.Context, idleGrace time.Duration) er
 				c.wakeIfIdle(idleGrace)
 			}
 			s.mu.Unlock()
-			if s.parker != nil {
-				s.parker.sweep()
-			}
 		}
 	}
 }
@@ -336,17 +340,20 @@ func (s *Server) ShutdownGently(ctx context.Context, idleGrace time.Duration) er
 func (s *Server) Close() {
 	s.closing.Store(true)
 	s.mu.Lock()
+	s.closed = true
 	for ln := range s.listeners {
 		ln.Close()
 	}
 	for c := range s.conns {
-		c.c.Close()
+		if c.c != nil {
+			c.c.Close() // a goroutine's: it finishes the connection
+		}
+	}
+	for l := range s.loops {
+		l.close() // the loop's: it closes them
 	}
 	s.freed.Broadcast()
 	s.mu.Unlock()
-	if s.parker != nil {
-		s.parker.closeAll() // their goroutines are gone: finish them here
-	}
 }
 
 // Buffers: one size class, pooled, held only while a connection is in a

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"github.com/tether-rl/tether/testenv"
 	"io"
 	"net"
 	"net/http"
@@ -120,9 +121,9 @@ func TestUpstreamPooledWhenClientCloses(t *testing.T) {
 		// The client may read the response before tetherd hands the
 		// upstream connection back: wait for it, bounded.
 		pool := p.table.Get(0).Pool
-		for deadline := time.Now().Add(2 * time.Second); pool.Idle() != 1 && time.Now().Before(deadline); {
-			time.Sleep(time.Millisecond)
-		}
+		testenv.WaitFor(t, "the upstream connection idle again", func() bool {
+			return int64(pool.Idle())+p.srv.Counters().UpstreamIdle.Load() == 1
+		})
 	}
 	if n := accepts.Load(); n != 1 {
 		t.Fatalf("backend saw %d connections for 3 sequential requests, want 1 (pooled)", n)

@@ -88,6 +88,28 @@ func (w *Worker) Admit(queueSize int, timeout time.Duration, gone <-chan struct{
 	return why
 }
 
+// TryAdmit takes a place only if one is free at once (no limit, or under
+// it with nobody queued): an event loop, which must never wait, asks this
+// and hands the request to a goroutine (Admit) otherwise.
+func (w *Worker) TryAdmit() bool {
+	g := &w.gate
+	limit := int64(w.maxInFlight.Load())
+	if g.queued.Load() != 0 {
+		return false
+	}
+	if limit == 0 {
+		g.admitted.Add(1)
+		return true
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.waiters) == 0 && g.admitted.Load() < limit {
+		g.admitted.Add(1)
+		return true
+	}
+	return false
+}
+
 // Leave gives back the place of an Admitted request.
 func (w *Worker) Leave() {
 	g := &w.gate

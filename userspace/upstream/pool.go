@@ -252,6 +252,27 @@ func (c *Conn) peek(fd uintptr) bool {
 	return true
 }
 
+// Retried counts a retry made outside the pool (an event loop's own
+// connections, userspace/proxy/fast.go).
+func (p *Pool) Retried(reason int) {
+	p.retries[reason].Add(1)
+	p.stats.Retried()
+}
+
+// Closed reports whether Close was called (the worker left the table): an
+// event loop's own idle connections to it are then closed too.
+func (p *Pool) Closed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.closed
+}
+
+// Options returns the pool's options, defaults filled in.
+func (p *Pool) Options() Options { return p.opts }
+
+// Stats returns the counters of the pool's worker.
+func (p *Pool) Stats() *stats.Worker { return p.stats }
+
 // Idle returns the number of idle connections.
 func (p *Pool) Idle() int {
 	p.mu.Lock()

@@ -13,54 +13,68 @@ import (
 	"github.com/tether-rl/tether/testenv"
 )
 
-// Idle keep-alive connections give up their goroutines after ParkAfter
-// and come back when their client sends: every next request is answered,
-// a client that leaves while parked is cleaned up, and the idle timeout
+// Connections live in their listener's event loop without a goroutine:
+// idle, reading a head, or in an exchange the loop runs. One that a
+// goroutine served (here a chunked upload, which the loop hands over)
+// comes back to the loop after ParkAfter. Every next request is answered,
+// a client that leaves while idle is cleaned up, and the idle timeout
 // still closes the rest.
-func TestIdleConnectionsPark(t *testing.T) {
+func TestConnectionsLiveInTheLoop(t *testing.T) {
 	testenv.CheckLeaks(t)
-	be := httpBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	be := httpBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, "ok")
+	}))
 	p := startProxy(t, []string{be}, func(c *Config) { c.ParkAfter = 50 * time.Millisecond; c.IdleTimeout = 3 * time.Second })
 	const n = 50
 	type client struct {
 		c  net.Conn
 		br *bufio.Reader
 	}
+	g0 := runtime.NumGoroutine()
 	var cs []client
 	get := "GET /x HTTP/1.1\r\nHost: x\r\n\r\n"
-	for range n {
+	upload := "POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+	for i := range n {
 		c, br := p.dial()
-		io.WriteString(c, get)
+		req := get
+		if i%2 == 1 {
+			req = upload // served by a goroutine, then given back
+		}
+		io.WriteString(c, req)
 		if resp, _ := readResp(t, br, false); resp.StatusCode != 200 {
 			t.Fatal(resp.Status)
 		}
 		cs = append(cs, client{c, br})
 	}
-	g0 := runtime.NumGoroutine()
-	testenv.WaitFor(t, "all parked", func() bool { return p.srv.Counters().Parked.Load() == n })
-	if g := runtime.NumGoroutine(); g > g0-n+5 {
-		t.Fatalf("%d goroutines with %d connections parked (was %d)", g, n, g0)
+	testenv.WaitFor(t, "all held by the loop", func() bool { return p.srv.Counters().Parked.Load() == n })
+	if g := runtime.NumGoroutine(); g > g0+5 {
+		t.Fatalf("%d goroutines with %d idle connections (was %d before them)", g, n, g0)
 	}
-	// Back to work: each answered on its parked connection.
+	// Back to work: each answered on its connection.
 	for i, c := range cs {
-		io.WriteString(c.c, get)
+		req := get
+		if i%2 == 0 {
+			req = upload
+		}
+		io.WriteString(c.c, req)
 		if resp, body := readResp(t, c.br, false); resp.StatusCode != 200 || body != "ok" {
-			t.Fatalf("client %d after parking: %d %q", i, resp.StatusCode, body)
+			t.Fatalf("client %d, second request: %d %q", i, resp.StatusCode, body)
 		}
 	}
-	// They park again; half of the clients leave while parked.
-	testenv.WaitFor(t, "parked again", func() bool { return p.srv.Counters().Parked.Load() == n })
+	// Back in the loop; half of the clients leave while idle.
+	testenv.WaitFor(t, "all held again", func() bool { return p.srv.Counters().Parked.Load() == n })
 	for _, c := range cs[:n/2] {
 		c.c.Close()
 	}
 	testenv.WaitFor(t, "the departed cleaned up", func() bool {
 		return p.srv.Counters().Open.Load() == n/2 && p.srv.Counters().Parked.Load() == n/2
 	})
-	// The idle timeout closes the others (swept once a second).
+	// The idle timeout closes the others.
 	for _, c := range cs[n/2:] {
 		c.c.SetReadDeadline(time.Now().Add(10 * time.Second))
 		if _, err := c.br.ReadByte(); err != io.EOF {
-			t.Fatalf("parked past the idle timeout: %v, want EOF", err)
+			t.Fatalf("open past the idle timeout: %v, want EOF", err)
 		}
 	}
 	testenv.WaitFor(t, "nothing open", func() bool { return p.srv.Counters().Open.Load() == 0 && p.srv.Counters().Parked.Load() == 0 })

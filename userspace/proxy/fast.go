@@ -1,0 +1,744 @@
+package proxy
+
+// The exchange an event loop runs itself (loop.go): a request whose body
+// came whole with its head, to a worker with a free place, on one of the
+// loop's own upstream sockets; the response relayed as it arrives, by its
+// framing (Content-Length, chunked validated as it streams, to the close),
+// back-pressured by the client. Per proxied keep-alive request that is one
+// read from the client, one write up, one read down and one write to the
+// client; the wait is one epoll_wait shared by every socket of the loop.
+//
+// The outcomes are those of outcome.go, decided in the same order: before
+// a byte went up, anything unusual goes to a goroutine that decides it
+// (connectFailed: placed again, or 502 not-sent); after, a failure before
+// the response head is 502 (504 on the response timeout) with
+// X-Tether-Upstream-State: sent; after the head, a visible cut (a reset
+// for a close-delimited body); a client that leaves closes the upstream at
+// once, so the engine cancels the generation.
+
+import (
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tether-rl/tether/userspace/httphead"
+	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/sysconn"
+	"github.com/tether-rl/tether/userspace/upstream"
+)
+
+// handoff says where the goroutine starts with a connection its loop gave
+// it (conn.serveOne): by default it parses the buffered head again.
+type handoff struct {
+	reject  int            // answer this status and close (the head timed out)
+	decided bool           // routed already: dec (no second routing decision)
+	dec     route.Decision //
+	refused bool           // dec's worker refused the connect, nothing sent: place it again
+}
+
+type phase uint8
+
+const (
+	phaseSend phase = iota // the request goes up
+	phaseHead              // waiting for the response head
+	phaseBody              // relaying the response body
+)
+
+// lx is the state of an exchange on the loop.
+type lx struct {
+	w      *route.Worker
+	dec    route.Decision
+	up     *upconn
+	start  int64
+	phase  phase
+	send   []byte // request bytes not yet written up (in conn.out)
+	bodyAt int    // where the request body starts in conn.buf (a fallback rewinds to it)
+	uw     int    // response head bytes in conn.ubuf
+	kind   httphead.BodyKind
+	left   int64 // Content-Length bytes still to come
+	sc     httphead.Chunked
+	dsc    httphead.Chunked // the de-chunker's own view (dechunk)
+	status int              // for Config.Observe: relayed, or tetherd's own
+
+	connected bool // a connect of this exchange succeeded (no second try after)
+	redialed  bool // the one connect retry was made
+	dechunk   bool // an HTTP/1.0 client gets a chunked body de-chunked, ended by the close
+	upReady   bool // the upstream socket may have bytes (edge seen, not drained)
+	upHup     bool // the worker closed or reset: read to the end
+	reparse   bool // an interim head was written late: look at ubuf again
+	done      bool // the response ended at its framing
+	isHead    bool
+	http10    bool // the client speaks HTTP/1.0
+	keep      bool // the client connection may carry another request
+	reuse     bool // the upstream connection may go back to the loop's idle list
+	failed    bool // counts as a worker error
+	sentUp    bool
+	sentHead  bool
+	closeCut  bool // a close-delimited body: a cut must be a reset
+}
+
+// upconn is an upstream socket of a loop.
+type upconn struct {
+	fd         int
+	seq        uint32
+	pool       *upstream.Pool
+	cl         *conn // the exchange using it; nil while idle
+	connecting bool
+	fresh      bool
+	since      int64 // idle since
+}
+
+// fast reports whether the loop can run the exchange of c's parsed head
+// itself; else a goroutine does.
+func (l *loop) fast(c *conn) bool {
+	req := &c.req
+	cfg := &l.s.cfg
+	if req.Expect100 || req.Chunked {
+		return false
+	}
+	if req.HasBody() && (req.ContentLength > int64(c.w-c.r-req.HeadLen) ||
+		cfg.MaxBodyBytes > 0 && req.ContentLength > cfg.MaxBodyBytes) {
+		return false
+	}
+	return c.localHandler() == nil
+}
+
+// parse parses the head at the start of c's buffered bytes.
+func (l *loop) parse(c *conn) error {
+	err := httphead.ParseRequest(c.buf[c.r:c.w], l.s.cfg.Limits, &c.req)
+	if err == httphead.ErrIncomplete {
+		return errIncomplete
+	}
+	return err
+}
+
+// begin routes c's request and sends it up.
+func (l *loop) begin(c *conn) {
+	s := l.s
+	req := &c.req
+	s.counters.Requests.Add(1)
+	c.r += req.HeadLen
+	body := 0
+	if req.HasBody() {
+		body = int(req.ContentLength)
+	}
+	dec := s.cfg.Router.Route(req, c.buf[c.r:c.r+body])
+	w := dec.Worker
+	if w == nil || dec.Learn != nil {
+		l.handoff(c, handoff{decided: true, dec: dec})
+		return
+	}
+	sa := l.sockaddr(w.Pool)
+	if sa == nil || !w.TryAdmit() {
+		// A host name to resolve, or a queue to wait in: not here.
+		l.handoff(c, handoff{decided: true, dec: dec})
+		return
+	}
+	u, err := l.upstream(w.Pool, sa)
+	if err != nil {
+		// The goroutine connects again and decides: placed again, 502,
+		// or (want of descriptors) 502 that blames no worker.
+		w.Leave()
+		l.handoff(c, handoff{decided: true, dec: dec})
+		return
+	}
+	w.Stats.Begin()
+	x := &c.x
+	*x = lx{w: w, dec: dec, up: u, start: l.now, bodyAt: c.r, isHead: req.IsMethod("HEAD"), keep: req.KeepAlive, http10: req.Minor == 0}
+	c.busy = true
+	u.cl = c
+	out := c.appendUpstreamHead(c.out[:0], w)
+	out = append(out, c.buf[c.r:c.r+body]...)
+	c.out = out
+	c.r += body
+	x.send = out
+	if u.connecting {
+		l.setDeadline(c, w.Pool.Options().DialTimeout)
+		return
+	}
+	x.connected = true
+	l.send(c)
+}
+
+// sockaddr returns the worker's address for a raw connect (nil: a host
+// name, dialed the goroutine way).
+func (l *loop) sockaddr(p *upstream.Pool) unix.Sockaddr {
+	sa, ok := l.addrs[p]
+	if !ok {
+		sa = sysconn.Sockaddr(p.Addr())
+		l.addrs[p] = sa
+	}
+	return sa
+}
+
+// upstream returns the loop's most recently idle connection to p, or a new
+// one (its connect possibly in progress).
+func (l *loop) upstream(p *upstream.Pool, sa unix.Sockaddr) (*upconn, error) {
+	if list := l.idle[p]; len(list) > 0 {
+		u := list[len(list)-1]
+		list[len(list)-1] = nil
+		l.idle[p] = list[:len(list)-1]
+		l.s.counters.UpstreamIdle.Add(-1)
+		u.fresh = false
+		return u, nil
+	}
+	return l.dial(p, sa)
+}
+
+func (l *loop) dial(p *upstream.Pool, sa unix.Sockaddr) (*upconn, error) {
+	family := unix.AF_INET
+	if _, ok := sa.(*unix.SockaddrInet6); ok {
+		family = unix.AF_INET6
+	}
+	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+	err = unix.Connect(fd, sa)
+	if err != nil && err != unix.EINPROGRESS {
+		unix.Close(fd)
+		return nil, err
+	}
+	u := &upconn{fd: fd, seq: l.nextSeq(), pool: p, connecting: err != nil, fresh: true}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd), Pad: int32(u.seq)}
+	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	l.ups[int32(fd)] = u
+	if !u.connecting {
+		p.Stats().ConnOpened()
+	}
+	return u, nil
+}
+
+// closeUp closes an upstream socket.
+func (l *loop) closeUp(u *upconn) {
+	if u.fd < 0 {
+		return
+	}
+	delete(l.ups, int32(u.fd))
+	unix.Close(u.fd)
+	u.fd = -1
+	if !u.connecting {
+		u.pool.Stats().ConnClosed()
+	}
+}
+
+// putIdle keeps u for the next request to its worker (at most the pool's
+// MaxIdle per loop, the oldest evicted); it stays in the epoll set, so a
+// worker that closes it is seen when it does, not at the next use.
+func (l *loop) putIdle(u *upconn) {
+	u.cl = nil
+	p := u.pool
+	if p.Closed() {
+		l.closeUp(u)
+		return
+	}
+	u.since = l.now
+	list := l.idle[p]
+	if len(list) >= p.Options().MaxIdle {
+		l.closeUp(list[0])
+		l.s.counters.UpstreamIdle.Add(-1)
+		list = append(list[:0], list[1:]...)
+	}
+	l.idle[p] = append(list, u)
+	l.s.counters.UpstreamIdle.Add(1)
+	l.setDue(u.since + int64(p.Options().IdleTimeout))
+}
+
+// dropIdle closes an idle upstream socket the worker closed (or wrote to
+// unasked).
+func (l *loop) dropIdle(u *upconn) {
+	list := l.idle[u.pool]
+	for i, v := range list {
+		if v == u {
+			l.idle[u.pool] = append(list[:i], list[i+1:]...)
+			l.s.counters.UpstreamIdle.Add(-1)
+			break
+		}
+	}
+	l.closeUp(u)
+}
+
+// upEvent handles an event on an upstream socket.
+func (l *loop) upEvent(u *upconn, ev uint32) {
+	c := u.cl
+	if c == nil {
+		if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+			l.dropIdle(u)
+		}
+		return
+	}
+	x := &c.x
+	if u.connecting {
+		if ev&(unix.EPOLLOUT|unix.EPOLLERR|unix.EPOLLHUP) == 0 {
+			return
+		}
+		if err := sysconn.SocketError(u.fd); err != nil {
+			l.connectFailed(c)
+			return
+		}
+		x.connected = true
+		u.connecting = false
+		u.pool.Stats().ConnOpened()
+		l.send(c)
+		return
+	}
+	if ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		x.upHup = true
+	}
+	if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		x.upReady = true
+	}
+	if x.phase == phaseSend {
+		if ev&(unix.EPOLLOUT|unix.EPOLLERR|unix.EPOLLHUP) != 0 {
+			l.send(c)
+		}
+		return
+	}
+	l.pump(c)
+}
+
+// connectFailed: the worker refused (or did not answer) the connect;
+// nothing was sent. It is tried once more (as upstream.Pool does); then a
+// goroutine places the request again (or answers 502 not-sent), as the
+// goroutine path does (conn.serveDecision).
+func (l *loop) connectFailed(c *conn) {
+	x := &c.x
+	u := x.up
+	l.closeUp(u)
+	if !x.redialed && !x.connected {
+		x.redialed = true
+		u.pool.Retried(upstream.RetryConnect)
+		if nu, err := l.dial(u.pool, l.sockaddr(u.pool)); err == nil {
+			nu.cl, x.up, x.upReady, x.upHup = c, nu, false, false
+			if nu.connecting {
+				l.setDeadline(c, u.pool.Options().DialTimeout)
+				return
+			}
+			x.connected = true
+			l.send(c)
+			return
+		}
+	}
+	x.w.Stats.End(true)
+	x.w.Leave()
+	dec := x.dec
+	c.r = x.bodyAt
+	c.busy = false
+	*x = lx{}
+	l.handoff(c, handoff{decided: true, dec: dec, refused: true})
+}
+
+// send writes the request up; then waits for the response head.
+func (l *loop) send(c *conn) {
+	x := &c.x
+	cfg := &l.s.cfg
+	for len(x.send) > 0 {
+		n, err := unix.Write(x.up.fd, x.send)
+		if n > 0 {
+			x.sentUp = true
+			x.w.Stats.AddUp(int64(n))
+			x.send = x.send[n:]
+			continue
+		}
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			l.setDeadline(c, cfg.IOTimeout)
+			return
+		case !x.sentUp && !x.up.fresh:
+			// A pooled connection that died before it took a byte: the
+			// one retry allowed, on a new connection.
+			u := x.up
+			l.closeUp(u)
+			u.pool.Retried(upstream.RetryDeadPooled)
+			nu, err := l.dial(u.pool, l.sockaddr(u.pool))
+			if err != nil {
+				l.connectFailed(c)
+				return
+			}
+			nu.cl, x.up, x.upReady, x.upHup = c, nu, false, false
+			x.redialed = true // a new connection that fails is not tried again
+			if nu.connecting {
+				l.setDeadline(c, u.pool.Options().DialTimeout)
+				return
+			}
+			x.connected = true
+			continue
+		}
+		l.fail(c, 502)
+		return
+	}
+	x.phase = phaseHead
+	l.setDeadline(c, cfg.ResponseTimeout)
+	if x.upReady {
+		l.pump(c)
+	}
+}
+
+// pump reads the response while the client takes it.
+func (l *loop) pump(c *conn) {
+	s := l.s
+	x := &c.x
+	for {
+		if len(c.pend) > 0 {
+			return // the client takes what it has first (EPOLLOUT)
+		}
+		if x.done {
+			l.end(c)
+			return
+		}
+		if x.reparse {
+			x.reparse = false
+			if !l.head(c) {
+				return
+			}
+			continue
+		}
+		if !x.upReady {
+			return
+		}
+		if c.ubuf == nil {
+			c.ubuf = s.getBuf()
+		}
+		var p []byte
+		if x.phase == phaseHead {
+			if x.uw == len(c.ubuf) {
+				nb := make([]byte, 2*len(c.ubuf)) // a head past the buffer (the parser's limit ends it)
+				copy(nb, c.ubuf[:x.uw])
+				s.putBuf(c.ubuf)
+				c.ubuf = nb
+			}
+			p = c.ubuf[x.uw:]
+		} else {
+			p = c.ubuf
+			if x.kind == httphead.BodyLength && int64(len(p)) > x.left {
+				p = p[:x.left]
+			}
+		}
+		n, err := unix.Read(x.up.fd, p)
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EAGAIN {
+			x.upReady = false
+			return
+		}
+		if n <= 0 {
+			// The worker closed (or reset) the connection.
+			if x.phase == phaseHead {
+				l.fail(c, 502)
+			} else if x.kind == httphead.BodyClose && err == nil {
+				x.done, x.reuse, x.keep = true, false, false
+				continue
+			} else {
+				l.bodyFailed(c)
+			}
+			return
+		}
+		x.w.Stats.AddDown(int64(n))
+		// A short read drained the socket: the next bytes bring an edge.
+		x.upReady = n == len(p) || x.upHup
+		if x.phase == phaseHead {
+			x.uw += n
+			if !l.head(c) {
+				return
+			}
+			continue
+		}
+		if !l.body(c, p[:n]) {
+			return
+		}
+	}
+}
+
+// head handles the response bytes in ubuf while no final head went out:
+// interim heads (a 100 dropped: the loop never sends Expect; others
+// relayed), then the final head with the body bytes behind it. False when
+// the exchange ended.
+func (l *loop) head(c *conn) bool {
+	s := l.s
+	x := &c.x
+	resp := &c.resp
+	for x.uw > 0 {
+		err := httphead.ParseResponse(c.ubuf[:x.uw], s.cfg.Limits, resp)
+		if err == httphead.ErrIncomplete {
+			return true
+		}
+		if err != nil || resp.Status == 101 {
+			l.fail(c, 502) // a broken head, or an upgrade tether never asked for
+			return false
+		}
+		if resp.Status >= 200 {
+			return l.relayHead(c)
+		}
+		if resp.Status != 100 && !x.http10 {
+			out := c.appendResponseHead(c.out[:0], false, false)
+			c.out = out[:0]
+			ok := l.writeClient(c, out)
+			x.uw = copy(c.ubuf, c.ubuf[resp.HeadLen:x.uw])
+			if !ok {
+				l.clientLost(c)
+				return false
+			}
+			if len(c.pend) > 0 {
+				x.reparse = true
+				return true
+			}
+			continue
+		}
+		x.uw = copy(c.ubuf, c.ubuf[resp.HeadLen:x.uw])
+	}
+	return true
+}
+
+// relayHead writes the final response head and the body bytes behind it.
+func (l *loop) relayHead(c *conn) bool {
+	s := l.s
+	x := &c.x
+	resp := &c.resp
+	kind := resp.Body(x.isHead)
+	x.kind = kind
+	x.dechunk = kind == httphead.BodyChunked && x.http10
+	x.closeCut = kind == httphead.BodyClose || x.dechunk
+	x.keep = x.keep && !x.closeCut && !s.closing.Load()
+	x.reuse = !resp.Close && kind != httphead.BodyClose
+	x.status = resp.Status
+	// An HTTP/1.0 client never sees Transfer-Encoding, HEAD included.
+	out := c.appendResponseHead(c.out[:0], !x.keep, x.http10 && resp.Chunked)
+	body := c.ubuf[resp.HeadLen:x.uw]
+	switch kind {
+	case httphead.BodyNone:
+		if len(body) > 0 {
+			x.reuse = false // a body where none may be: never reuse
+		}
+		body = nil
+		x.done = true
+	case httphead.BodyLength:
+		x.left = resp.ContentLength
+		if int64(len(body)) > x.left {
+			body = body[:x.left]
+			x.reuse = false
+		}
+		x.left -= int64(len(body))
+		x.done = x.left == 0
+	case httphead.BodyChunked:
+		n, err := x.sc.Scan(body)
+		if err != nil {
+			x.reuse = false
+			s.counters.Truncated.Add(1)
+			l.fail(c, 502)
+			return false
+		}
+		if n < len(body) {
+			x.reuse = false
+		}
+		body = body[:n]
+		x.done = x.sc.Done()
+		if x.dechunk {
+			var dc httphead.Chunked // the data only, framing checked again
+			out, _, _ = appendDechunked(out, &dc, body)
+			body = nil
+			x.dsc = dc
+		}
+	}
+	out = append(out, body...)
+	c.out = out[:0]
+	x.uw = 0
+	if !l.writeClient(c, out) {
+		l.clientLost(c)
+		return false
+	}
+	x.sentHead = true
+	x.phase = phaseBody
+	l.setDeadline(c, l.bodyTimeout(x))
+	return true
+}
+
+func (l *loop) bodyTimeout(x *lx) time.Duration {
+	if x.kind == httphead.BodyLength {
+		return l.s.cfg.IOTimeout
+	}
+	return l.s.cfg.StreamIdleTimeout
+}
+
+// body relays response body bytes p by the framing.
+func (l *loop) body(c *conn, p []byte) bool {
+	x := &c.x
+	out := p
+	var serr error
+	switch x.kind {
+	case httphead.BodyLength:
+		x.left -= int64(len(p))
+		x.done = x.left == 0
+	case httphead.BodyChunked:
+		m, err := x.sc.Scan(p)
+		if m < len(p) && x.sc.Done() {
+			x.reuse = false // bytes past the last chunk
+		}
+		out, serr = p[:m], err
+		x.done = x.sc.Done()
+		if x.dechunk {
+			out, _, _ = appendDechunked(c.out[:0], &x.dsc, out)
+			c.out = out[:0]
+		}
+	}
+	if len(out) > 0 && !l.writeClient(c, out) {
+		l.clientLost(c)
+		return false
+	}
+	if serr != nil {
+		l.bodyFailed(c)
+		return false
+	}
+	l.setDeadline(c, l.bodyTimeout(x))
+	return true
+}
+
+// writeClient writes p to the client; what the socket does not take now
+// waits in c.pend for EPOLLOUT. False if the client is gone.
+func (l *loop) writeClient(c *conn, p []byte) bool {
+	for len(p) > 0 {
+		n, err := unix.Write(c.fd, p)
+		if n > 0 {
+			p = p[n:]
+			continue
+		}
+		switch err {
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			c.pend = p
+			l.setDeadline(c, l.s.cfg.IOTimeout)
+			return true
+		}
+		return false
+	}
+	c.pend = nil
+	return true
+}
+
+// flushClient writes what waited for the client, then goes on.
+func (l *loop) flushClient(c *conn) {
+	if !l.writeClient(c, c.pend) {
+		l.clientLost(c)
+		return
+	}
+	if len(c.pend) == 0 {
+		if c.x.phase == phaseBody {
+			l.setDeadline(c, l.bodyTimeout(&c.x))
+		}
+		l.pump(c)
+	}
+}
+
+// end finishes an exchange whose response ended at its framing.
+func (l *loop) end(c *conn) {
+	keep := c.x.keep
+	l.finishExchange(c)
+	if !keep {
+		l.closeConn(c)
+		return
+	}
+	c.deadline = 0
+	l.next(c)
+}
+
+// finishExchange counts the exchange's end and releases what it held.
+func (l *loop) finishExchange(c *conn) {
+	x := &c.x
+	x.w.Stats.End(x.failed)
+	x.w.Leave()
+	if x.dec.Done != nil {
+		x.dec.Done()
+	}
+	if obs := l.s.cfg.Observe; obs != nil {
+		obs(x.w.Slot, x.status/100, time.Duration(l.now-x.start))
+	}
+	if u := x.up; u != nil {
+		u.cl = nil
+		if x.reuse && x.done && !x.upHup {
+			l.putIdle(u)
+		} else {
+			l.closeUp(u)
+		}
+	}
+	if c.ubuf != nil {
+		l.s.putBuf(c.ubuf)
+		c.ubuf = nil
+	}
+	c.busy, c.pend = false, nil
+	*x = lx{}
+}
+
+// fail answers status (502 or 504) if no response head went out, and
+// closes the client connection.
+func (l *loop) fail(c *conn, status int) {
+	s := l.s
+	x := &c.x
+	x.failed, x.reuse = true, false
+	if !x.sentHead {
+		x.status = status
+		switch status {
+		case 502:
+			s.counters.BadGateway.Add(1)
+		case 504:
+			s.counters.Timeouts.Add(1)
+		}
+		unix.Write(c.fd, upstreamError(status, x.sentUp, true)) // best effort: the connection closes
+	}
+	l.finishExchange(c)
+	l.closeConn(c)
+}
+
+// bodyFailed: the response was cut after its head went out; the client
+// must see it, so its connection closes (a reset for a close-delimited
+// body, which a FIN would make look complete).
+func (l *loop) bodyFailed(c *conn) {
+	x := &c.x
+	x.failed, x.reuse = true, false
+	l.s.counters.Truncated.Add(1)
+	if x.closeCut {
+		unix.SetsockoptLinger(c.fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
+	}
+	l.finishExchange(c)
+	l.closeConn(c)
+}
+
+// clientLost: the client went away mid-exchange (a write failed).
+func (l *loop) clientLost(c *conn) {
+	l.s.counters.ClientAborted.Add(1)
+	l.abandon(c)
+	l.closeConn(c)
+}
+
+// abandon ends c's exchange without an answer (the client left, or the
+// server closes): the upstream connection closes, so the worker sees it.
+func (l *loop) abandon(c *conn) {
+	if !c.busy {
+		return
+	}
+	c.x.reuse = false
+	l.finishExchange(c)
+}
+
+// expireExchange handles an exchange whose deadline passed.
+func (l *loop) expireExchange(c *conn) {
+	x := &c.x
+	switch {
+	case x.up != nil && x.up.connecting:
+		l.connectFailed(c) // the worker did not answer the connect: nothing sent
+	case len(c.pend) > 0:
+		l.bodyFailed(c) // the client stopped reading
+	case x.phase == phaseSend:
+		l.fail(c, 502)
+	case x.phase == phaseHead:
+		l.fail(c, 504)
+	default:
+		l.bodyFailed(c) // the worker went silent mid-body
+	}
+}

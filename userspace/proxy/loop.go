@@ -1,0 +1,621 @@
+package proxy
+
+// The event loops. Each listener has one: a goroutine locked to its OS
+// thread around one epoll set, holding its connections as plain
+// non-blocking descriptors (outside the Go runtime's poller), with no
+// goroutine per connection. The loop accepts, reads request heads, and
+// runs the common exchange itself (fast.go): a request whose body came
+// with its head, to a worker with a free place, relayed back whatever the
+// response's framing. Everything else (a body still to stream, Expect:
+// 100-continue, tetherd's own endpoints, a queued or learned request, a
+// malformed head, a refused connect) is handed to a goroutine that runs
+// the full data path (conn.go) on a net.TCPConn lent for it, and that
+// gives the connection back once it is idle (Config.ParkAfter).
+//
+// Order of work per wake-up (epoll_wait returns):
+//  1. client and upstream events, in the order the kernel gives them: a
+//     read only after readiness (edge-triggered: a read that fills less
+//     than it asked drained the socket), a write until EAGAIN, then wait
+//     for EPOLLOUT (registered once with EPOLLET, so it costs nothing
+//     until a write blocks);
+//  2. the eventfd: connections given back by goroutines (inbox), a freed
+//     place under --max-conns, shutdown;
+//  3. the sweep of deadlines, when one is due: one deadline per
+//     connection, checked at most every tick, never a timer syscall.
+
+import (
+	"errors"
+	"net"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tether-rl/tether/userspace/stats"
+	"github.com/tether-rl/tether/userspace/sysconn"
+	"github.com/tether-rl/tether/userspace/upstream"
+)
+
+// loop is one event loop (one listener).
+type loop struct {
+	s    *Server
+	slot *stats.Slot
+	epfd int
+	evfd int // eventfd: wakes the loop (inbox, freed place, shutdown)
+	lfd  int // the loop's own copy of the listening socket; -1 once it stopped accepting
+	seq  uint32
+
+	conns map[int32]*conn   // client sockets the loop holds, by descriptor
+	ups   map[int32]*upconn // upstream sockets, by descriptor
+	idle  map[*upstream.Pool][]*upconn
+	addrs map[*upstream.Pool]unix.Sockaddr // nil value: not numeric (goroutine path)
+
+	mu     sync.Mutex
+	inbox  []*conn // given back by goroutines
+	stop   bool    // Server.Close: end everything now
+	exited bool
+	woken  atomic.Bool
+	freed  atomic.Bool // a place freed (Server.placeFreedLocked): try accepting again
+
+	now       int64 // UnixNano, once per wake-up
+	due       int64 // next sweep (0: none needed)
+	lastSweep int64
+	tick      int64
+
+	// accepting: paused at MaxConns (until a place frees), or failing
+	// (retry at retryAt, backoff doubling).
+	paused  bool
+	retryAt int64
+	backoff time.Duration
+
+	// lost is the last connection the loop let go of (to a goroutine, or
+	// closed): after a call that may do so, the loop checks it before it
+	// touches that connection again.
+	lost *conn
+
+	events []unix.EpollEvent
+	pipe   [2]int // splice pipe for bodies (fast.go); -1 until needed
+}
+
+// Registration tokens: an epoll event carries the descriptor and a
+// sequence number (Pad), so an event for a descriptor that was closed and
+// reused within one batch is recognised and dropped.
+const (
+	tokListener = 1
+	tokWake     = 2
+	firstSeq    = 16
+)
+
+func (l *loop) nextSeq() uint32 {
+	l.seq++
+	if l.seq < firstSeq {
+		l.seq = firstSeq
+	}
+	return l.seq
+}
+
+// newLoop makes the loop of ln; the listener stays the caller's.
+func newLoop(s *Server, ln *net.TCPListener, slot *stats.Slot) (*loop, error) {
+	lfd, err := sysconn.DupListener(ln)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.SetNonblock(lfd, true); err != nil {
+		unix.Close(lfd)
+		return nil, err
+	}
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		unix.Close(lfd)
+		return nil, err
+	}
+	evfd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		unix.Close(lfd)
+		unix.Close(epfd)
+		return nil, err
+	}
+	l := &loop{s: s, slot: slot, epfd: epfd, evfd: evfd, lfd: lfd,
+		conns: map[int32]*conn{}, ups: map[int32]*upconn{},
+		idle: map[*upstream.Pool][]*upconn{}, addrs: map[*upstream.Pool]unix.Sockaddr{},
+		events: make([]unix.EpollEvent, 256), pipe: [2]int{-1, -1}}
+	l.tick = int64(s.cfg.tick())
+	for _, r := range []struct {
+		fd  int
+		tok int32
+	}{{lfd, tokListener}, {evfd, tokWake}} {
+		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLET, Fd: int32(r.fd), Pad: r.tok}
+		if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, r.fd, &ev); err != nil {
+			l.release()
+			return nil, err
+		}
+	}
+	return l, nil
+}
+
+// tick is how often deadlines are looked at: a twentieth of the shortest
+// timeout, between 1 ms and 250 ms.
+func (c *Config) tick() time.Duration {
+	d := min(c.IdleTimeout, c.HeadTimeout, c.ResponseTimeout, c.StreamIdleTimeout, c.IOTimeout) / 20
+	return min(max(d, time.Millisecond), 250*time.Millisecond)
+}
+
+// wake makes the loop look at its inbox and the server's state.
+func (l *loop) wake() {
+	if l.woken.CompareAndSwap(false, true) {
+		var one = [8]byte{1}
+		unix.Write(l.evfd, one[:])
+	}
+}
+
+// adopt gives c (idle, served by a goroutine until now, its net.TCPConn
+// already closed) back to the loop; false if the loop is gone (the caller
+// keeps serving it).
+func (l *loop) adopt(c *conn) bool {
+	l.mu.Lock()
+	if l.exited || l.stop {
+		l.mu.Unlock()
+		return false
+	}
+	l.inbox = append(l.inbox, c)
+	l.mu.Unlock()
+	l.wake()
+	return true
+}
+
+// close makes the loop end every connection and return (Server.Close).
+func (l *loop) close() {
+	l.mu.Lock()
+	l.stop = true
+	l.mu.Unlock()
+	l.wake()
+}
+
+// run serves until the server closes and the loop holds no connection.
+func (l *loop) run() {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	defer l.release()
+	l.now = time.Now().UnixNano()
+	l.accept()
+	for {
+		timeout := -1
+		if l.due != 0 {
+			timeout = int((l.due - l.now + int64(time.Millisecond) - 1) / int64(time.Millisecond))
+			timeout = max(timeout, 0)
+		}
+		n, err := unix.EpollWait(l.epfd, l.events, timeout)
+		l.now = time.Now().UnixNano()
+		if err != nil && err != unix.EINTR {
+			l.s.cfg.Log.Error("event loop failed", "err", err)
+			l.stopAll()
+			return
+		}
+		for i := 0; i < n; i++ {
+			ev := &l.events[i]
+			switch ev.Pad {
+			case tokListener:
+				l.accept()
+			case tokWake:
+				l.woke()
+			default:
+				if c := l.conns[ev.Fd]; c != nil && c.seq == uint32(ev.Pad) {
+					l.clientEvent(c, ev.Events)
+				} else if u := l.ups[ev.Fd]; u != nil && u.seq == uint32(ev.Pad) {
+					l.upEvent(u, ev.Events)
+				}
+			}
+		}
+		if l.due != 0 && l.now >= l.due {
+			l.sweep()
+		}
+		if l.finished() {
+			return
+		}
+	}
+}
+
+// woke handles the eventfd: inbox, shutdown, a freed place.
+func (l *loop) woke() {
+	var b [8]byte
+	unix.Read(l.evfd, b[:])
+	l.woken.Store(false)
+	l.mu.Lock()
+	in, stop := l.inbox, l.stop
+	l.inbox = nil
+	l.mu.Unlock()
+	for _, c := range in {
+		l.hold(c)
+		l.next(c)
+	}
+	if stop {
+		return // finished() ends everything
+	}
+	if l.s.closing.Load() {
+		l.stopAccepting()
+		l.setDue(l.now) // sweep now: idle connections go (ShutdownGently)
+	}
+	if l.freed.Swap(false) {
+		l.retryAt = 0
+		l.accept()
+	}
+}
+
+// finished ends the loop when the server closed and nothing is left.
+func (l *loop) finished() bool {
+	l.mu.Lock()
+	stop := l.stop
+	l.mu.Unlock()
+	if stop {
+		l.stopAll()
+		return true
+	}
+	if !l.s.closing.Load() || len(l.conns) > 0 {
+		return false
+	}
+	l.mu.Lock()
+	if len(l.inbox) > 0 {
+		l.mu.Unlock()
+		return false
+	}
+	l.exited = true
+	l.mu.Unlock()
+	return true
+}
+
+// stopAll closes everything the loop holds (Server.Close).
+func (l *loop) stopAll() {
+	l.mu.Lock()
+	l.exited = true
+	in := l.inbox
+	l.inbox = nil
+	l.mu.Unlock()
+	for _, c := range in {
+		l.hold(c)
+	}
+	for _, c := range l.conns {
+		if c.busy {
+			l.abandon(c)
+		}
+		l.closeConn(c)
+	}
+}
+
+// release closes the loop's own descriptors and idle upstream sockets.
+func (l *loop) release() {
+	l.stopAccepting()
+	for _, list := range l.idle {
+		for _, u := range list {
+			l.closeUp(u)
+			l.s.counters.UpstreamIdle.Add(-1)
+		}
+	}
+	l.idle = map[*upstream.Pool][]*upconn{}
+	for _, u := range l.ups {
+		l.closeUp(u)
+	}
+	for _, fd := range []int{l.pipe[0], l.pipe[1], l.evfd, l.epfd} {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
+	l.pipe = [2]int{-1, -1}
+}
+
+func (l *loop) stopAccepting() {
+	if l.lfd >= 0 {
+		unix.Close(l.lfd) // the socket lives on in the listener (and a successor)
+		l.lfd = -1
+	}
+}
+
+// setDue asks for a sweep at t (or at the next tick after the last one).
+func (l *loop) setDue(t int64) {
+	if t < l.lastSweep+l.tick {
+		t = l.lastSweep + l.tick
+	}
+	if l.due == 0 || t < l.due {
+		l.due = t
+	}
+}
+
+// setDeadline gives c one deadline (0: none).
+func (l *loop) setDeadline(c *conn, d time.Duration) {
+	if d == 0 {
+		c.deadline = 0
+		return
+	}
+	c.deadline = l.now + int64(d)
+	l.setDue(c.deadline)
+}
+
+// accept takes connections until the queue is empty, the server is at
+// MaxConns (paused until a place frees), or accept fails for want of
+// descriptors (backing off, 5 ms doubling to 500 ms, or until a place
+// frees). Each is logged once per episode (accept.go).
+func (l *loop) accept() {
+	s := l.s
+	for l.lfd >= 0 {
+		if l.retryAt != 0 && l.now < l.retryAt {
+			return
+		}
+		if !s.tryAdmit(l) {
+			return
+		}
+		fd, sa, err := unix.Accept4(l.lfd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+		if err != nil {
+			s.unadmit()
+			switch {
+			case err == unix.EAGAIN:
+				return
+			case err == unix.EINTR || err == unix.ECONNABORTED:
+				continue
+			}
+			if s.acceptFailing.begin() {
+				s.counters.AcceptPauses.Add(1)
+				s.cfg.Log.Error("accept failing, backing off (too many open files? raise LimitNOFILE / ulimit -n, or lower --max-conns)",
+					"err", err, "open", s.counters.Open.Load())
+			}
+			if l.backoff == 0 {
+				l.backoff = 5 * time.Millisecond
+			} else if l.backoff < 500*time.Millisecond {
+				l.backoff *= 2
+			}
+			l.retryAt = l.now + int64(l.backoff)
+			s.waitForDescriptor(l)
+			l.setDue(l.retryAt)
+			return
+		}
+		if l.backoff != 0 {
+			l.backoff, l.retryAt = 0, 0
+			s.acceptFailing.over(func(n int, d time.Duration) {
+				s.cfg.Log.Warn("accept resumed", "failures", n, "after", d.Round(time.Millisecond))
+			})
+		}
+		l.opened(fd, sa)
+	}
+}
+
+// opened starts serving an accepted socket.
+func (l *loop) opened(fd int, sa unix.Sockaddr) {
+	s := l.s
+	unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+	c := &conn{s: s, fd: fd, lp: l, slot: l.slot, ip: []byte(sysconn.IP(sa))}
+	s.counters.Accepted.Add(1)
+	s.counters.Open.Add(1)
+	l.slot.Opened()
+	s.mu.Lock()
+	s.conns[c] = struct{}{}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	if !l.hold(c) {
+		return
+	}
+	c.idleSince.Store(l.now)
+	l.setDeadline(c, s.cfg.IdleTimeout)
+}
+
+// hold puts c in the loop's epoll set; false (and c finished) if it could
+// not.
+func (l *loop) hold(c *conn) bool {
+	c.seq = l.nextSeq()
+	c.lp = l
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(c.fd), Pad: int32(c.seq)}
+	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, c.fd, &ev); err != nil {
+		c.finish()
+		return false
+	}
+	l.conns[int32(c.fd)] = c
+	l.s.counters.Parked.Add(1)
+	return true
+}
+
+// unhold takes c out of the loop (to a goroutine).
+func (l *loop) unhold(c *conn) {
+	unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, c.fd, nil)
+	l.lost = c
+	delete(l.conns, int32(c.fd))
+	l.s.counters.Parked.Add(-1)
+	c.deadline = 0
+}
+
+// closeConn ends a connection the loop holds.
+func (l *loop) closeConn(c *conn) {
+	l.lost = c
+	delete(l.conns, int32(c.fd))
+	l.s.counters.Parked.Add(-1)
+	c.finish()
+}
+
+// handoff gives c to a goroutine running the full data path; h says where
+// it starts (conn.serveOne).
+func (l *loop) handoff(c *conn, h handoff) {
+	l.unhold(c)
+	c.hand = h
+	go c.serve()
+}
+
+// clientEvent handles an event on a client socket.
+func (l *loop) clientEvent(c *conn, ev uint32) {
+	if c.busy {
+		if ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+			// The client left (or half-closed) while its exchange ran:
+			// close the upstream at once, so the engine cancels the
+			// generation (the watch of the goroutine path, watch.go).
+			l.s.counters.ClientAborted.Add(1)
+			l.abandon(c)
+			l.closeConn(c)
+			return
+		}
+		if ev&unix.EPOLLIN != 0 {
+			c.readable = true // pipelined: read once this exchange ends
+		}
+		if ev&unix.EPOLLOUT != 0 && len(c.pend) > 0 {
+			l.flushClient(c)
+		}
+		return
+	}
+	if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		c.readable = true
+		l.next(c)
+	}
+}
+
+// read reads once from the client into its buffer (taken if it has
+// none); false if the connection ended.
+func (l *loop) read(c *conn) bool {
+	if c.buf == nil {
+		c.buf, c.r, c.w = l.s.getBuf(), 0, 0
+	} else if c.r > 0 {
+		c.w = copy(c.buf, c.buf[c.r:c.w])
+		c.r = 0
+	}
+	space := len(c.buf) - c.w
+	if space == 0 {
+		return true
+	}
+	for {
+		n, err := unix.Read(c.fd, c.buf[c.w:])
+		switch {
+		case n > 0:
+			c.w += n
+			c.readable = n == space // a full read may have left more
+			return true
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			c.readable = false
+			return true
+		}
+		l.closeConn(c) // EOF or reset
+		return false
+	}
+}
+
+// next serves what c holds: a complete head starts its exchange; an
+// incomplete one waits (head timeout); nothing: c idles without a buffer.
+func (l *loop) next(c *conn) {
+	s := l.s
+	for !c.busy {
+		if c.r == c.w && c.readable {
+			if !l.read(c) {
+				return
+			}
+		}
+		if c.r == c.w {
+			if c.buf != nil {
+				s.putBuf(c.buf)
+				c.buf, c.r, c.w = nil, 0, 0
+			}
+			if s.closing.Load() && s.idleGrace.Load() == 0 {
+				l.closeConn(c)
+				return
+			}
+			if c.headSince != 0 || c.deadline == 0 {
+				c.headSince = 0
+				c.idleSince.Store(l.now)
+				l.setDeadline(c, s.cfg.IdleTimeout)
+			}
+			return
+		}
+		err := l.parse(c)
+		if err == errIncomplete {
+			if c.readable && c.w < len(c.buf) {
+				if !l.read(c) {
+					return
+				}
+				continue
+			}
+			if c.w == len(c.buf) && c.r == 0 {
+				l.handoff(c, handoff{}) // a head past the pooled buffer: grown (or 431) there
+				return
+			}
+			if c.headSince == 0 {
+				c.headSince = l.now
+				l.setDeadline(c, s.cfg.HeadTimeout)
+			}
+			return
+		}
+		c.headSince = 0
+		if err != nil || !l.fast(c) {
+			l.handoff(c, handoff{}) // parsed again there: answered or served
+			return
+		}
+		l.lost = nil
+		l.begin(c)
+		if l.lost == c {
+			return // handed to a goroutine, or closed
+		}
+	}
+}
+
+// errIncomplete: the head is not all there yet.
+var errIncomplete = errors.New("incomplete head")
+
+// sweep handles the deadlines that passed and finds the next one.
+func (l *loop) sweep() {
+	s := l.s
+	now := l.now
+	l.lastSweep, l.due = now, 0
+	closing := s.closing.Load()
+	grace := s.idleGrace.Load()
+	for _, c := range l.conns {
+		if closing && !c.busy && c.r == c.w && now-c.idleSince.Load() >= grace {
+			l.closeConn(c)
+			continue
+		}
+		if c.deadline != 0 && now >= c.deadline {
+			l.expire(c)
+			continue
+		}
+		if c.deadline != 0 {
+			l.setDue(c.deadline)
+		}
+	}
+	for p, list := range l.idle {
+		closed := p.Closed()
+		keep := list[:0]
+		for _, u := range list {
+			if closed || now-u.since > int64(p.Options().IdleTimeout) {
+				l.closeUp(u)
+				l.s.counters.UpstreamIdle.Add(-1)
+				continue
+			}
+			keep = append(keep, u)
+		}
+		if len(keep) == 0 {
+			delete(l.idle, p)
+			continue
+		}
+		l.idle[p] = keep
+		l.setDue(keep[0].since + int64(p.Options().IdleTimeout))
+	}
+	if closing && len(l.conns) > 0 {
+		l.setDue(now + int64(50*time.Millisecond))
+	}
+	if l.retryAt != 0 {
+		if now >= l.retryAt {
+			l.accept()
+		} else {
+			l.setDue(l.retryAt)
+		}
+	}
+}
+
+// expire handles a connection whose deadline passed.
+func (l *loop) expire(c *conn) {
+	c.deadline = 0
+	switch {
+	case c.busy:
+		l.expireExchange(c) // fast.go
+	case c.r < c.w:
+		// A slow client in the middle of a head: 408, answered (and
+		// lingered) the goroutine way.
+		l.s.counters.Rejected.Add(1)
+		l.handoff(c, handoff{reject: 408})
+	default:
+		l.closeConn(c) // idle timeout
+	}
+}

@@ -1,0 +1,89 @@
+package sysconn
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// Raw descriptors: an event loop (userspace/proxy/loop.go) owns its
+// sockets as plain non-blocking descriptors, outside the Go runtime's
+// poller, and lends one to Go's net package only while a goroutine serves
+// it.
+
+// DupListener duplicates a listener's descriptor (close-on-exec): the
+// caller owns the copy, which stays valid (and the socket open) after the
+// listener is closed.
+func DupListener(ln *net.TCPListener) (int, error) {
+	fd := -1
+	err := Control(ln, func(s int) error {
+		var err error
+		fd, err = unix.FcntlInt(uintptr(s), unix.F_DUPFD_CLOEXEC, 0)
+		return err
+	})
+	return fd, err
+}
+
+// TCPConn lends fd to the net package: it returns a *net.TCPConn on a
+// duplicate of fd (registered with the runtime's poller); closing it
+// closes only the duplicate. fd stays the caller's.
+func TCPConn(fd int) (*net.TCPConn, error) {
+	d, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(d), "")
+	nc, err := net.FileConn(f) // dups again; f's copy goes with f
+	f.Close()
+	if err != nil {
+		return nil, err
+	}
+	tc, ok := nc.(*net.TCPConn)
+	if !ok {
+		nc.Close()
+		return nil, fmt.Errorf("descriptor %d is not a TCP socket", fd)
+	}
+	return tc, nil
+}
+
+// Sockaddr returns the socket address of a numeric "ip:port" (nil for a
+// host name, which only the net package's resolver may turn into one).
+func Sockaddr(hostport string) unix.Sockaddr {
+	ap, err := netip.ParseAddrPort(hostport)
+	if err != nil {
+		return nil
+	}
+	a := ap.Addr().Unmap()
+	if a.Is4() {
+		return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: a.As4()}
+	}
+	return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: a.As16()}
+}
+
+// IP returns the address of sa as text ("" if it is not IPv4 or IPv6),
+// IPv4-mapped IPv6 addresses as IPv4.
+func IP(sa unix.Sockaddr) string {
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrFrom4(a.Addr).String()
+	case *unix.SockaddrInet6:
+		return netip.AddrFrom16(a.Addr).Unmap().String()
+	}
+	return ""
+}
+
+// SocketError returns a socket's pending error (SO_ERROR): how a
+// non-blocking connect ended.
+func SocketError(fd int) error {
+	v, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR)
+	if err != nil {
+		return err
+	}
+	if v != 0 {
+		return unix.Errno(v)
+	}
+	return nil
+}
