@@ -329,6 +329,7 @@ func (d *Daemon) Demos() []*demo.Server { return d.demos }
 
 // Serve runs the data plane until Shutdown.
 func (d *Daemon) Serve() {
+	procs := proxy.ProcsForLoops(len(d.lns))
 	for i, ln := range d.lns {
 		d.wg.Add(1)
 		go func() {
@@ -338,7 +339,7 @@ func (d *Daemon) Serve() {
 			}
 		}()
 	}
-	d.log.Info("tetherd serving", "listen", d.Addr(), "listeners", len(d.lns), "workers", len(d.Table.Snapshot()), "instance_id", d.InstanceID)
+	d.log.Info("tetherd serving", "listen", d.Addr(), "listeners", len(d.lns), "gomaxprocs", procs, "workers", len(d.Table.Snapshot()), "instance_id", d.InstanceID)
 	d.startControl(d.opts)
 }
 

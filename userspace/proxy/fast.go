@@ -60,13 +60,17 @@ type lx struct {
 	dsc    httphead.Chunked // the de-chunker's own view (dechunk)
 	status int              // for Config.Observe: relayed, or tetherd's own
 
-	connected bool // a connect of this exchange succeeded (no second try after)
-	redialed  bool // the one connect retry was made
-	dechunk   bool // an HTTP/1.0 client gets a chunked body de-chunked, ended by the close
-	upReady   bool // the upstream socket may have bytes (edge seen, not drained)
-	upHup     bool // the worker closed or reset: read to the end
-	reparse   bool // an interim head was written late: look at ubuf again
-	done      bool // the response ended at its framing
+	connected bool  // a connect of this exchange succeeded (no second try after)
+	redialed  bool  // the one connect retry was made
+	dechunk   bool  // an HTTP/1.0 client gets a chunked body de-chunked, ended by the close
+	pipe      *pipe // a body spliced through (pumpSplice); nil: copied through ubuf
+	inPipe    int   // bytes in pipe not yet written to the client
+	blocked   bool  // the client's socket would block on the pipe's bytes
+	lowat     bool  // SO_RCVLOWAT raised on the upstream socket
+	upReady   bool  // the upstream socket may have bytes (edge seen, not drained)
+	upHup     bool  // the worker closed or reset: read to the end
+	reparse   bool  // an interim head was written late: look at ubuf again
+	done      bool  // the response ended at its framing
 	isHead    bool
 	http10    bool // the client speaks HTTP/1.0
 	keep      bool // the client connection may carry another request
@@ -385,12 +389,21 @@ func (l *loop) pump(c *conn) {
 	s := l.s
 	x := &c.x
 	for {
-		if len(c.pend) > 0 {
+		if len(c.pend) > 0 || x.blocked {
 			return // the client takes what it has first (EPOLLOUT)
 		}
 		if x.done {
 			l.end(c)
 			return
+		}
+		if x.phase == phaseBody && l.splicing(x) {
+			if !l.pumpSplice(c) {
+				return
+			}
+			if !x.done {
+				return
+			}
+			continue
 		}
 		if x.reparse {
 			x.reparse = false
@@ -624,6 +637,7 @@ func (l *loop) writeClient(c *conn, p []byte) bool {
 
 // flushClient writes what waited for the client, then goes on.
 func (l *loop) flushClient(c *conn) {
+	c.x.blocked = false
 	if !l.writeClient(c, c.pend) {
 		l.clientLost(c)
 		return
@@ -658,6 +672,9 @@ func (l *loop) finishExchange(c *conn) {
 	}
 	if obs := l.s.cfg.Observe; obs != nil {
 		obs(x.w.Slot, x.status/100, time.Duration(l.now-x.start))
+	}
+	if x.pipe != nil {
+		l.putPipe(x.pipe, x.inPipe == 0)
 	}
 	if u := x.up; u != nil {
 		u.cl = nil
@@ -732,7 +749,7 @@ func (l *loop) expireExchange(c *conn) {
 	switch {
 	case x.up != nil && x.up.connecting:
 		l.connectFailed(c) // the worker did not answer the connect: nothing sent
-	case len(c.pend) > 0:
+	case len(c.pend) > 0 || x.blocked:
 		l.bodyFailed(c) // the client stopped reading
 	case x.phase == phaseSend:
 		l.fail(c, 502)
@@ -741,4 +758,132 @@ func (l *loop) expireExchange(c *conn) {
 	default:
 		l.bodyFailed(c) // the worker went silent mid-body
 	}
+}
+
+// Splicing a long response body (pumpSplice): the bytes go from the
+// worker's socket into a pipe and from the pipe to the client's socket
+// with splice(2), never through user space, as the goroutine path's
+// conn.move does. A body of at least batchMin also raises the upstream
+// socket's SO_RCVLOWAT to batchLowat, so that one wake-up moves a big
+// batch, and lowers it again for the last batchLowat bytes.
+
+// pipe is a splice pipe of a loop.
+type pipe struct {
+	r, w int
+	size int
+}
+
+// splicing reports whether x's body moves by splice (and gives it a pipe).
+func (l *loop) splicing(x *lx) bool {
+	if x.pipe != nil {
+		return true
+	}
+	if x.dechunk || !(x.kind == httphead.BodyClose || x.kind == httphead.BodyLength && x.left >= l.s.cfg.SpliceMin) {
+		return false
+	}
+	x.pipe = l.getPipe()
+	if x.pipe == nil {
+		return false
+	}
+	if x.kind == httphead.BodyLength && x.left >= batchMin {
+		x.lowat = unix.SetsockoptInt(x.up.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, batchLowat) == nil
+	}
+	return true
+}
+
+// pumpSplice moves the body: the pipe is emptied to the client first, then
+// filled from the worker (an EAGAIN on an empty pipe is the socket's). It
+// returns false when the exchange ended; otherwise x.done, or a socket
+// would block (x.blocked: the client's; !x.upReady: the worker's).
+func (l *loop) pumpSplice(c *conn) bool {
+	x := &c.x
+	p := x.pipe
+	const flags = unix.SPLICE_F_NONBLOCK | unix.SPLICE_F_MOVE
+	for {
+		if x.inPipe > 0 {
+			n, err := unix.Splice(p.r, nil, c.fd, nil, x.inPipe, flags)
+			switch {
+			case n > 0:
+				x.inPipe -= int(n)
+				l.setDeadline(c, l.bodyTimeout(x))
+				continue
+			case err == unix.EINTR:
+				continue
+			case err == unix.EAGAIN:
+				x.blocked = true
+				l.setDeadline(c, l.s.cfg.IOTimeout)
+				return true
+			}
+			l.clientLost(c)
+			return false
+		}
+		if x.kind == httphead.BodyLength && x.left == 0 || x.done {
+			x.done = true
+			return true
+		}
+		if !x.upReady {
+			return true
+		}
+		want := p.size
+		if x.kind == httphead.BodyLength && x.left < int64(want) {
+			want = int(x.left)
+		}
+		if x.lowat && x.left <= batchLowat {
+			unix.SetsockoptInt(x.up.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, 1)
+			x.lowat = false
+		}
+		n, err := unix.Splice(x.up.fd, nil, p.w, nil, want, flags)
+		switch {
+		case n > 0:
+			x.w.Stats.AddDown(n)
+			x.inPipe += int(n)
+			if x.kind == httphead.BodyLength {
+				x.left -= n
+			}
+			continue
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			x.upReady = false
+			continue // x.upReady false: return (after nothing is left in the pipe)
+		case err == nil && x.kind == httphead.BodyClose:
+			x.done, x.reuse, x.keep = true, false, false // the worker's close ends the body
+			continue
+		}
+		l.bodyFailed(c)
+		return false
+	}
+}
+
+// getPipe returns a free pipe of the loop (1 MiB where the system allows),
+// or nil if none can be made (the body is copied instead).
+func (l *loop) getPipe() *pipe {
+	if n := len(l.pipes); n > 0 {
+		p := l.pipes[n-1]
+		l.pipes = l.pipes[:n-1]
+		return p
+	}
+	var fds [2]int
+	if err := unix.Pipe2(fds[:], unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
+		return nil
+	}
+	size, err := unix.FcntlInt(uintptr(fds[1]), unix.F_SETPIPE_SZ, 1<<20)
+	if err != nil {
+		size, _ = unix.FcntlInt(uintptr(fds[1]), unix.F_GETPIPE_SZ, 0)
+	}
+	if size <= 0 {
+		size = 64 << 10
+	}
+	return &pipe{r: fds[0], w: fds[1], size: size}
+}
+
+// putPipe keeps an empty pipe for the next body (a few per loop); one
+// holding bytes is closed.
+func (l *loop) putPipe(p *pipe, empty bool) {
+	if empty && len(l.pipes) < 8 {
+		l.pipes = append(l.pipes, p)
+		return
+	}
+	unix.Close(p.r)
+	unix.Close(p.w)
 }
