@@ -109,7 +109,7 @@ func (b *bench) phaseLatency() latencyResult {
 	}
 	defer in.stop()
 	if sat == 0 { // the rps phase did not run: measure the saturating rate
-		script, _ := writeWrkScript(b.m.tmp, "wrk-latency", b.idsFor(t))
+		script, _ := writeWrkScript(b.m.tmp, "wrk-latency", b.idsFor(t), false)
 		res, err := runWrk(b.ctx, b.wrkBin, fmt.Sprintf("http://127.0.0.1:%d", in.port), script, b.o.threads, b.o.conns, b.o.dur)
 		if err != nil {
 			r.err = firstLine(err.Error())

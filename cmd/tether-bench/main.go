@@ -26,7 +26,7 @@ import (
 	"time"
 )
 
-var allTargets = []string{"direct", "tetherd", "tetherd-nobpf", "nginx", "haproxy", "caddy", "evloop-exp"}
+var allTargets = []string{"direct", "tetherd", "tetherd-nobpf", "nginx", "haproxy", "caddy"}
 
 type options struct {
 	dur          time.Duration
@@ -95,7 +95,7 @@ func parseFlags() options {
 	flag.IntVar(&o.conns, "conns", 64, "wrk connections")
 	flag.IntVar(&o.threads, "threads", 2, "wrk threads")
 	flag.StringVar(&only, "only", "", "comma list of targets: "+strings.Join(allTargets, ",")+" (direct, the baseline, always runs)")
-	flag.StringVar(&phases, "phases", "rps,bodies,balance,restart,scaling,latency", "comma list of phases to run (also: soak, the overload and fault scenarios of make soak)")
+	flag.StringVar(&phases, "phases", "rps,newconn,bodies,balance,restart,scaling,latency", "comma list of phases to run (also: soak, the overload and fault scenarios of make soak)")
 	flag.IntVar(&o.soakGB, "soak-gb", 8, "body size in GiB for the soak's big-body scenario")
 	var soakOnly string
 	flag.StringVar(&soakOnly, "soak-only", "", "comma list of soak scenarios to run (slowloris, idle, slow readers, big bodies, fd limit); default all")
@@ -150,10 +150,6 @@ func logf(format string, args ...any) {
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "standin-worker" {
 		runStandinWorker(os.Args[2:])
-		return
-	}
-	if len(os.Args) > 1 && os.Args[1] == "evloop-proxy" {
-		runEvloopProxy(os.Args[2:])
 		return
 	}
 	o := parseFlags()
@@ -306,6 +302,7 @@ type target struct {
 	broken  string // failed to start during the bench
 	start   func() (*instance, error)
 	rps     []rpsSample
+	rpsNew  []rpsSample // a new connection per request (phase newconn)
 	ups     []bodyResult
 	downs   []bodyResult
 	up      bodySum
@@ -469,11 +466,6 @@ func (b *bench) setup() error {
 	}
 	addExternal("nginx", b.nginxBin, b.startNginx)
 	addExternal("haproxy", b.haproxyBin, b.startHaproxy)
-	evt := &target{name: "evloop-exp", start: b.startEvloop}
-	if !b.want("evloop-exp") {
-		evt.skip, evt.start = "excluded by -only", nil
-	}
-	b.targets = append(b.targets, evt)
 	if b.want("caddy") && b.caddyBin == "" && b.caddyErr != "" {
 		b.targets = append(b.targets, &target{name: "caddy", skip: "caddy did not build: " + firstLine(b.caddyErr)})
 	} else {
@@ -645,12 +637,18 @@ func firstLine(s string) string {
 
 func (b *bench) active(t *target) bool { return t.skip == "" && t.broken == "" }
 
-func (b *bench) phaseRPS() {
+// phaseRPS runs the keep-alive load, or with closeConn the load of a new
+// connection per request.
+func (b *bench) phaseRPS(closeConn bool) {
 	o := b.o
 	dir := b.m.tmp
 	scripts := map[string]string{}
+	suffix, label := "", "keep-alive"
+	if closeConn {
+		suffix, label = "-newconn", "new conn"
+	}
 	for _, t := range b.targets {
-		s, err := writeWrkScript(dir, "wrk-"+t.name, b.idsFor(t))
+		s, err := writeWrkScript(dir, "wrk-"+t.name+suffix, b.idsFor(t), closeConn)
 		if err != nil {
 			logf("error: %v", err)
 			b.failed = true
@@ -722,13 +720,17 @@ func (b *bench) phaseRPS() {
 				}
 				s.workerUsPerReq = float64(w1-w0) * (1e6 / clockTicks) / float64(res.requests)
 			}
-			t.rps = append(t.rps, s)
+			if closeConn {
+				t.rpsNew = append(t.rpsNew, s)
+			} else {
+				t.rps = append(t.rps, s)
+			}
 			cpu := "n/a"
 			if s.cpuUsPerReq >= 0 {
 				cpu = fmt.Sprintf("%.1f", s.cpuUsPerReq)
 			}
-			logf("run %d/%d %-14s %9.0f req/s  p99 %-9v proxy CPU %s µs/req  syscalls %.2f/req  ctx switches %.2f/req  workers %.1f µs/req  errors %d/%d",
-				run, o.runs, t.name, s.rps, s.p99, cpu, s.syscallsPerReq, s.switchesPerReq, s.workerUsPerReq, s.errSocket, s.errState)
+			logf("%s run %d/%d %-14s %9.0f req/s  p99 %-9v proxy CPU %s µs/req  syscalls %.2f/req  ctx switches %.2f/req  workers %.1f µs/req  errors %d/%d",
+				label, run, o.runs, t.name, s.rps, s.p99, cpu, s.syscallsPerReq, s.switchesPerReq, s.workerUsPerReq, s.errSocket, s.errState)
 		}
 	}
 }
@@ -768,9 +770,6 @@ func (b *bench) phaseBodies() {
 	want := hex.EncodeToString(sum[:])
 	for run := 1; run <= o.runs; run++ {
 		for _, t := range b.targets {
-			if t.name == "evloop-exp" {
-				continue // the experiment proxies the keep-alive path only
-			}
 			if !b.active(t) || b.ctx.Err() != nil {
 				continue
 			}
@@ -841,7 +840,7 @@ func (b *bench) phaseBalance() balanceResult {
 		return r
 	}
 	defer in.stop()
-	script, err := writeWrkScript(b.m.tmp, "wrk-balance", b.idsFor(t))
+	script, err := writeWrkScript(b.m.tmp, "wrk-balance", b.idsFor(t), false)
 	if err != nil {
 		r.note = err.Error()
 		return r
@@ -917,7 +916,10 @@ func (b *bench) main() int {
 		return 1
 	}
 	if b.o.phases["rps"] {
-		b.phaseRPS()
+		b.phaseRPS(false)
+	}
+	if b.o.phases["newconn"] && b.ctx.Err() == nil {
+		b.phaseRPS(true)
 	}
 	if b.o.phases["bodies"] && b.ctx.Err() == nil {
 		b.phaseBodies()

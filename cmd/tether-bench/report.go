@@ -58,6 +58,39 @@ func summarize(t *target) rpsSummary {
 	return s
 }
 
+// reportNewConn writes the table of the newconn phase: every request on a
+// new connection (Connection: close), and the issue's targets for it.
+func (b *bench) reportNewConn(w *strings.Builder) {
+	fmt.Fprintf(w, "\n## New connection per request (%d connections, each request says Connection: close)\n\n", b.o.conns)
+	fmt.Fprintf(w, "| target | req/s | p50 ms | p99 ms | proxy CPU µs/req | syscalls/req | ctx switches/req | socket errs / non-2xx | req/s per run |\n")
+	fmt.Fprintf(w, "|---|---:|---:|---:|---:|---:|---:|---:|---|\n")
+	shadow := map[string]*target{}
+	cell := func(v float64, f string) string {
+		if v < 0 {
+			return "n/a"
+		}
+		return fmt.Sprintf(f, v)
+	}
+	for _, t := range b.targets {
+		st := &target{name: t.name, rps: t.rpsNew}
+		shadow[t.name] = st
+		s := summarize(st)
+		if !s.ok {
+			continue
+		}
+		fmt.Fprintf(w, "| %s | %.0f | %.2f | %.2f | %s | %s | %s | %d / %d | %s |\n", t.name, s.rps, s.p50ms, s.p99ms,
+			cell(s.cpu, "%.1f"), cell(s.syscalls, "%.2f"), cell(s.switches, "%.2f"), s.errSocket, s.errStatus, fmtList(s.runs, 0))
+	}
+	td, ng := shadow["tetherd"], shadow["nginx"]
+	if td == nil || ng == nil || !summarize(td).ok || !summarize(ng).ok {
+		return
+	}
+	cr := runRatio(td, ng, func(x rpsSample) float64 { return x.cpuUsPerReq })
+	rr := runRatio(td, ng, func(x rpsSample) float64 { return x.rps })
+	fmt.Fprintf(w, "\n- tetherd/nginx: req/s **%.2f×** (per run %s), CPU per request %.2f× (per run %s)\n", median(rr), fmtList(rr, 2), median(cr), fmtList(cr, 2))
+	fmt.Fprintf(w, "  - target req/s ≥ 1.0× nginx: %s; CPU per request ≤ nginx's: %s\n", passMiss(median(rr) >= 1.0), passMiss(median(cr) <= 1.0))
+}
+
 // runRatio returns per-run ratios a/b of a metric, matching runs by index.
 func runRatio(a, b *target, f func(rpsSample) float64) []float64 {
 	var out []float64
@@ -174,11 +207,6 @@ func (b *bench) report(bal balanceResult) string {
 						passMiss(median(cr) <= 0.75), passMiss(median(rr) >= 1.15))
 				}
 			}
-			if ev, ng := b.targetByName("evloop-exp"), b.targetByName("nginx"); ev != nil && ng != nil && sums["evloop-exp"].ok && sums["nginx"].ok {
-				cr, rr := runRatio(ev, ng, cpuOf), runRatio(ev, ng, rpsOf)
-				fmt.Fprintf(&w, "- evloop-exp (the event-loop experiment, userspace/evloop: keep-alive path only, not the data plane)/nginx: CPU per request %.2f× (per run %s), req/s %.2f×, %.2f system calls per request\n",
-					median(cr), fmtList(cr, 2), median(rr), sums["evloop-exp"].syscalls)
-			}
 			if sc := sums["tetherd"].syscalls; sc >= 0 {
 				fmt.Fprintf(&w, "- tetherd system calls per proxied request %.2f (target ≤ 4: %s), context switches %.2f; nginx %.2f and %.2f\n",
 					sc, passMiss(sc <= 4), sums["tetherd"].switches, sums["nginx"].syscalls, sums["nginx"].switches)
@@ -190,7 +218,15 @@ func (b *bench) report(bal balanceResult) string {
 				fmt.Fprintf(&w, "- tetherd (default flags) logged: `%s`\n", td.logNote)
 			}
 		}
+	}
+	if o.phases["newconn"] {
+		b.reportNewConn(&w)
+	}
+	if o.phases["rps"] {
 		// Steering.
+		td := b.targetByName("tetherd")
+		cpuOf := func(x rpsSample) float64 { return x.cpuUsPerReq }
+		rpsOf := func(x rpsSample) float64 { return x.rps }
 		nb := b.targetByName("tetherd-nobpf")
 		if td != nil && nb != nil && sums["tetherd"].ok && sums["tetherd-nobpf"].ok {
 			a, c := sums["tetherd"], sums["tetherd-nobpf"]

@@ -29,7 +29,7 @@ func (b *bench) phaseRestart() []restartRow {
 	for i := range ids {
 		ids[i] = sessionID(i)
 	}
-	script, err := writeWrkScript(b.m.tmp, "restart", ids)
+	script, err := writeWrkScript(b.m.tmp, "restart", ids, false)
 	if err != nil {
 		return []restartRow{{name: "restart", err: err.Error()}}
 	}

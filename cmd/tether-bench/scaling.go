@@ -23,7 +23,7 @@ func (b *bench) phaseScaling() []scalingRow {
 	if t == nil || !b.active(t) {
 		return nil
 	}
-	script, err := writeWrkScript(b.m.tmp, "wrk-scaling", b.idsFor(t))
+	script, err := writeWrkScript(b.m.tmp, "wrk-scaling", b.idsFor(t), false)
 	if err != nil {
 		return nil
 	}

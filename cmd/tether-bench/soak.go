@@ -138,7 +138,7 @@ func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
 
 // wrkRate runs wrk on session paths for d and returns req/s and failures.
 func (b *bench) wrkRate(t *target, in *instance, conns int, d time.Duration) (float64, int64) {
-	script, err := writeWrkScript(b.m.tmp, "wrk-soak-"+t.name, b.idsFor(t))
+	script, err := writeWrkScript(b.m.tmp, "wrk-soak-"+t.name, b.idsFor(t), false)
 	if err != nil {
 		return 0, -1
 	}

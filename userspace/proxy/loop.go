@@ -345,7 +345,7 @@ func (l *loop) accept() {
 		if !s.tryAdmit(l) {
 			return
 		}
-		fd, sa, err := unix.Accept4(l.lfd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+		fd, ip, err := sysconn.Accept(l.lfd)
 		if err != nil {
 			s.unadmit()
 			switch {
@@ -375,15 +375,15 @@ func (l *loop) accept() {
 				s.cfg.Log.Warn("accept resumed", "failures", n, "after", d.Round(time.Millisecond))
 			})
 		}
-		l.opened(fd, sa)
+		l.opened(fd, ip)
 	}
 }
 
 // opened starts serving an accepted socket.
-func (l *loop) opened(fd int, sa unix.Sockaddr) {
+func (l *loop) opened(fd int, ip string) {
 	s := l.s
 	unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
-	c := &conn{s: s, fd: fd, lp: l, slot: l.slot, ip: []byte(sysconn.IP(sa))}
+	c := &conn{s: s, fd: fd, lp: l, slot: l.slot, ip: []byte(ip)}
 	s.counters.Accepted.Add(1)
 	s.counters.Open.Add(1)
 	l.slot.Opened()
@@ -396,6 +396,12 @@ func (l *loop) opened(fd int, sa unix.Sockaddr) {
 	}
 	c.idleSince.Store(l.now)
 	l.setDeadline(c, s.cfg.IdleTimeout)
+	// The request usually came with the handshake's last packet or just
+	// after: read now rather than after one more epoll_wait (an EAGAIN
+	// costs one read; the edge of a later arrival still comes).
+	c.readable = true
+	l.lost = nil
+	l.next(c)
 }
 
 // hold puts c in the loop's epoll set; false (and c finished) if it could
