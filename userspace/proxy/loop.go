@@ -123,6 +123,12 @@ func newLoop(s *Server, ln *net.TCPListener, slot *stats.Slot) (*loop, error) {
 		idle: map[*upstream.Pool][]*upconn{}, addrs: map[*upstream.Pool]unix.Sockaddr{},
 		events: make([]unix.EpollEvent, 256)}
 	l.tick = int64(s.cfg.tick())
+	// The loop accepts on its copy; the listener's own descriptor stays
+	// registered with the Go runtime's poller, which would then wake on
+	// every new connection for nothing: take it out (sysconn.Unpoll).
+	if err := sysconn.Control(ln, func(fd int) error { _, err := sysconn.Unpoll(fd, epfd); return err }); err != nil {
+		s.cfg.Log.Warn("the listener stays in the runtime's poller (a wake-up per new connection)", "err", err)
+	}
 	for _, r := range []struct {
 		fd  int
 		tok int32

@@ -69,3 +69,47 @@ func TestHelpers(t *testing.T) {
 		t.Fatalf("Control lost f's error: %v", err)
 	}
 }
+
+// Unpoll takes a listener out of the Go runtime's poller (the net package
+// registered it) and of any other epoll set, but not out of those kept.
+func TestUnpoll(t *testing.T) {
+	lc := net.ListenConfig{}
+	lc.SetMultipathTCP(false)
+	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	mine, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(mine)
+	var fd int
+	Control(ln.(*net.TCPListener), func(s int) error { fd = s; return nil })
+	if err := unix.EpollCtl(mine, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}); err != nil {
+		t.Fatal(err)
+	}
+	n, err := Unpoll(fd, mine)
+	if err != nil || n != 1 {
+		t.Fatalf("Unpoll: %d sets left, %v; want the runtime's one", n, err)
+	}
+	if n, _ := Unpoll(fd, mine); n != 0 {
+		t.Fatalf("second Unpoll left %d sets, want 0", n)
+	}
+	// The kept set still watches it: a connection makes it readable.
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ev := make([]unix.EpollEvent, 1)
+	if k, err := unix.EpollWait(mine, ev, 5000); k != 1 || err != nil {
+		t.Fatalf("kept set: %d events, %v", k, err)
+	}
+	// Closing the listener afterwards is fine (the runtime's delete of a
+	// descriptor it no longer watches is ignored).
+	if err := ln.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
