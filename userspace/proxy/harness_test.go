@@ -18,7 +18,7 @@ import (
 
 // testProxy is a proxy on loopback in front of the given backend addresses.
 type testProxy struct {
-	t      *testing.T
+	t      testing.TB
 	srv    *Server
 	ln     net.Listener
 	table  *route.Table
@@ -28,7 +28,7 @@ type testProxy struct {
 
 func (p *testProxy) addr() string { return p.ln.Addr().String() }
 
-func startProxy(t *testing.T, backends []string, tweak func(*Config)) *testProxy {
+func startProxy(t testing.TB, backends []string, tweak func(*Config)) *testProxy {
 	t.Helper()
 	tab := route.NewTable()
 	st := stats.NewHeap()
@@ -63,7 +63,7 @@ func startProxy(t *testing.T, backends []string, tweak func(*Config)) *testProxy
 }
 
 // rawBackend is a TCP server whose connections are handled by fn.
-func rawBackend(t *testing.T, fn func(c net.Conn)) string {
+func rawBackend(t testing.TB, fn func(c net.Conn)) string {
 	t.Helper()
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
@@ -117,7 +117,7 @@ func (p *testProxy) roundTrip(raw string) (*http.Response, string) {
 	return readResp(p.t, br, strings.HasPrefix(raw, "HEAD "))
 }
 
-func readResp(t *testing.T, br *bufio.Reader, head bool) (*http.Response, string) {
+func readResp(t testing.TB, br *bufio.Reader, head bool) (*http.Response, string) {
 	t.Helper()
 	method := "GET"
 	if head {

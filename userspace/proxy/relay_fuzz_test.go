@@ -1,0 +1,112 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tether-rl/tether/testenv"
+)
+
+// The response relay exists twice: in the event loop (fast.go), for a
+// request whose head and body came whole, and on a goroutine (response.go)
+// for the rest. FuzzRelayPaths checks one against the other: whatever a
+// worker answers, however its bytes are cut up in time, the client must
+// see the same bytes, ended the same way (EOF or reset), whether the loop
+// ran the exchange (a GET) or a goroutine did (a POST with a chunked body,
+// which the loop hands over).
+func FuzzRelayPaths(f *testing.F) {
+	for _, seed := range []struct{ resp, cuts string }{
+		{"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", ""},
+		{"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhel", "\x05"},
+		{"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhello", ""},
+		{"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5;x=y\r\nhello\r\n0\r\nT: v\r\n\r\n", "\x03\x09"},
+		{"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel", "\x20"},
+		{"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", ""},
+		{"HTTP/1.1 200 OK\r\n\r\nuntil the close", "\x01\x02"},
+		{"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nx", "\x10"},
+		{"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n", ""},
+		{"HTTP/1.1 204 No Content\r\nContent-Length: 3\r\n\r\nabc", ""},
+		{"HTTP/1.1 304 Not Modified\r\n\r\n", ""},
+		{"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n", ""},
+		{"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok", ""},
+		{"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nok", ""},
+		{"garbage\r\n\r\n", ""},
+		{"HTTP/1.1 200 OK\r\nContent-Len", "\x04"},
+		{"", ""},
+	} {
+		f.Add([]byte(seed.resp), []byte(seed.cuts))
+	}
+	var cur atomic.Pointer[[2][]byte]
+	be := rawBackend(f, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		io.Copy(io.Discard, req.Body)
+		cs := cur.Load()
+		resp, cuts := cs[0], cs[1]
+		// Each cut byte: write that many bytes (1..255), then pause, so
+		// that the proxy reads the answer in those pieces.
+		for _, k := range cuts {
+			n := min(int(k)+1, len(resp))
+			c.Write(resp[:n])
+			resp = resp[n:]
+			time.Sleep(200 * time.Microsecond)
+		}
+		c.Write(resp)
+		// Then close (a close-delimited body ends here; a cut one is cut).
+	})
+	p := startProxy(f, []string{be}, func(c *Config) {
+		c.ResponseTimeout, c.StreamIdleTimeout, c.IOTimeout = 3*time.Second, 3*time.Second, 3*time.Second
+	})
+	fetch := func(t *testing.T, raw string) string {
+		// A pooled upstream connection the worker closed is dropped when
+		// the close is seen (the loop) or peeked at reuse (the pool):
+		// let the loop see it, so both paths start from a fresh connect.
+		testenv.WaitFor(t, "no idle upstream connection in the loop", func() bool { return p.srv.Counters().UpstreamIdle.Load() == 0 })
+		c, err := net.Dial("tcp", p.addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(c, raw); err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(c)
+		end := "EOF"
+		switch {
+		case errors.Is(err, syscall.ECONNRESET):
+			end = "reset"
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			end = "stalled"
+		case err != nil:
+			end = err.Error()
+		}
+		return string(got) + "\n[" + end + "]"
+	}
+	f.Fuzz(func(t *testing.T, resp, cuts []byte) {
+		if len(resp) > 4096 || len(cuts) > 16 {
+			return
+		}
+		cur.Store(&[2][]byte{resp, cuts})
+		loop := fetch(t, "GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+		goroutine := fetch(t, "POST /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+		if loop != goroutine {
+			t.Fatalf("worker answered %q (cuts %v):\nloop:      %q\ngoroutine: %q", resp, cuts, loop, goroutine)
+		}
+		if bytes.Contains([]byte(loop), []byte("stalled")) {
+			t.Fatalf("worker answered %q: the client stalled: %q", resp, loop)
+		}
+	})
+}
