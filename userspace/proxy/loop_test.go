@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"runtime"
 	"testing"
 	"time"
@@ -97,5 +98,20 @@ func TestShutdownClosesParked(t *testing.T) {
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := br.ReadByte(); err != io.EOF {
 		t.Fatalf("parked connection after shutdown: %v", err)
+	}
+}
+
+// A loop blocks in epoll_wait holding its P: GOMAXPROCS goes one above the
+// loops, unless the GOMAXPROCS variable fixed it.
+func TestProcsForLoops(t *testing.T) {
+	if os.Getenv("GOMAXPROCS") != "" {
+		t.Skip("SKIP: the GOMAXPROCS variable is set, which ProcsForLoops respects")
+	}
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
+	if n := ProcsForLoops(2); n != 3 || runtime.GOMAXPROCS(0) != 3 {
+		t.Fatalf("2 loops on 2 Ps: %d (GOMAXPROCS %d), want 3", n, runtime.GOMAXPROCS(0))
+	}
+	if n := ProcsForLoops(1); n != 3 {
+		t.Fatalf("1 loop on 3 Ps: %d, want 3 (never lowered)", n)
 	}
 }
