@@ -37,6 +37,7 @@ type conn struct {
 	deadline  int64
 	headSince int64  // when the head now being read began (0: none)
 	readable  bool   // the socket may hold bytes (an edge not yet drained)
+	hup       bool   // the peer's FIN (or an error) was signalled: read to it
 	busy      bool   // x is running
 	pend      []byte // response bytes the client has not taken yet
 	x         lx

@@ -67,6 +67,7 @@ type lx struct {
 	inPipe    int   // bytes in pipe not yet written to the client
 	blocked   bool  // the client's socket would block on the pipe's bytes
 	lowat     bool  // SO_RCVLOWAT raised on the upstream socket
+	upEOF     bool  // the worker closed a close-delimited body (spliced: done once the pipe is empty)
 	upReady   bool  // the upstream socket may have bytes (edge seen, not drained)
 	upHup     bool  // the worker closed or reset: read to the end
 	reparse   bool  // an interim head was written late: look at ubuf again
@@ -817,8 +818,8 @@ func (l *loop) pumpSplice(c *conn) bool {
 			l.clientLost(c)
 			return false
 		}
-		if x.kind == httphead.BodyLength && x.left == 0 || x.done {
-			x.done = true
+		if x.kind == httphead.BodyLength && x.left == 0 || x.upEOF {
+			x.done = true // the pipe is empty too
 			return true
 		}
 		if !x.upReady {
@@ -847,7 +848,8 @@ func (l *loop) pumpSplice(c *conn) bool {
 			x.upReady = false
 			continue // x.upReady false: return (after nothing is left in the pipe)
 		case err == nil && x.kind == httphead.BodyClose:
-			x.done, x.reuse, x.keep = true, false, false // the worker's close ends the body
+			// The worker's close ends the body, once the pipe is empty.
+			x.upEOF, x.reuse, x.keep = true, false, false
 			continue
 		}
 		l.bodyFailed(c)

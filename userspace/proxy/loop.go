@@ -471,6 +471,10 @@ func (l *loop) clientEvent(c *conn, ev uint32) {
 		return
 	}
 	if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		// A FIN that came with the request (the client half-closed after
+		// sending) is read once the answer went out: the connection
+		// then ends instead of waiting out the idle timeout.
+		c.hup = c.hup || ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0
 		c.readable = true
 		l.next(c)
 	}
@@ -494,7 +498,7 @@ func (l *loop) read(c *conn) bool {
 		switch {
 		case n > 0:
 			c.w += n
-			c.readable = n == space // a full read may have left more
+			c.readable = n == space || c.hup // a full read may have left more; a FIN is still to read
 			return true
 		case err == unix.EINTR:
 			continue

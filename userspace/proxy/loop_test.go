@@ -115,3 +115,67 @@ func TestProcsForLoops(t *testing.T) {
 		t.Fatalf("1 loop on 3 Ps: %d, want 3 (never lowered)", n)
 	}
 }
+
+// A close-delimited body spliced by the loop reaches a slow reader whole:
+// the worker's close ends the body only once the pipe is empty.
+func TestCloseDelimitedSlowReader(t *testing.T) {
+	testenv.CheckLeaks(t)
+	const size = 8 << 20
+	be := rawBackend(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		if _, err := http.ReadRequest(br); err != nil {
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n\r\n")
+		buf := make([]byte, 64<<10)
+		for i := range buf {
+			buf[i] = byte(i)
+		}
+		for sent := 0; sent < size; sent += len(buf) {
+			if _, err := c.Write(buf); err != nil {
+				return
+			}
+		}
+		// The close ends the body.
+	})
+	p := startProxy(t, []string{be}, nil)
+	c, br := p.dial()
+	io.WriteString(c, "GET /blob HTTP/1.1\r\nHost: x\r\n\r\n")
+	time.Sleep(300 * time.Millisecond) // the worker is done and gone long before the client reads
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := io.Copy(io.Discard, resp.Body)
+	if err != nil || n != size {
+		t.Fatalf("read %d bytes (%v), want %d", n, err, size)
+	}
+}
+
+// A client that half-closes after its request is never kept until the
+// idle timeout. A FIN read with the request (one event) is answered, then
+// the connection ends; a FIN that comes while the worker works means the
+// client left (as the goroutine path's watch and nginx read it): the
+// upstream closes, so the engine cancels. Either way the connection ends
+// at once.
+func TestHalfClosedClientNotKept(t *testing.T) {
+	testenv.CheckLeaks(t)
+	be := httpBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	p := startProxy(t, []string{be}, func(c *Config) { c.IdleTimeout = time.Minute })
+	for range 20 {
+		c, br := p.dial()
+		io.WriteString(c, "GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+		c.(*net.TCPConn).CloseWrite()
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if resp, err := http.ReadResponse(br, nil); err == nil {
+			if b, err := io.ReadAll(resp.Body); err != nil || string(b) != "ok" {
+				t.Fatalf("answer %q, %v", b, err)
+			}
+		}
+		if _, err := br.ReadByte(); err != io.EOF {
+			t.Fatalf("after the answer: %v, want EOF (closed at once)", err)
+		}
+		c.Close()
+	}
+	testenv.WaitFor(t, "the connections gone", func() bool { return p.srv.Counters().Open.Load() == 0 })
+}
