@@ -39,9 +39,10 @@ type handoff struct {
 type phase uint8
 
 const (
-	phaseSend phase = iota // the request goes up
-	phaseHead              // waiting for the response head
-	phaseBody              // relaying the response body
+	phaseSend   phase = iota // the request head (and buffered body bytes) go up
+	phaseUpload              // the rest of the request body is spliced up
+	phaseHead                // waiting for the response head
+	phaseBody                // relaying the response body
 )
 
 // lx is the state of an exchange on the loop.
@@ -68,6 +69,10 @@ type lx struct {
 	blocked   bool  // the client's socket would block on the pipe's bytes
 	lowat     bool  // SO_RCVLOWAT raised on the upstream socket
 	upEOF     bool  // the worker closed a close-delimited body (spliced: done once the pipe is empty)
+	reqLeft   int64 // request body bytes still to splice up (phaseUpload)
+	clLowat   bool  // SO_RCVLOWAT raised on the client socket
+	bodyCut   bool  // the worker answered before the whole request body: the client connection lingers, then closes
+	early     bool  // waiting for such an answer after the body failed to go up (a timeout is 502, not 504)
 	upReady   bool  // the upstream socket may have bytes (edge seen, not drained)
 	upHup     bool  // the worker closed or reset: read to the end
 	reparse   bool  // an interim head was written late: look at ubuf again
@@ -94,16 +99,16 @@ type upconn struct {
 }
 
 // fast reports whether the loop can run the exchange of c's parsed head
-// itself; else a goroutine does.
+// itself (no Expect, no chunked body, within MaxBodyBytes, not a local
+// endpoint); else a goroutine does.
 func (l *loop) fast(c *conn) bool {
 	req := &c.req
 	cfg := &l.s.cfg
 	if req.Expect100 || req.Chunked {
 		return false
 	}
-	if req.HasBody() && (req.ContentLength > int64(c.w-c.r-req.HeadLen) ||
-		cfg.MaxBodyBytes > 0 && req.ContentLength > cfg.MaxBodyBytes) {
-		return false
+	if req.HasBody() && cfg.MaxBodyBytes > 0 && req.ContentLength > cfg.MaxBodyBytes {
+		return false // 413, answered (and lingered) the goroutine way
 	}
 	return c.localHandler() == nil
 }
@@ -123,9 +128,12 @@ func (l *loop) begin(c *conn) {
 	req := &c.req
 	s.counters.Requests.Add(1)
 	c.r += req.HeadLen
-	body := 0
+	// The body bytes buffered behind the head go up with it; the rest of
+	// a longer body is spliced (upload).
+	body, left := 0, int64(0)
 	if req.HasBody() {
-		body = int(req.ContentLength)
+		body = int(min(req.ContentLength, int64(c.w-c.r)))
+		left = req.ContentLength - int64(body)
 	}
 	dec := s.cfg.Router.Route(req, c.buf[c.r:c.r+body])
 	w := dec.Worker
@@ -134,8 +142,16 @@ func (l *loop) begin(c *conn) {
 		return
 	}
 	sa := l.sockaddr(w.Pool)
-	if sa == nil || !w.TryAdmit() {
-		// A host name to resolve, or a queue to wait in: not here.
+	var up *pipe
+	if sa != nil && left > 0 {
+		up = l.getPipe()
+	}
+	if sa == nil || left > 0 && up == nil || !w.TryAdmit() {
+		// A host name to resolve, a queue to wait in, or no pipe for the
+		// body: not here.
+		if up != nil {
+			l.putPipe(up, true)
+		}
 		l.handoff(c, handoff{decided: true, dec: dec})
 		return
 	}
@@ -144,12 +160,16 @@ func (l *loop) begin(c *conn) {
 		// The goroutine connects again and decides: placed again, 502,
 		// or (want of descriptors) 502 that blames no worker.
 		w.Leave()
+		if up != nil {
+			l.putPipe(up, true)
+		}
 		l.handoff(c, handoff{decided: true, dec: dec})
 		return
 	}
 	w.Stats.Begin()
 	x := &c.x
-	*x = lx{w: w, dec: dec, up: u, start: l.now, bodyAt: c.r, isHead: req.IsMethod("HEAD"), keep: req.KeepAlive, http10: req.Minor == 0}
+	*x = lx{w: w, dec: dec, up: u, start: l.now, bodyAt: c.r, isHead: req.IsMethod("HEAD"), keep: req.KeepAlive, http10: req.Minor == 0,
+		reqLeft: left, pipe: up}
 	c.busy = true
 	u.cl = c
 	out := c.appendUpstreamHead(c.out[:0], w)
@@ -297,9 +317,21 @@ func (l *loop) upEvent(u *upconn, ev uint32) {
 	if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
 		x.upReady = true
 	}
-	if x.phase == phaseSend {
+	switch x.phase {
+	case phaseSend:
 		if ev&(unix.EPOLLOUT|unix.EPOLLERR|unix.EPOLLHUP) != 0 {
 			l.send(c)
+		}
+		return
+	case phaseUpload:
+		if x.upReady && !interimAhead(u.fd) {
+			// The worker answers before it has the whole body (a 413, a
+			// 401): relay that answer (outcome.go, rule 3).
+			l.earlyAnswer(c, l.s.cfg.ResponseTimeout)
+			return
+		}
+		if ev&unix.EPOLLOUT != 0 {
+			l.upload(c)
 		}
 		return
 	}
@@ -331,6 +363,9 @@ func (l *loop) connectFailed(c *conn) {
 	x.w.Stats.End(true)
 	x.w.Leave()
 	dec := x.dec
+	if x.pipe != nil {
+		l.putPipe(x.pipe, true) // nothing went through it yet
+	}
 	c.r = x.bodyAt
 	c.busy = false
 	*x = lx{}
@@ -376,6 +411,15 @@ func (l *loop) send(c *conn) {
 			continue
 		}
 		l.fail(c, 502)
+		return
+	}
+	if x.reqLeft > 0 {
+		x.phase = phaseUpload
+		if x.reqLeft >= batchMin {
+			x.clLowat = unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, batchLowat) == nil
+		}
+		c.readable = true // try: the body may be queued already
+		l.upload(c)
 		return
 	}
 	x.phase = phaseHead
@@ -653,8 +697,12 @@ func (l *loop) flushClient(c *conn) {
 
 // end finishes an exchange whose response ended at its framing.
 func (l *loop) end(c *conn) {
-	keep := c.x.keep
+	keep, cut := c.x.keep, c.x.bodyCut
 	l.finishExchange(c)
+	if cut {
+		l.lingerClose(c) // its body was not all read: no reset over the answer
+		return
+	}
 	if !keep {
 		l.closeConn(c)
 		return
@@ -676,6 +724,9 @@ func (l *loop) finishExchange(c *conn) {
 	}
 	if x.pipe != nil {
 		l.putPipe(x.pipe, x.inPipe == 0)
+	}
+	if x.clLowat {
+		unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, 1)
 	}
 	if u := x.up; u != nil {
 		u.cl = nil
@@ -754,6 +805,19 @@ func (l *loop) expireExchange(c *conn) {
 		l.bodyFailed(c) // the client stopped reading
 	case x.phase == phaseSend:
 		l.fail(c, 502)
+	case x.phase == phaseUpload:
+		// The body made no progress for --io-timeout: the client stopped
+		// sending (or the worker stopped taking it): 408, as outcome.go
+		// rule 4; the half-sent request dies with its upstream.
+		l.s.counters.Rejected.Add(1)
+		x.failed = false
+		x.reuse = false
+		x.status = 408
+		unix.Write(c.fd, errorResponse(408, true))
+		l.finishExchange(c)
+		l.lingerClose(c)
+	case x.phase == phaseHead && x.early:
+		l.fail(c, 502) // the body failed to go up and no answer came
 	case x.phase == phaseHead:
 		l.fail(c, 504)
 	default:
@@ -888,4 +952,141 @@ func (l *loop) putPipe(p *pipe, empty bool) {
 	}
 	unix.Close(p.r)
 	unix.Close(p.w)
+}
+
+// upload splices the rest of a Content-Length request body from the client
+// to the worker through the exchange's pipe (emptied up first, then filled
+// from the client: an EAGAIN on an empty pipe is the client's socket). A
+// body of at least batchMin raises the client socket's SO_RCVLOWAT, as
+// conn.move does. Then the response is awaited.
+func (l *loop) upload(c *conn) {
+	x := &c.x
+	p := x.pipe
+	cfg := &l.s.cfg
+	const flags = unix.SPLICE_F_NONBLOCK | unix.SPLICE_F_MOVE
+	for {
+		if x.inPipe > 0 {
+			n, err := unix.Splice(p.r, nil, x.up.fd, nil, x.inPipe, flags)
+			switch {
+			case n > 0:
+				x.inPipe -= int(n)
+				x.sentUp = true
+				x.w.Stats.AddUp(n)
+				l.setDeadline(c, cfg.IOTimeout)
+				continue
+			case err == unix.EINTR:
+				continue
+			case err == unix.EAGAIN:
+				l.setDeadline(c, cfg.IOTimeout) // EPOLLOUT on the upstream socket goes on
+				return
+			}
+			// The worker stopped taking the body (closed, reset): it may
+			// have answered first.
+			l.earlyAnswer(c, cfg.Waits.EarlyAnswer)
+			return
+		}
+		if x.reqLeft == 0 {
+			if x.clLowat {
+				unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, 1)
+				x.clLowat = false
+			}
+			l.putPipe(p, true)
+			x.pipe = nil
+			x.phase = phaseHead
+			l.setDeadline(c, cfg.ResponseTimeout)
+			if x.upReady {
+				l.pump(c)
+			}
+			return
+		}
+		if !c.readable {
+			l.setDeadline(c, cfg.IOTimeout)
+			return
+		}
+		if x.clLowat && x.reqLeft <= batchLowat {
+			unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, 1)
+			x.clLowat = false
+		}
+		n, err := unix.Splice(c.fd, nil, p.w, nil, int(min(x.reqLeft, int64(p.size))), flags)
+		switch {
+		case n > 0:
+			x.reqLeft -= n
+			x.inPipe += int(n)
+			continue
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			c.readable = false
+			continue
+		}
+		// The client's end (or reset) before its whole body: it left.
+		l.s.counters.ClientAborted.Add(1)
+		l.abandon(c)
+		l.closeConn(c)
+		return
+	}
+}
+
+// earlyAnswer: the worker answered (or failed) before it took the whole
+// request body. Its answer, if one comes within wait, is relayed; the
+// client connection then lingers and closes, its body unread (outcome.go,
+// rule 3); else 502 sent.
+func (l *loop) earlyAnswer(c *conn, wait time.Duration) {
+	x := &c.x
+	if x.pipe != nil {
+		l.putPipe(x.pipe, false) // what it holds goes nowhere
+		x.pipe, x.inPipe = nil, 0
+	}
+	x.reqLeft = 0
+	x.phase, x.keep, x.reuse, x.bodyCut, x.early = phaseHead, false, false, true, true
+	x.upReady = true
+	l.setDeadline(c, wait)
+	l.pump(c)
+}
+
+// lingerClose half-closes the client connection and reads what it still
+// sends (at most 256 KiB, Waits.Linger) before the close: closing with
+// unread bytes would send a reset that can destroy the answer before the
+// client reads it (head.go's lingerClose, in the loop).
+func (l *loop) lingerClose(c *conn) {
+	unix.Shutdown(c.fd, unix.SHUT_WR)
+	c.linger = 256 << 10
+	c.readable = true
+	c.deadline = 0
+	l.setDeadline(c, l.s.cfg.Waits.Linger)
+	l.drain(c)
+}
+
+// drain reads and drops what a lingering client sends; at its end (or the
+// limit) the connection closes.
+func (l *loop) drain(c *conn) {
+	var scratch [4096]byte
+	for c.readable {
+		n, err := unix.Read(c.fd, scratch[:])
+		switch {
+		case n > 0:
+			c.linger -= n
+			if c.linger <= 0 {
+				l.closeConn(c)
+				return
+			}
+			continue
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			c.readable = false
+			return
+		}
+		l.closeConn(c)
+		return
+	}
+}
+
+// interimAhead reports whether the bytes a worker sent during an upload
+// start an interim (1xx) head: some send a 100 unasked; it is dropped
+// later, and the upload goes on (a final answer would stop it).
+func interimAhead(fd int) bool {
+	var b [10]byte
+	n, _, err := unix.Recvfrom(fd, b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+	return err == nil && n == len(b) && string(b[:5]) == "HTTP/" && b[9] == '1'
 }

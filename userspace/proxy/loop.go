@@ -445,6 +445,7 @@ func (l *loop) closeConn(c *conn) {
 // handoff gives c to a goroutine running the full data path; h says where
 // it starts (conn.serveOne).
 func (l *loop) handoff(c *conn, h handoff) {
+	l.s.counters.Handoffs.Add(1)
 	l.unhold(c)
 	c.hand = h
 	go c.serve()
@@ -452,6 +453,18 @@ func (l *loop) handoff(c *conn, h handoff) {
 
 // clientEvent handles an event on a client socket.
 func (l *loop) clientEvent(c *conn, ev uint32) {
+	if c.linger > 0 {
+		c.readable = true
+		l.drain(c)
+		return
+	}
+	if c.busy && c.x.phase == phaseUpload {
+		if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+			c.readable = true // the body, or its end: upload reads to it
+			l.upload(c)
+		}
+		return
+	}
 	if c.busy {
 		if ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
 			// The client left (or half-closed) while its exchange ran:
@@ -628,6 +641,8 @@ func (l *loop) sweep() {
 func (l *loop) expire(c *conn) {
 	c.deadline = 0
 	switch {
+	case c.linger > 0:
+		l.closeConn(c) // lingered long enough
 	case c.busy:
 		l.expireExchange(c) // fast.go
 	case c.r < c.w:

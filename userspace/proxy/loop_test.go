@@ -3,7 +3,10 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
+	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -178,4 +181,84 @@ func TestHalfClosedClientNotKept(t *testing.T) {
 		c.Close()
 	}
 	testenv.WaitFor(t, "the connections gone", func() bool { return p.srv.Counters().Open.Load() == 0 })
+}
+
+// Content-Length uploads run in the loop (spliced past the buffered
+// bytes): whole, in order, on one keep-alive connection, fast or trickled,
+// and a small request after a big one is not held back by the big one's
+// SO_RCVLOWAT. No goroutine is involved.
+func TestUploadsInTheLoop(t *testing.T) {
+	testenv.CheckLeaks(t)
+	be := httpBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := sha256.New()
+		n, _ := io.Copy(h, r.Body)
+		fmt.Fprintf(w, "%d %x", n, h.Sum(nil))
+	}))
+	p := startProxy(t, []string{be}, nil)
+	c, br := p.dial()
+	post := func(body []byte, trickle bool) {
+		t.Helper()
+		head := fmt.Sprintf("POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n", len(body))
+		go func() {
+			if !trickle {
+				c.Write(append([]byte(head), body...))
+				return
+			}
+			c.Write([]byte(head))
+			for i := 0; i < 10; i++ {
+				time.Sleep(20 * time.Millisecond)
+				c.Write(body[i*len(body)/10 : (i+1)*len(body)/10])
+			}
+		}()
+		resp, got := readResp(t, br, false)
+		sum := sha256.Sum256(body)
+		if want := fmt.Sprintf("%d %x", len(body), sum); resp.StatusCode != 200 || got != want {
+			t.Fatalf("%d-byte body (trickled %v): %d %q, want %q", len(body), trickle, resp.StatusCode, got, want)
+		}
+	}
+	rnd := rand.New(rand.NewPCG(1, 2))
+	body := func(n int) []byte {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(rnd.Uint32())
+		}
+		return b
+	}
+	post(body(5<<20), false)
+	post(body(20<<10), false)
+	post(body(3<<20+17), false)
+	post(body(300<<10), true)
+	io.WriteString(c, "GET /small HTTP/1.1\r\nHost: x\r\n\r\n")
+	c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if resp, got := readResp(t, br, false); resp.StatusCode != 200 || got != fmt.Sprintf("0 %x", sha256.Sum256(nil)) {
+		t.Fatalf("small request after the uploads: %d %q", resp.StatusCode, got)
+	}
+	if n := p.srv.Counters().Handoffs.Load(); n != 0 {
+		t.Fatalf("%d requests handed to a goroutine, want 0", n)
+	}
+}
+
+// An upload that stops coming for --io-timeout gets 408 (the client's
+// fault, not the worker's), and its connection closes.
+func TestStalledUpload408(t *testing.T) {
+	testenv.CheckLeaks(t)
+	be := httpBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.Copy(io.Discard, r.Body) }))
+	p := startProxy(t, []string{be}, func(c *Config) { c.IOTimeout = 200 * time.Millisecond })
+	c, br := p.dial()
+	io.WriteString(c, "POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")
+	c.Write(make([]byte, 40000))
+	start := time.Now()
+	if resp, _ := readResp(t, br, false); resp.StatusCode != 408 || !resp.Close {
+		t.Fatalf("stalled upload: %d close=%v, want 408 and close", resp.StatusCode, resp.Close)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("408 after %v", d)
+	}
+	expectClosed(t, c, br)
+	if e := p.stats.Worker(0).Load().Errors; e != 0 {
+		t.Fatalf("%d worker errors for a client that stalled", e)
+	}
+	if n := p.srv.Counters().Handoffs.Load(); n != 0 {
+		t.Fatalf("%d handoffs: the loop did not run it", n)
+	}
 }

@@ -252,6 +252,9 @@ type Counters struct {
 	// keep (each loop its own, per worker; upstream.Pool holds the
 	// goroutines').
 	UpstreamIdle atomic.Int64
+	// Handoffs counts the connections an event loop gave to a goroutine
+	// (a request it does not run itself, loop.go).
+	Handoffs atomic.Uint64
 }
 
 // New returns a server.
