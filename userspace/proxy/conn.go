@@ -35,13 +35,13 @@ type conn struct {
 	lp        *loop
 	seq       uint32
 	deadline  int64
-	headSince int64  // when the head now being read began (0: none)
-	readable  bool   // the socket may hold bytes (an edge not yet drained)
-	hup       bool   // the peer's FIN (or an error) was signalled: read to it
-	linger    int    // > 0: answered and half-closed; what the client still sends is read and dropped (this many bytes at most)
-	busy      bool   // x is running
-	pend      []byte // response bytes the client has not taken yet
-	x         lx
+	headSince int64   // when the head now being read began (0: none)
+	readable  bool    // the socket may hold bytes (an edge not yet drained)
+	hup       bool    // the peer's FIN (or an error) was signalled: read to it
+	linger    int     // > 0: answered and half-closed; what the client still sends is read and dropped (this many bytes at most)
+	busy      bool    // x is running
+	pend      []byte  // response bytes the client has not taken yet
+	x         *lx     // the loop's exchange, while busy (from the loop's free list)
 	hand      handoff // where the goroutine starts (set by the loop)
 
 	buf  []byte // client bytes read and not yet consumed: buf[r:w]

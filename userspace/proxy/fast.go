@@ -167,7 +167,8 @@ func (l *loop) begin(c *conn) {
 		return
 	}
 	w.Stats.Begin()
-	x := &c.x
+	x := l.newX()
+	c.x = x
 	*x = lx{w: w, dec: dec, up: u, start: l.now, bodyAt: c.r, isHead: req.IsMethod("HEAD"), keep: req.KeepAlive, http10: req.Minor == 0,
 		reqLeft: left, pipe: up}
 	c.busy = true
@@ -296,7 +297,7 @@ func (l *loop) upEvent(u *upconn, ev uint32) {
 		}
 		return
 	}
-	x := &c.x
+	x := c.x
 	if u.connecting {
 		if ev&(unix.EPOLLOUT|unix.EPOLLERR|unix.EPOLLHUP) == 0 {
 			return
@@ -343,7 +344,7 @@ func (l *loop) upEvent(u *upconn, ev uint32) {
 // goroutine places the request again (or answers 502 not-sent), as the
 // goroutine path does (conn.serveDecision).
 func (l *loop) connectFailed(c *conn) {
-	x := &c.x
+	x := c.x
 	u := x.up
 	l.closeUp(u)
 	if !x.redialed && !x.connected {
@@ -368,13 +369,13 @@ func (l *loop) connectFailed(c *conn) {
 	}
 	c.r = x.bodyAt
 	c.busy = false
-	*x = lx{}
+	l.freeX(c)
 	l.handoff(c, handoff{decided: true, dec: dec, refused: true})
 }
 
 // send writes the request up; then waits for the response head.
 func (l *loop) send(c *conn) {
-	x := &c.x
+	x := c.x
 	cfg := &l.s.cfg
 	for len(x.send) > 0 {
 		n, err := unix.Write(x.up.fd, x.send)
@@ -432,7 +433,7 @@ func (l *loop) send(c *conn) {
 // pump reads the response while the client takes it.
 func (l *loop) pump(c *conn) {
 	s := l.s
-	x := &c.x
+	x := c.x
 	for {
 		if len(c.pend) > 0 || x.blocked {
 			return // the client takes what it has first (EPOLLOUT)
@@ -520,7 +521,7 @@ func (l *loop) pump(c *conn) {
 // the exchange ended.
 func (l *loop) head(c *conn) bool {
 	s := l.s
-	x := &c.x
+	x := c.x
 	resp := &c.resp
 	for x.uw > 0 {
 		err := httphead.ParseResponse(c.ubuf[:x.uw], s.cfg.Limits, resp)
@@ -557,7 +558,7 @@ func (l *loop) head(c *conn) bool {
 // relayHead writes the final response head and the body bytes behind it.
 func (l *loop) relayHead(c *conn) bool {
 	s := l.s
-	x := &c.x
+	x := c.x
 	resp := &c.resp
 	kind := resp.Body(x.isHead)
 	x.kind = kind
@@ -626,7 +627,7 @@ func (l *loop) bodyTimeout(x *lx) time.Duration {
 
 // body relays response body bytes p by the framing.
 func (l *loop) body(c *conn, p []byte) bool {
-	x := &c.x
+	x := c.x
 	out := p
 	var serr error
 	switch x.kind {
@@ -689,7 +690,7 @@ func (l *loop) flushClient(c *conn) {
 	}
 	if len(c.pend) == 0 {
 		if c.x.phase == phaseBody {
-			l.setDeadline(c, l.bodyTimeout(&c.x))
+			l.setDeadline(c, l.bodyTimeout(c.x))
 		}
 		l.pump(c)
 	}
@@ -713,7 +714,7 @@ func (l *loop) end(c *conn) {
 
 // finishExchange counts the exchange's end and releases what it held.
 func (l *loop) finishExchange(c *conn) {
-	x := &c.x
+	x := c.x
 	x.w.Stats.End(x.failed)
 	x.w.Leave()
 	if x.dec.Done != nil {
@@ -741,14 +742,34 @@ func (l *loop) finishExchange(c *conn) {
 		c.ubuf = nil
 	}
 	c.busy, c.pend = false, nil
-	*x = lx{}
+	l.freeX(c)
+}
+
+// newX returns a cleared exchange (the loop's free list: a connection
+// holds one only while busy).
+func (l *loop) newX() *lx {
+	if n := len(l.xs); n > 0 {
+		x := l.xs[n-1]
+		l.xs = l.xs[:n-1]
+		return x
+	}
+	return new(lx)
+}
+
+// freeX clears c's exchange and keeps it for the next one.
+func (l *loop) freeX(c *conn) {
+	*c.x = lx{}
+	if len(l.xs) < 1024 {
+		l.xs = append(l.xs, c.x)
+	}
+	c.x = nil
 }
 
 // fail answers status (502 or 504) if no response head went out, and
 // closes the client connection.
 func (l *loop) fail(c *conn, status int) {
 	s := l.s
-	x := &c.x
+	x := c.x
 	x.failed, x.reuse = true, false
 	if !x.sentHead {
 		x.status = status
@@ -768,7 +789,7 @@ func (l *loop) fail(c *conn, status int) {
 // must see it, so its connection closes (a reset for a close-delimited
 // body, which a FIN would make look complete).
 func (l *loop) bodyFailed(c *conn) {
-	x := &c.x
+	x := c.x
 	x.failed, x.reuse = true, false
 	l.s.counters.Truncated.Add(1)
 	if x.closeCut {
@@ -797,7 +818,7 @@ func (l *loop) abandon(c *conn) {
 
 // expireExchange handles an exchange whose deadline passed.
 func (l *loop) expireExchange(c *conn) {
-	x := &c.x
+	x := c.x
 	switch {
 	case x.up != nil && x.up.connecting:
 		l.connectFailed(c) // the worker did not answer the connect: nothing sent
@@ -861,7 +882,7 @@ func (l *loop) splicing(x *lx) bool {
 // returns false when the exchange ended; otherwise x.done, or a socket
 // would block (x.blocked: the client's; !x.upReady: the worker's).
 func (l *loop) pumpSplice(c *conn) bool {
-	x := &c.x
+	x := c.x
 	p := x.pipe
 	const flags = unix.SPLICE_F_NONBLOCK | unix.SPLICE_F_MOVE
 	for {
@@ -960,7 +981,7 @@ func (l *loop) putPipe(p *pipe, empty bool) {
 // body of at least batchMin raises the client socket's SO_RCVLOWAT, as
 // conn.move does. Then the response is awaited.
 func (l *loop) upload(c *conn) {
-	x := &c.x
+	x := c.x
 	p := x.pipe
 	cfg := &l.s.cfg
 	const flags = unix.SPLICE_F_NONBLOCK | unix.SPLICE_F_MOVE
@@ -1032,7 +1053,7 @@ func (l *loop) upload(c *conn) {
 // client connection then lingers and closes, its body unread (outcome.go,
 // rule 3); else 502 sent.
 func (l *loop) earlyAnswer(c *conn, wait time.Duration) {
-	x := &c.x
+	x := c.x
 	if x.pipe != nil {
 		l.putPipe(x.pipe, false) // what it holds goes nowhere
 		x.pipe, x.inPipe = nil, 0
