@@ -1,8 +1,9 @@
 package proxy
 
-// The exchange an event loop runs itself (loop.go): a request whose body
-// came whole with its head, to a worker with a free place, on one of the
-// loop's own upstream sockets; the response relayed as it arrives, by its
+// The exchange an event loop runs itself (loop.go): a request without a
+// body or with a Content-Length one (the rest spliced up, upload), to a
+// worker with a free place, on one of the loop's own upstream sockets;
+// the response relayed as it arrives, by its
 // framing (Content-Length, chunked validated as it streams, to the close),
 // back-pressured by the client. Per proxied keep-alive request that is one
 // read from the client, one write up, one read down and one write to the

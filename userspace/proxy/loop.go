@@ -4,13 +4,14 @@ package proxy
 // thread around one epoll set, holding its connections as plain
 // non-blocking descriptors (outside the Go runtime's poller), with no
 // goroutine per connection. The loop accepts, reads request heads, and
-// runs the common exchange itself (fast.go): a request whose body came
-// with its head, to a worker with a free place, relayed back whatever the
-// response's framing. Everything else (a body still to stream, Expect:
-// 100-continue, tetherd's own endpoints, a queued or learned request, a
-// malformed head, a refused connect) is handed to a goroutine that runs
-// the full data path (conn.go) on a net.TCPConn lent for it, and that
-// gives the connection back once it is idle (Config.ParkAfter).
+// runs the common exchange itself (fast.go): a request without a body or
+// with a Content-Length one (spliced past the buffered bytes), to a worker
+// with a free place, relayed back whatever the response's framing.
+// Everything else (a chunked body, Expect: 100-continue, tetherd's own
+// endpoints, a queued or learned request, a malformed head, a refused
+// connect) is handed to a goroutine that runs the full data path
+// (conn.go) on a net.TCPConn lent for it, and that gives the connection
+// back once it is idle (Config.ParkAfter).
 //
 // Order of work per wake-up (epoll_wait returns):
 //  1. client and upstream events, in the order the kernel gives them: a
