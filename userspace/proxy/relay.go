@@ -1,0 +1,409 @@
+package proxy
+
+// The response of a loop's exchange: its head (interim ones relayed),
+// its body by the framing, back-pressure from the client (EPOLLOUT), and
+// how the exchange ends: done, failed (outcome.go's order), or abandoned.
+
+import (
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tether-rl/tether/userspace/httphead"
+)
+
+// pump reads the response while the client takes it.
+func (l *loop) pump(c *conn) {
+	s := l.s
+	x := c.x
+	for {
+		if len(c.pend) > 0 || x.blocked {
+			return // the client takes what it has first (EPOLLOUT)
+		}
+		if x.done {
+			l.end(c)
+			return
+		}
+		if x.phase == phaseBody && l.splicing(x) {
+			if !l.pumpSplice(c) {
+				return
+			}
+			if !x.done {
+				return
+			}
+			continue
+		}
+		if x.reparse {
+			x.reparse = false
+			if !l.head(c) {
+				return
+			}
+			continue
+		}
+		if !x.upReady {
+			return
+		}
+		if c.ubuf == nil {
+			c.ubuf = s.getBuf()
+		}
+		var p []byte
+		if x.phase == phaseHead {
+			if x.uw == len(c.ubuf) {
+				nb := make([]byte, 2*len(c.ubuf)) // a head past the buffer (the parser's limit ends it)
+				copy(nb, c.ubuf[:x.uw])
+				s.putBuf(c.ubuf)
+				c.ubuf = nb
+			}
+			p = c.ubuf[x.uw:]
+		} else {
+			p = c.ubuf
+			if x.kind == httphead.BodyLength && int64(len(p)) > x.left {
+				p = p[:x.left]
+			}
+		}
+		n, err := unix.Read(x.up.fd, p)
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EAGAIN {
+			x.upReady = false
+			return
+		}
+		if n <= 0 {
+			// The worker closed (or reset) the connection.
+			if x.phase == phaseHead {
+				l.fail(c, 502)
+			} else if x.kind == httphead.BodyClose && err == nil {
+				x.done, x.reuse, x.keep = true, false, false
+				continue
+			} else {
+				l.bodyFailed(c)
+			}
+			return
+		}
+		x.w.Stats.AddDown(int64(n))
+		// A short read drained the socket: the next bytes bring an edge.
+		x.upReady = n == len(p) || x.upHup
+		if x.phase == phaseHead {
+			x.uw += n
+			if !l.head(c) {
+				return
+			}
+			continue
+		}
+		if !l.body(c, p[:n]) {
+			return
+		}
+	}
+}
+
+// head handles the response bytes in ubuf while no final head went out:
+// interim heads (a 100 dropped: the loop never sends Expect; others
+// relayed), then the final head with the body bytes behind it. False when
+// the exchange ended.
+func (l *loop) head(c *conn) bool {
+	s := l.s
+	x := c.x
+	resp := &c.resp
+	for x.uw > 0 {
+		err := httphead.ParseResponse(c.ubuf[:x.uw], s.cfg.Limits, resp)
+		if err == httphead.ErrIncomplete {
+			return true
+		}
+		if err != nil || resp.Status == 101 {
+			l.fail(c, 502) // a broken head, or an upgrade tether never asked for
+			return false
+		}
+		if resp.Status >= 200 {
+			return l.relayHead(c)
+		}
+		if resp.Status != 100 && !x.http10 {
+			out := c.appendResponseHead(c.out[:0], false, false)
+			c.out = out[:0]
+			ok := l.writeClient(c, out)
+			x.uw = copy(c.ubuf, c.ubuf[resp.HeadLen:x.uw])
+			if !ok {
+				l.clientLost(c)
+				return false
+			}
+			if len(c.pend) > 0 {
+				x.reparse = true
+				return true
+			}
+			continue
+		}
+		x.uw = copy(c.ubuf, c.ubuf[resp.HeadLen:x.uw])
+	}
+	return true
+}
+
+// relayHead writes the final response head and the body bytes behind it.
+func (l *loop) relayHead(c *conn) bool {
+	s := l.s
+	x := c.x
+	resp := &c.resp
+	kind := resp.Body(x.isHead)
+	x.kind = kind
+	x.dechunk = kind == httphead.BodyChunked && x.http10
+	x.closeCut = kind == httphead.BodyClose || x.dechunk
+	x.keep = x.keep && !x.closeCut && !s.closing.Load()
+	x.reuse = !resp.Close && kind != httphead.BodyClose
+	x.status = resp.Status
+	// An HTTP/1.0 client never sees Transfer-Encoding, HEAD included.
+	out := c.appendResponseHead(c.out[:0], !x.keep, x.http10 && resp.Chunked)
+	body := c.ubuf[resp.HeadLen:x.uw]
+	switch kind {
+	case httphead.BodyNone:
+		if len(body) > 0 {
+			x.reuse = false // a body where none may be: never reuse
+		}
+		body = nil
+		x.done = true
+	case httphead.BodyLength:
+		x.left = resp.ContentLength
+		if int64(len(body)) > x.left {
+			body = body[:x.left]
+			x.reuse = false
+		}
+		x.left -= int64(len(body))
+		x.done = x.left == 0
+	case httphead.BodyChunked:
+		n, err := x.sc.Scan(body)
+		if err != nil {
+			x.reuse = false
+			s.counters.Truncated.Add(1)
+			l.fail(c, 502)
+			return false
+		}
+		if n < len(body) {
+			x.reuse = false
+		}
+		body = body[:n]
+		x.done = x.sc.Done()
+		if x.dechunk {
+			var dc httphead.Chunked // the data only, framing checked again
+			out, _, _ = appendDechunked(out, &dc, body)
+			body = nil
+			x.dsc = dc
+		}
+	}
+	out = append(out, body...)
+	c.out = out[:0]
+	x.uw = 0
+	if !l.writeClient(c, out) {
+		l.clientLost(c)
+		return false
+	}
+	x.sentHead = true
+	x.phase = phaseBody
+	l.setDeadline(c, l.bodyTimeout(x))
+	return true
+}
+
+func (l *loop) bodyTimeout(x *lx) time.Duration {
+	if x.kind == httphead.BodyLength {
+		return l.s.cfg.IOTimeout
+	}
+	return l.s.cfg.StreamIdleTimeout
+}
+
+// body relays response body bytes p by the framing.
+func (l *loop) body(c *conn, p []byte) bool {
+	x := c.x
+	out := p
+	var serr error
+	switch x.kind {
+	case httphead.BodyLength:
+		x.left -= int64(len(p))
+		x.done = x.left == 0
+	case httphead.BodyChunked:
+		m, err := x.sc.Scan(p)
+		if m < len(p) && x.sc.Done() {
+			x.reuse = false // bytes past the last chunk
+		}
+		out, serr = p[:m], err
+		x.done = x.sc.Done()
+		if x.dechunk {
+			out, _, _ = appendDechunked(c.out[:0], &x.dsc, out)
+			c.out = out[:0]
+		}
+	}
+	if len(out) > 0 && !l.writeClient(c, out) {
+		l.clientLost(c)
+		return false
+	}
+	if serr != nil {
+		l.bodyFailed(c)
+		return false
+	}
+	l.setDeadline(c, l.bodyTimeout(x))
+	return true
+}
+
+// writeClient writes p to the client; what the socket does not take now
+// waits in c.pend for EPOLLOUT. False if the client is gone.
+func (l *loop) writeClient(c *conn, p []byte) bool {
+	for len(p) > 0 {
+		n, err := unix.Write(c.fd, p)
+		if n > 0 {
+			p = p[n:]
+			continue
+		}
+		switch err {
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			c.pend = p
+			l.setDeadline(c, l.s.cfg.IOTimeout)
+			return true
+		}
+		return false
+	}
+	c.pend = nil
+	return true
+}
+
+// flushClient writes what waited for the client, then goes on.
+func (l *loop) flushClient(c *conn) {
+	c.x.blocked = false
+	if !l.writeClient(c, c.pend) {
+		l.clientLost(c)
+		return
+	}
+	if len(c.pend) == 0 {
+		if c.x.phase == phaseBody {
+			l.setDeadline(c, l.bodyTimeout(c.x))
+		}
+		l.pump(c)
+	}
+}
+
+// end finishes an exchange whose response ended at its framing.
+func (l *loop) end(c *conn) {
+	keep, cut := c.x.keep, c.x.bodyCut
+	l.finishExchange(c)
+	if cut {
+		l.lingerClose(c) // its body was not all read: no reset over the answer
+		return
+	}
+	if !keep {
+		l.closeConn(c)
+		return
+	}
+	c.deadline = 0
+	l.next(c)
+}
+
+// finishExchange counts the exchange's end and releases what it held.
+func (l *loop) finishExchange(c *conn) {
+	x := c.x
+	x.w.Stats.End(x.failed)
+	x.w.Leave()
+	if x.dec.Done != nil {
+		x.dec.Done()
+	}
+	if obs := l.s.cfg.Observe; obs != nil {
+		obs(x.w.Slot, x.status/100, time.Duration(l.now-x.start))
+	}
+	if x.pipe != nil {
+		l.putPipe(x.pipe, x.inPipe == 0)
+	}
+	if x.clLowat {
+		unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, 1)
+	}
+	if u := x.up; u != nil {
+		u.cl = nil
+		if x.reuse && x.done && !x.upHup {
+			l.putIdle(u)
+		} else {
+			l.closeUp(u)
+		}
+	}
+	if c.ubuf != nil {
+		l.s.putBuf(c.ubuf)
+		c.ubuf = nil
+	}
+	c.busy, c.pend = false, nil
+	l.freeX(c)
+}
+
+// fail answers status (502 or 504) if no response head went out, and
+// closes the client connection.
+func (l *loop) fail(c *conn, status int) {
+	s := l.s
+	x := c.x
+	x.failed, x.reuse = true, false
+	if !x.sentHead {
+		x.status = status
+		switch status {
+		case 502:
+			s.counters.BadGateway.Add(1)
+		case 504:
+			s.counters.Timeouts.Add(1)
+		}
+		unix.Write(c.fd, upstreamError(status, x.sentUp, true)) // best effort: the connection closes
+	}
+	l.finishExchange(c)
+	l.closeConn(c)
+}
+
+// bodyFailed: the response was cut after its head went out; the client
+// must see it, so its connection closes (a reset for a close-delimited
+// body, which a FIN would make look complete).
+func (l *loop) bodyFailed(c *conn) {
+	x := c.x
+	x.failed, x.reuse = true, false
+	l.s.counters.Truncated.Add(1)
+	if x.closeCut {
+		unix.SetsockoptLinger(c.fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
+	}
+	l.finishExchange(c)
+	l.closeConn(c)
+}
+
+// clientLost: the client went away mid-exchange (a write failed).
+func (l *loop) clientLost(c *conn) {
+	l.s.counters.ClientAborted.Add(1)
+	l.abandon(c)
+	l.closeConn(c)
+}
+
+// abandon ends c's exchange without an answer (the client left, or the
+// server closes): the upstream connection closes, so the worker sees it.
+func (l *loop) abandon(c *conn) {
+	if !c.busy {
+		return
+	}
+	c.x.reuse = false
+	l.finishExchange(c)
+}
+
+// expireExchange handles an exchange whose deadline passed.
+func (l *loop) expireExchange(c *conn) {
+	x := c.x
+	switch {
+	case x.up != nil && x.up.connecting:
+		l.connectFailed(c) // the worker did not answer the connect: nothing sent
+	case len(c.pend) > 0 || x.blocked:
+		l.bodyFailed(c) // the client stopped reading
+	case x.phase == phaseSend:
+		l.fail(c, 502)
+	case x.phase == phaseUpload:
+		// The body made no progress for --io-timeout: the client stopped
+		// sending (or the worker stopped taking it): 408, as outcome.go
+		// rule 4; the half-sent request dies with its upstream.
+		l.s.counters.Rejected.Add(1)
+		x.failed = false
+		x.reuse = false
+		x.status = 408
+		unix.Write(c.fd, errorResponse(408, true))
+		l.finishExchange(c)
+		l.lingerClose(c)
+	case x.phase == phaseHead && x.early:
+		l.fail(c, 502) // the body failed to go up and no answer came
+	case x.phase == phaseHead:
+		l.fail(c, 504)
+	default:
+		l.bodyFailed(c) // the worker went silent mid-body
+	}
+}

@@ -1,0 +1,166 @@
+package proxy
+
+// A loop's own upstream sockets: one LIFO list of idle ones per worker,
+// kept in the epoll set with EPOLLRDHUP, so that a worker's close is seen
+// when it happens instead of being peeked at each reuse; non-blocking
+// connects; the events of the sockets in use.
+
+import (
+	"golang.org/x/sys/unix"
+
+	"github.com/tether-rl/tether/userspace/sysconn"
+	"github.com/tether-rl/tether/userspace/upstream"
+)
+
+// upconn is an upstream socket of a loop.
+type upconn struct {
+	fd         int
+	seq        uint32
+	pool       *upstream.Pool
+	cl         *conn // the exchange using it; nil while idle
+	connecting bool
+	fresh      bool
+	since      int64 // idle since
+}
+
+// upstream returns the loop's most recently idle connection to p, or a new
+// one (its connect possibly in progress).
+func (l *loop) upstream(p *upstream.Pool, sa unix.Sockaddr) (*upconn, error) {
+	if list := l.idle[p]; len(list) > 0 {
+		u := list[len(list)-1]
+		list[len(list)-1] = nil
+		l.idle[p] = list[:len(list)-1]
+		l.s.counters.UpstreamIdle.Add(-1)
+		u.fresh = false
+		return u, nil
+	}
+	return l.dial(p, sa)
+}
+
+func (l *loop) dial(p *upstream.Pool, sa unix.Sockaddr) (*upconn, error) {
+	family := unix.AF_INET
+	if _, ok := sa.(*unix.SockaddrInet6); ok {
+		family = unix.AF_INET6
+	}
+	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+	err = unix.Connect(fd, sa)
+	if err != nil && err != unix.EINPROGRESS {
+		unix.Close(fd)
+		return nil, err
+	}
+	u := &upconn{fd: fd, seq: l.nextSeq(), pool: p, connecting: err != nil, fresh: true}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd), Pad: int32(u.seq)}
+	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	l.ups[int32(fd)] = u
+	if !u.connecting {
+		p.Stats().ConnOpened()
+	}
+	return u, nil
+}
+
+// closeUp closes an upstream socket.
+func (l *loop) closeUp(u *upconn) {
+	if u.fd < 0 {
+		return
+	}
+	delete(l.ups, int32(u.fd))
+	unix.Close(u.fd)
+	u.fd = -1
+	if !u.connecting {
+		u.pool.Stats().ConnClosed()
+	}
+}
+
+// putIdle keeps u for the next request to its worker (at most the pool's
+// MaxIdle per loop, the oldest evicted); it stays in the epoll set, so a
+// worker that closes it is seen when it does, not at the next use.
+func (l *loop) putIdle(u *upconn) {
+	u.cl = nil
+	p := u.pool
+	if p.Closed() {
+		l.closeUp(u)
+		return
+	}
+	u.since = l.now
+	list := l.idle[p]
+	if len(list) >= p.Options().MaxIdle {
+		l.closeUp(list[0])
+		l.s.counters.UpstreamIdle.Add(-1)
+		list = append(list[:0], list[1:]...)
+	}
+	l.idle[p] = append(list, u)
+	l.s.counters.UpstreamIdle.Add(1)
+	l.setDue(u.since + int64(p.Options().IdleTimeout))
+}
+
+// dropIdle closes an idle upstream socket the worker closed (or wrote to
+// unasked).
+func (l *loop) dropIdle(u *upconn) {
+	list := l.idle[u.pool]
+	for i, v := range list {
+		if v == u {
+			l.idle[u.pool] = append(list[:i], list[i+1:]...)
+			l.s.counters.UpstreamIdle.Add(-1)
+			break
+		}
+	}
+	l.closeUp(u)
+}
+
+// upEvent handles an event on an upstream socket.
+func (l *loop) upEvent(u *upconn, ev uint32) {
+	c := u.cl
+	if c == nil {
+		if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+			l.dropIdle(u)
+		}
+		return
+	}
+	x := c.x
+	if u.connecting {
+		if ev&(unix.EPOLLOUT|unix.EPOLLERR|unix.EPOLLHUP) == 0 {
+			return
+		}
+		if err := sysconn.SocketError(u.fd); err != nil {
+			l.connectFailed(c)
+			return
+		}
+		x.connected = true
+		u.connecting = false
+		u.pool.Stats().ConnOpened()
+		l.send(c)
+		return
+	}
+	if ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		x.upHup = true
+	}
+	if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		x.upReady = true
+	}
+	switch x.phase {
+	case phaseSend:
+		if ev&(unix.EPOLLOUT|unix.EPOLLERR|unix.EPOLLHUP) != 0 {
+			l.send(c)
+		}
+		return
+	case phaseUpload:
+		if x.upReady && !interimAhead(u.fd) {
+			// The worker answers before it has the whole body (a 413, a
+			// 401): relay that answer (outcome.go, rule 3).
+			l.earlyAnswer(c, l.s.cfg.ResponseTimeout)
+			return
+		}
+		if ev&unix.EPOLLOUT != 0 {
+			l.upload(c)
+		}
+		return
+	}
+	l.pump(c)
+}
