@@ -141,13 +141,17 @@ func (s *Server) Serve(ln net.Listener, slot *stats.Slot) error {
 	s.listeners[ln] = struct{}{}
 	if l != nil {
 		s.loops[l] = struct{}{}
+		s.nloops.Add(1)
 	}
 	s.accepting.Add(1)
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
 		delete(s.listeners, ln)
-		delete(s.loops, l)
+		if l != nil {
+			delete(s.loops, l)
+			s.nloops.Add(-1)
+		}
 		delete(s.placeWaiters, l)
 		s.mu.Unlock()
 		s.accepting.Done()

@@ -204,7 +204,8 @@ type Server struct {
 	// of descriptors), woken when a place frees.
 	// true: for a descriptor (accept failing), false: for a place.
 	placeWaiters map[*loop]bool
-	closed       bool // Close ran (under mu)
+	closed       bool         // Close ran (under mu)
+	nloops       atomic.Int64 // loops serving now (each keeps its share of a pool's idle connections)
 	// capped and acceptFailing: the episodes of accepting paused at
 	// MaxConns and of accept failing, logged once each (accept.go).
 	capped, acceptFailing episode

@@ -78,8 +78,8 @@ func (l *loop) closeUp(u *upconn) {
 	}
 }
 
-// putIdle keeps u for the next request to its worker (at most the pool's
-// MaxIdle per loop, the oldest evicted); it stays in the epoll set, so a
+// putIdle keeps u for the next request to its worker (the loop's share of
+// the pool's MaxIdle, the oldest evicted); it stays in the epoll set, so a
 // worker that closes it is seen when it does, not at the next use.
 func (l *loop) putIdle(u *upconn) {
 	u.cl = nil
@@ -90,7 +90,7 @@ func (l *loop) putIdle(u *upconn) {
 	}
 	u.since = l.now
 	list := l.idle[p]
-	if len(list) >= p.Options().MaxIdle {
+	if len(list) >= l.maxIdle(p) {
 		l.closeUp(list[0])
 		l.s.counters.UpstreamIdle.Add(-1)
 		list = append(list[:0], list[1:]...)
@@ -163,4 +163,13 @@ func (l *loop) upEvent(u *upconn, ev uint32) {
 		return
 	}
 	l.pump(c)
+}
+
+// maxIdle is the loop's share of p's MaxIdle: the loops together keep
+// about as many idle connections to a worker as one pool would (at least
+// 4 each), not MaxIdle each: 64 loops would otherwise hold 64 × 64 idle
+// sockets per worker.
+func (l *loop) maxIdle(p *upstream.Pool) int {
+	n := max(int(l.s.nloops.Load()), 1)
+	return max(4, (p.Options().MaxIdle+n-1)/n)
 }
