@@ -262,3 +262,41 @@ func TestStalledUpload408(t *testing.T) {
 		t.Fatalf("%d handoffs: the loop did not run it", n)
 	}
 }
+
+// A long Content-Length body raises the upstream socket's SO_RCVLOWAT;
+// however the body ends (here one splice takes it from far above the mark
+// to its end: the client read late, so it all waited in the socket), the
+// socket goes back idle with the default mark: the next answer on it, a
+// few bytes, must not wait for 256 KiB that never come.
+func TestLowatResetForTheNextAnswer(t *testing.T) {
+	testenv.CheckLeaks(t)
+	const size = 3 << 20
+	be := rawBackend(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for i := 0; ; i++ {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, req.Body)
+			if i == 0 {
+				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", size)
+				c.Write(make([]byte, size))
+				continue
+			}
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+		}
+	})
+	p := startProxy(t, []string{be}, nil)
+	c, br := p.dial()
+	io.WriteString(c, "GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+	time.Sleep(300 * time.Millisecond) // all of it queued before the client reads
+	if resp, body := readResp(t, br, false); resp.StatusCode != 200 || len(body) != size {
+		t.Fatalf("big: %d, %d bytes", resp.StatusCode, len(body))
+	}
+	io.WriteString(c, "GET /small HTTP/1.1\r\nHost: x\r\n\r\n")
+	c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if resp, body := readResp(t, br, false); resp.StatusCode != 200 || body != "hello" {
+		t.Fatalf("small: %d %q", resp.StatusCode, body)
+	}
+}

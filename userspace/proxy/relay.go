@@ -311,6 +311,9 @@ func (l *loop) finishExchange(c *conn) {
 	if x.clLowat {
 		unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, 1)
 	}
+	if x.lowat && x.up != nil && x.up.fd >= 0 {
+		l.lowerLowat(x) // never back to the idle list with a raised mark
+	}
 	if u := x.up; u != nil {
 		u.cl = nil
 		if x.reuse && x.done && !x.upHup {

@@ -75,8 +75,7 @@ func (l *loop) pumpSplice(c *conn) bool {
 			want = int(x.left)
 		}
 		if x.lowat && x.left <= batchLowat {
-			unix.SetsockoptInt(x.up.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, 1)
-			x.lowat = false
+			l.lowerLowat(x)
 		}
 		n, err := unix.Splice(x.up.fd, nil, p.w, nil, want, flags)
 		switch {
@@ -85,6 +84,13 @@ func (l *loop) pumpSplice(c *conn) bool {
 			x.inPipe += int(n)
 			if x.kind == httphead.BodyLength {
 				x.left -= n
+				if x.lowat && x.left <= batchLowat {
+					// One splice can take the body past the mark and to
+					// its end: the socket goes back to its pool with the
+					// default mark, or a later body's tail would never
+					// wake the loop.
+					l.lowerLowat(x)
+				}
 			}
 			continue
 		case err == unix.EINTR:
@@ -133,4 +139,10 @@ func (l *loop) putPipe(p *pipe, empty bool) {
 	}
 	unix.Close(p.r)
 	unix.Close(p.w)
+}
+
+// lowerLowat gives the upstream socket its default SO_RCVLOWAT back.
+func (l *loop) lowerLowat(x *lx) {
+	unix.SetsockoptInt(x.up.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, 1)
+	x.lowat = false
 }
