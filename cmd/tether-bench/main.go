@@ -26,7 +26,7 @@ import (
 	"time"
 )
 
-var allTargets = []string{"direct", "tetherd", "tetherd-nobpf", "nginx", "haproxy", "caddy"}
+var allTargets = []string{"direct", "tetherd", "tetherd-nobpf", "nginx", "haproxy", "caddy", "gnet-exp"}
 
 type options struct {
 	dur          time.Duration
@@ -285,6 +285,8 @@ type bench struct {
 	haproxyBin   string
 	caddyBin     string
 	caddyErr     string
+	gnetBin      string
+	gnetErr      string
 
 	workerPorts []int
 	workerProcs []*proc
@@ -394,6 +396,13 @@ func (b *bench) setup() error {
 			logf("!!! caddy: %v", err)
 		}
 	}
+	if b.want("gnet-exp") {
+		logf("building gnet-exp (gnet %s) in its own module (cached)", gnetVersion)
+		if b.gnetBin, err = buildGnet(b.ctx); err != nil {
+			b.gnetErr = err.Error()
+			logf("!!! gnet-exp: %v", err)
+		}
+	}
 	b.haproxyBin, _ = exec.LookPath("haproxy")
 	if b.haproxyBin == "" {
 		if _, err := os.Stat("/usr/sbin/haproxy"); err == nil {
@@ -470,6 +479,11 @@ func (b *bench) setup() error {
 		b.targets = append(b.targets, &target{name: "caddy", skip: "caddy did not build: " + firstLine(b.caddyErr)})
 	} else {
 		addExternal("caddy", b.caddyBin, b.startCaddy)
+	}
+	if b.want("gnet-exp") && b.gnetBin == "" && b.gnetErr != "" {
+		b.targets = append(b.targets, &target{name: "gnet-exp", skip: "gnet-exp did not build: " + firstLine(b.gnetErr)})
+	} else {
+		addExternal("gnet-exp", b.gnetBin, b.startGnet)
 	}
 	return nil
 }
@@ -770,6 +784,9 @@ func (b *bench) phaseBodies() {
 	want := hex.EncodeToString(sum[:])
 	for run := 1; run <= o.runs; run++ {
 		for _, t := range b.targets {
+			if t.name == "gnet-exp" {
+				continue // it proxies the keep-alive path only (whole messages in its buffers)
+			}
 			if !b.active(t) || b.ctx.Err() != nil {
 				continue
 			}

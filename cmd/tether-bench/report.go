@@ -192,7 +192,7 @@ func (b *bench) report(bal balanceResult) string {
 		rpsOf := func(x rpsSample) float64 { return x.rps }
 		if td != nil && sums["tetherd"].ok {
 			w.WriteString("\n")
-			for _, other := range []string{"nginx", "haproxy", "caddy"} {
+			for _, other := range []string{"nginx", "haproxy", "caddy", "gnet-exp"} {
 				ot := b.targetByName(other)
 				if ot == nil || !sums[other].ok {
 					continue
