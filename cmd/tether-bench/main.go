@@ -675,6 +675,9 @@ func (b *bench) phaseRPS(closeConn bool) {
 			if !b.active(t) || b.ctx.Err() != nil {
 				continue
 			}
+			if closeConn && t.name == "gnet-exp" {
+				continue // it proxies the keep-alive path only (no Connection: close)
+			}
 			in, ok := b.startTarget(t)
 			if !ok {
 				continue
