@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	_ "embed"
 	"fmt"
 	"os"
@@ -33,13 +34,13 @@ func buildGnet(ctx context.Context) (string, error) {
 }
 
 // buildPeer builds src as main.go in a module of its own under the user's
-// cache directory, requiring path@version, once.
+// cache directory, requiring path@version, once per version of src.
 func buildPeer(ctx context.Context, dirName, binName, src, require string) (string, error) {
 	cache, err := os.UserCacheDir()
 	if err != nil {
 		cache = os.TempDir()
 	}
-	dir := filepath.Join(cache, "tether-bench", dirName)
+	dir := filepath.Join(cache, "tether-bench", dirName, fmt.Sprintf("%x", sha256.Sum256([]byte(src)))[:12])
 	bin := filepath.Join(dir, binName)
 	if _, err := os.Stat(bin); err == nil {
 		return bin, nil
