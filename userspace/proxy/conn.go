@@ -37,6 +37,7 @@ type conn struct {
 	deadline  int64
 	headSince int64   // when the head now being read began (0: none)
 	readable  bool    // the socket may hold bytes (an edge not yet drained)
+	peekWait  bool    // a whole head waits for the body bytes the router reads (Config.PeekBody)
 	hup       bool    // the peer's FIN (or an error) was signalled: read to it
 	linger    int     // > 0: answered and half-closed; what the client still sends is read and dropped (this many bytes at most)
 	busy      bool    // x is running

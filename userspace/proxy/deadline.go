@@ -107,6 +107,12 @@ func (l *loop) expire(c *conn) {
 		l.closeConn(c) // lingered long enough
 	case c.busy:
 		l.expireExchange(c) // fast.go
+	case c.peekWait:
+		// The first body bytes the router wants did not come: a
+		// goroutine parses the head again and routes on what it gets
+		// (conn.peekBody).
+		c.peekWait = false
+		l.handoff(c, handoff{})
 	case c.r < c.w:
 		// A slow client in the middle of a head: 408, answered (and
 		// lingered) the goroutine way.

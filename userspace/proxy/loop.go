@@ -563,12 +563,46 @@ func (l *loop) next(c *conn) {
 			l.handoff(c, handoff{}) // parsed again there: answered or served
 			return
 		}
+		if l.peekShort(c) {
+			// The router may read a key from the first body bytes
+			// (Config.PeekBody): wait for them as the goroutine path's
+			// peekBody does (past --io-timeout, a goroutine takes over).
+			if c.readable {
+				if !l.read(c) {
+					return
+				}
+				continue
+			}
+			if !c.peekWait {
+				c.peekWait = true
+				l.setDeadline(c, s.cfg.IOTimeout)
+			}
+			return
+		}
+		c.peekWait = false
 		l.lost = nil
 		l.begin(c)
 		if l.lost == c {
 			return // handed to a goroutine, or closed
 		}
 	}
+}
+
+// peekShort reports whether fewer body bytes than Config.PeekBody (or the
+// whole body, if shorter) are buffered behind c's parsed head, and the
+// buffer has room for more (as conn.peekBody counts them).
+func (l *loop) peekShort(c *conn) bool {
+	req := &c.req
+	want := l.s.cfg.PeekBody
+	if want == 0 || !req.HasBody() {
+		return false
+	}
+	start := c.r + req.HeadLen
+	if req.ContentLength >= 0 && int64(want) > req.ContentLength {
+		want = int(req.ContentLength)
+	}
+	want = min(want, len(c.buf)-start)
+	return c.w-start < want
 }
 
 // errIncomplete: the head is not all there yet.

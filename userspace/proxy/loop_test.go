@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/tether-rl/tether/testenv"
+	"github.com/tether-rl/tether/userspace/httphead"
+	"github.com/tether-rl/tether/userspace/route"
 )
 
 // Connections live in their listener's event loop without a goroutine:
@@ -298,5 +300,45 @@ func TestLowatResetForTheNextAnswer(t *testing.T) {
 	c.SetReadDeadline(time.Now().Add(3 * time.Second))
 	if resp, body := readResp(t, br, false); resp.StatusCode != 200 || body != "hello" {
 		t.Fatalf("small: %d %q", resp.StatusCode, body)
+	}
+}
+
+// peekRouter records the body bytes each routing decision saw.
+type peekRouter struct {
+	inner Router
+	seen  chan int
+}
+
+func (r peekRouter) Route(req *httphead.Request, body []byte) route.Decision {
+	r.seen <- len(body)
+	return r.inner.Route(req, body)
+}
+
+// The router reads a key from the first Config.PeekBody body bytes: the
+// loop waits for them when the head came alone, as the goroutine path
+// does, and still runs the exchange itself.
+func TestLoopWaitsForPeekedBody(t *testing.T) {
+	testenv.CheckLeaks(t)
+	be := httpBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, _ := io.Copy(io.Discard, r.Body)
+		fmt.Fprint(w, n)
+	}))
+	seen := make(chan int, 4)
+	p := startProxy(t, []string{be}, func(c *Config) {
+		c.PeekBody = 64
+		c.Router = peekRouter{inner: c.Router, seen: seen}
+	})
+	c, br := p.dial()
+	io.WriteString(c, "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
+	time.Sleep(50 * time.Millisecond) // the head is read alone
+	c.Write(make([]byte, 100))
+	if resp, body := readResp(t, br, false); resp.StatusCode != 200 || body != "100" {
+		t.Fatalf("%d %q", resp.StatusCode, body)
+	}
+	if n := <-seen; n < 64 {
+		t.Fatalf("the router saw %d body bytes, want at least 64", n)
+	}
+	if n := p.srv.Counters().Handoffs.Load(); n != 0 {
+		t.Fatalf("%d handoffs, want the loop to run it", n)
 	}
 }
