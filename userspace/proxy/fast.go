@@ -103,6 +103,23 @@ func (l *loop) fast(c *conn) bool {
 	return c.localHandler() == nil
 }
 
+// peekShort reports whether fewer body bytes than Config.PeekBody (or the
+// whole body, if shorter) are buffered behind c's parsed head, and the
+// buffer has room for more (as conn.peekBody counts them).
+func (l *loop) peekShort(c *conn) bool {
+	req := &c.req
+	want := l.s.cfg.PeekBody
+	if want == 0 || !req.HasBody() {
+		return false
+	}
+	start := c.r + req.HeadLen
+	if req.ContentLength >= 0 && int64(want) > req.ContentLength {
+		want = int(req.ContentLength)
+	}
+	want = min(want, len(c.buf)-start)
+	return c.w-start < want
+}
+
 // parse parses the head at the start of c's buffered bytes.
 func (l *loop) parse(c *conn) error {
 	err := httphead.ParseRequest(c.buf[c.r:c.w], l.s.cfg.Limits, &c.req)

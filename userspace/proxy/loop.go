@@ -588,22 +588,5 @@ func (l *loop) next(c *conn) {
 	}
 }
 
-// peekShort reports whether fewer body bytes than Config.PeekBody (or the
-// whole body, if shorter) are buffered behind c's parsed head, and the
-// buffer has room for more (as conn.peekBody counts them).
-func (l *loop) peekShort(c *conn) bool {
-	req := &c.req
-	want := l.s.cfg.PeekBody
-	if want == 0 || !req.HasBody() {
-		return false
-	}
-	start := c.r + req.HeadLen
-	if req.ContentLength >= 0 && int64(want) > req.ContentLength {
-		want = int(req.ContentLength)
-	}
-	want = min(want, len(c.buf)-start)
-	return c.w-start < want
-}
-
 // errIncomplete: the head is not all there yet.
 var errIncomplete = errors.New("incomplete head")
