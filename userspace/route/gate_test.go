@@ -90,3 +90,37 @@ func TestGateQueue(t *testing.T) {
 		t.Fatalf("admitted %d queued %d", w.Admitted(), w.Queued())
 	}
 }
+
+// TryAdmit takes a place only when one is free at once: never past the
+// limit, never while a request waits in the queue.
+func TestGateTryAdmit(t *testing.T) {
+	w := gateWorker()
+	if !w.TryAdmit() || !w.TryAdmit() {
+		t.Fatal("no limit: TryAdmit refused")
+	}
+	w.Leave()
+	w.Leave()
+	w.SetMaxInFlight(1)
+	if !w.TryAdmit() {
+		t.Fatal("under the limit: refused")
+	}
+	if w.TryAdmit() {
+		t.Fatal("at the limit: admitted")
+	}
+	got := make(chan Admission, 1)
+	go func() { got <- w.Admit(8, 5*time.Second, nil) }()
+	for w.Queued() != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	if w.TryAdmit() {
+		t.Fatal("admitted while one waits at the limit")
+	}
+	w.Leave() // the first place: handed to the waiter
+	if a := <-got; a != Admitted {
+		t.Fatalf("the waiter got %v", a)
+	}
+	w.Leave()
+	if w.Admitted() != 0 {
+		t.Fatalf("%d places held, want 0", w.Admitted())
+	}
+}
