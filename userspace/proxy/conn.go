@@ -50,8 +50,10 @@ type conn struct {
 	out  []byte // outgoing head assembly (both directions)
 	ubuf []byte // upstream read buffer, for one exchange
 
-	req  httphead.Request
-	resp httphead.Response
+	// The parsed heads, allocated at the first parse (reqp, respp) and
+	// dropped by an idle connection's trim (deadline.go).
+	req  *httphead.Request
+	resp *httphead.Response
 
 	idle atomic.Bool // waiting for a request with nothing buffered
 	// wantPark: readHead found the connection idle for ParkAfter; serve
@@ -88,6 +90,22 @@ func newConn(s *Server, tc *net.TCPConn) *conn {
 	}
 	tc.SetNoDelay(true)
 	return c
+}
+
+// reqp returns the request head to parse into.
+func (c *conn) reqp() *httphead.Request {
+	if c.req == nil {
+		c.req = new(httphead.Request)
+	}
+	return c.req
+}
+
+// respp returns the response head to parse into.
+func (c *conn) respp() *httphead.Response {
+	if c.resp == nil {
+		c.resp = new(httphead.Response)
+	}
+	return c.resp
 }
 
 // wakeIfIdle makes an idle connection's read return so that it sees the
@@ -224,7 +242,7 @@ func (c *conn) serveOne() bool {
 		return false
 	}
 	c.s.counters.Requests.Add(1)
-	req := &c.req
+	req := c.req
 	c.r += req.HeadLen
 
 	if h := c.localHandler(); h != nil {
@@ -259,7 +277,7 @@ func (c *conn) bufferedBody() []byte {
 // as the router saw them); refused: the decision's worker already refused
 // the connect, nothing sent (the loop tried it), so place it again.
 func (c *conn) serveDecision(dec route.Decision, peek []byte, refused bool) bool {
-	req := &c.req
+	req := c.req
 	defer func() {
 		if dec.Done != nil {
 			dec.Done()
@@ -380,7 +398,7 @@ func (c *conn) proxy(w *route.Worker, learn *route.Learner, reroutable bool) (ke
 // target, HTTP/1.1, hop-by-hop fields removed, everything else
 // byte-identical, X-Forwarded-For appended.
 func (c *conn) appendUpstreamHead(out []byte, w *route.Worker) []byte {
-	req := &c.req
+	req := c.req
 	out = append(out, req.Method...)
 	out = append(out, ' ')
 	out = append(out, req.Path...)
@@ -449,7 +467,7 @@ func (c *conn) notAdmitted(adm route.Admission) bool {
 }
 
 func (c *conn) proxyExchange(x *exchange) bool {
-	req := &c.req
+	req := c.req
 	cfg := &c.s.cfg
 	up, err := x.w.Pool.Get(context.Background())
 	if err != nil {

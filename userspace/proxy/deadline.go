@@ -8,8 +8,6 @@ import (
 	"os"
 	"runtime"
 	"time"
-
-	"github.com/tether-rl/tether/userspace/httphead"
 )
 
 // setDue asks for a sweep at t (or at the next tick after the last one).
@@ -45,7 +43,7 @@ func (l *loop) sweep() {
 			l.closeConn(c)
 			continue
 		}
-		if idle && c.out != nil && now-c.idleSince.Load() >= int64(trimAfter) {
+		if idle && (c.out != nil || c.req != nil) && now-c.idleSince.Load() >= int64(trimAfter) {
 			c.trim()
 		}
 		if c.deadline != 0 && now >= c.deadline {
@@ -95,8 +93,7 @@ const trimAfter = time.Second
 // trim drops what an idle connection keeps for its next request.
 func (c *conn) trim() {
 	c.out = nil
-	c.req = httphead.Request{}
-	c.resp = httphead.Response{}
+	c.req, c.resp = nil, nil
 }
 
 // expire handles a connection whose deadline passed.

@@ -37,6 +37,15 @@ type handoff struct {
 	refused bool           // dec's worker refused the connect, nothing sent: place it again
 }
 
+// handoff gives c to a goroutine running the full data path; h says where
+// it starts (conn.serveOne).
+func (l *loop) handoff(c *conn, h handoff) {
+	l.s.counters.Handoffs.Add(1)
+	l.unhold(c)
+	c.hand = h
+	go c.serve()
+}
+
 type phase uint8
 
 const (
@@ -92,7 +101,7 @@ type lx struct {
 // itself (no Expect, no chunked body, within MaxBodyBytes, not a local
 // endpoint); else a goroutine does.
 func (l *loop) fast(c *conn) bool {
-	req := &c.req
+	req := c.req
 	cfg := &l.s.cfg
 	if req.Expect100 || req.Chunked {
 		return false
@@ -107,7 +116,7 @@ func (l *loop) fast(c *conn) bool {
 // whole body, if shorter) are buffered behind c's parsed head, and the
 // buffer has room for more (as conn.peekBody counts them).
 func (l *loop) peekShort(c *conn) bool {
-	req := &c.req
+	req := c.req
 	want := l.s.cfg.PeekBody
 	if want == 0 || !req.HasBody() {
 		return false
@@ -122,7 +131,7 @@ func (l *loop) peekShort(c *conn) bool {
 
 // parse parses the head at the start of c's buffered bytes.
 func (l *loop) parse(c *conn) error {
-	err := httphead.ParseRequest(c.buf[c.r:c.w], l.s.cfg.Limits, &c.req)
+	err := httphead.ParseRequest(c.buf[c.r:c.w], l.s.cfg.Limits, c.reqp())
 	if err == httphead.ErrIncomplete {
 		return errIncomplete
 	}
@@ -132,7 +141,7 @@ func (l *loop) parse(c *conn) error {
 // begin routes c's request and sends it up.
 func (l *loop) begin(c *conn) {
 	s := l.s
-	req := &c.req
+	req := c.req
 	s.counters.Requests.Add(1)
 	c.r += req.HeadLen
 	// The body bytes buffered behind the head go up with it; the rest of

@@ -18,7 +18,7 @@ import (
 // up to Config.PeekBody of them (never beyond the body, never waiting for
 // a client that expects 100 Continue).
 func (c *conn) peekBody() []byte {
-	req := &c.req
+	req := c.req
 	want := c.s.cfg.PeekBody
 	if req.ContentLength >= 0 && int64(want) > req.ContentLength {
 		want = int(req.ContentLength)
@@ -65,7 +65,7 @@ func (c *conn) readHead() error {
 	}
 	for {
 		if c.w > c.r {
-			err := httphead.ParseRequest(c.buf[c.r:c.w], lim, &c.req)
+			err := httphead.ParseRequest(c.buf[c.r:c.w], lim, c.reqp())
 			if err != httphead.ErrIncomplete {
 				return err
 			}

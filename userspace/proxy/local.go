@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"golang.org/x/sys/unix"
+
 	"bytes"
 	"context"
 	"encoding/json"
@@ -25,7 +27,15 @@ const MaxLocalBody = 1 << 20
 // form, as the handlers (and any HTTP server) read it: an encoded local
 // path is never silently proxied to one worker.
 func (c *conn) localHandler() http.Handler {
-	req := &c.req
+	h, _ := c.local()
+	return h
+}
+
+// local returns the handler for a request tetherd answers itself, and
+// whether it is one of the probes (/health, /readiness, /liveness: quick,
+// never blocking, so an event loop may run them itself).
+func (c *conn) local() (http.Handler, bool) {
+	req := c.req
 	path := req.Path
 	if q := bytes.IndexByte(path, '?'); bytes.IndexByte(path, '%') >= 0 && (q < 0 || bytes.IndexByte(path[:q], '%') >= 0) {
 		raw := path
@@ -40,16 +50,16 @@ func (c *conn) localHandler() http.Handler {
 	}
 	switch {
 	case isPath(path, "/health"):
-		return http.HandlerFunc(c.s.serveHealth)
+		return http.HandlerFunc(c.s.serveHealth), true
 	case isPath(path, "/readiness"):
-		return http.HandlerFunc(c.s.serveReadiness)
+		return http.HandlerFunc(c.s.serveReadiness), true
 	case isPath(path, "/liveness"):
-		return http.HandlerFunc(c.s.serveLiveness)
+		return http.HandlerFunc(c.s.serveLiveness), true
 	}
 	if c.s.cfg.Local != nil {
-		return c.s.cfg.Local(req.Method, path)
+		return c.s.cfg.Local(req.Method, path), false
 	}
-	return nil
+	return nil, false
 }
 
 // HealthBody is the JSON of GET /health and /readiness.
@@ -162,7 +172,7 @@ func (w *localWriter) Write(p []byte) (int, error) {
 
 // serveLocal reads the (bounded) body, runs h and writes its answer.
 func (c *conn) serveLocal(h http.Handler) bool {
-	req := &c.req
+	req := c.req
 	// Everything is taken from the head before the body is read: a chunked
 	// body is read into the buffer the head was parsed from, so the head's
 	// slices (method, target, fields) are gone after it.
@@ -235,28 +245,60 @@ func (c *conn) serveLocal(h http.Handler) bool {
 		c.rejectAndClose(500)
 		return false
 	}
-	if lw.status == 0 {
-		lw.status = 200
-	}
 	keep := req.KeepAlive && !c.s.closing.Load()
+	if err := c.writeClient(lw.response(isHead, keep)); err != nil {
+		return false
+	}
+	return keep
+}
+
+// response is the local handler's answer as sent: its status, its header
+// fields but the framing ones, Content-Length, Connection: close when the
+// connection ends, and the body (none for HEAD).
+func (w *localWriter) response(isHead, keep bool) []byte {
+	if w.status == 0 {
+		w.status = 200
+	}
 	var out bytes.Buffer
-	out.WriteString("HTTP/1.1 " + strconv.Itoa(lw.status) + " " + StatusText(lw.status) + "\r\n")
-	lw.h.Del("Content-Length")
-	lw.h.Del("Connection")
-	lw.h.Del("Transfer-Encoding")
-	lw.h.Write(&out)
-	out.WriteString("Content-Length: " + strconv.Itoa(lw.body.Len()) + "\r\n")
+	out.WriteString("HTTP/1.1 " + strconv.Itoa(w.status) + " " + StatusText(w.status) + "\r\n")
+	w.h.Del("Content-Length")
+	w.h.Del("Connection")
+	w.h.Del("Transfer-Encoding")
+	w.h.Write(&out)
+	out.WriteString("Content-Length: " + strconv.Itoa(w.body.Len()) + "\r\n")
 	if !keep {
 		out.WriteString("Connection: close\r\n")
 	}
 	out.WriteString("\r\n")
 	if !isHead {
-		out.Write(lw.body.Bytes())
+		out.Write(w.body.Bytes())
 	}
-	if err := c.writeClient(out.Bytes()); err != nil {
+	return out.Bytes()
+}
+
+// probeInLoop answers a probe (local reports one) on the event loop: the
+// same handler and the same bytes as serveLocal, without a goroutine (load
+// balancers and kubelets probe often). False if the request has a body or
+// an Expect: then the goroutine path answers it.
+func (l *loop) probeInLoop(c *conn, h http.Handler) bool {
+	req := c.req
+	if req.HasBody() || req.Expect100 {
 		return false
 	}
-	return keep
+	s := l.s
+	s.counters.Requests.Add(1)
+	s.counters.Local.Add(1)
+	lw := &localWriter{h: make(http.Header)}
+	h.ServeHTTP(lw, &http.Request{Method: string(req.Method), Header: http.Header{}})
+	keep := req.KeepAlive && !s.closing.Load()
+	out := lw.response(req.IsMethod("HEAD"), keep)
+	c.r += req.HeadLen
+	if n, err := unix.Write(c.fd, out); err != nil || n != len(out) || !keep {
+		// An answer of a few hundred bytes the socket does not take at
+		// once: the client is not reading; close.
+		l.closeConn(c)
+	}
+	return true
 }
 
 // localReserve is what a local request's body may hold: its
@@ -289,7 +331,7 @@ func (c *conn) runLocal(h http.Handler, w http.ResponseWriter, r *http.Request) 
 
 // readLocalBody reads a local request's whole body (at most MaxLocalBody).
 func (c *conn) readLocalBody() ([]byte, error) {
-	req := &c.req
+	req := c.req
 	if req.ContentLength > MaxLocalBody {
 		return nil, &httphead.Error{Status: 413, Reason: "local body too large"}
 	}

@@ -428,15 +428,6 @@ func (l *loop) closeConn(c *conn) {
 	c.finish()
 }
 
-// handoff gives c to a goroutine running the full data path; h says where
-// it starts (conn.serveOne).
-func (l *loop) handoff(c *conn, h handoff) {
-	l.s.counters.Handoffs.Add(1)
-	l.unhold(c)
-	c.hand = h
-	go c.serve()
-}
-
 // clientEvent handles an event on a client socket.
 func (l *loop) clientEvent(c *conn, ev uint32) {
 	if c.linger > 0 {
@@ -559,6 +550,17 @@ func (l *loop) next(c *conn) {
 			return
 		}
 		c.headSince = 0
+		if err == nil {
+			if h, probe := c.local(); probe {
+				l.lost = nil
+				if l.probeInLoop(c, h) {
+					if l.lost == c {
+						return // answered and closed
+					}
+					continue // the next request, or idle
+				}
+			}
+		}
 		if err != nil || !l.fast(c) {
 			l.handoff(c, handoff{}) // parsed again there: answered or served
 			return

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -340,5 +341,48 @@ func TestLoopWaitsForPeekedBody(t *testing.T) {
 	}
 	if n := p.srv.Counters().Handoffs.Load(); n != 0 {
 		t.Fatalf("%d handoffs, want the loop to run it", n)
+	}
+}
+
+// The probes (/health, /readiness, /liveness) are answered by the loop
+// itself, byte for byte as the goroutine path answers them, keep-alive
+// included.
+func TestProbesInTheLoop(t *testing.T) {
+	testenv.CheckLeaks(t)
+	be := httpBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	p := startProxy(t, []string{be}, nil)
+	raw := func(req string) string {
+		c, err := net.Dial("tcp", p.addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		io.WriteString(c, req)
+		b, _ := io.ReadAll(c)
+		return string(b)
+	}
+	for _, probe := range []string{"GET /health", "HEAD /readiness", "GET /liveness?x=1", "POST /health", "GET /health%3Fnot"} {
+		loop := raw(probe + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+		before := p.srv.Counters().Handoffs.Load()
+		// Expect: 100-continue is left to the goroutine path.
+		goroutine := raw(probe + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\nExpect: 100-continue\r\n\r\n")
+		if p.srv.Counters().Handoffs.Load() == before && !strings.Contains(probe, "%3F") {
+			t.Fatalf("%s with Expect was not handed to a goroutine", probe)
+		}
+		if loop != goroutine {
+			t.Fatalf("%s: loop %q, goroutine %q", probe, loop, goroutine)
+		}
+	}
+	handoffs := p.srv.Counters().Handoffs.Load()
+	c, br := p.dial()
+	for range 3 {
+		io.WriteString(c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+		if resp, body := readResp(t, br, false); resp.StatusCode != 200 || !strings.Contains(body, `"status":"ok"`) {
+			t.Fatalf("%d %q", resp.StatusCode, body)
+		}
+	}
+	if n := p.srv.Counters().Handoffs.Load(); n != handoffs {
+		t.Fatalf("%d probes handed to goroutines, want 0", n-handoffs)
 	}
 }

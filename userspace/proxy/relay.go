@@ -104,7 +104,7 @@ func (l *loop) pump(c *conn) {
 func (l *loop) head(c *conn) bool {
 	s := l.s
 	x := c.x
-	resp := &c.resp
+	resp := c.respp()
 	for x.uw > 0 {
 		err := httphead.ParseResponse(c.ubuf[:x.uw], s.cfg.Limits, resp)
 		if err == httphead.ErrIncomplete {
@@ -141,7 +141,7 @@ func (l *loop) head(c *conn) bool {
 func (l *loop) relayHead(c *conn) bool {
 	s := l.s
 	x := c.x
-	resp := &c.resp
+	resp := c.resp
 	kind := resp.Body(x.isHead)
 	x.kind = kind
 	x.dechunk = kind == httphead.BodyChunked && x.http10

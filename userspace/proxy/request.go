@@ -42,7 +42,7 @@ var errBodyTooLarge = &httphead.Error{Status: 413, Reason: "request body too lar
 // they are valid framing). It returns out and the Content-Length bytes
 // taken so far (sent is the count already sent before).
 func (c *conn) appendBuffered(out []byte, sc *httphead.Chunked, sent int64) ([]byte, int64, error) {
-	req := &c.req
+	req := c.req
 	avail := c.buf[c.r:c.w]
 	switch {
 	case req.ContentLength > 0:
@@ -66,7 +66,7 @@ func (c *conn) appendBuffered(out []byte, sc *httphead.Chunked, sent int64) ([]b
 
 // relayRequestBody sends what is left of the request body upstream.
 func (c *conn) relayRequestBody(x *exchange, sc *httphead.Chunked, sent int64) error {
-	req := &c.req
+	req := c.req
 	cfg := &c.s.cfg
 	switch {
 	case req.ContentLength > 0:

@@ -39,7 +39,7 @@ func (c *conn) dropHead(uw *int) {
 func (c *conn) readResponseHead(x *exchange, uw int) (int, int, error) {
 	for {
 		if uw > 0 {
-			err := httphead.ParseResponse(c.ubuf[:uw], c.s.cfg.Limits, &c.resp)
+			err := httphead.ParseResponse(c.ubuf[:uw], c.s.cfg.Limits, c.respp())
 			if err == nil {
 				st := c.resp.Status
 				switch {
@@ -123,7 +123,7 @@ func (c *conn) appendResponseHead(out []byte, closing, dropTE bool) []byte {
 // says whether the request body was consumed (false after a final answer
 // to Expect: 100-continue, which forces the client connection closed).
 func (c *conn) relayResponse(x *exchange, uw int, bodyRead bool) bool {
-	req, resp := &c.req, &c.resp
+	req, resp := c.req, c.resp
 	cfg := &c.s.cfg
 	kind := resp.Body(x.isHead)
 	dechunk := kind == httphead.BodyChunked && req.Minor == 0
