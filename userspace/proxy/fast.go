@@ -98,8 +98,8 @@ type lx struct {
 }
 
 // fast reports whether the loop can run the exchange of c's parsed head
-// itself (no Expect, no chunked body, within MaxBodyBytes, not a local
-// endpoint); else a goroutine does.
+// itself (no Expect, no chunked body, within MaxBodyBytes; the caller has
+// ruled out local endpoints); else a goroutine does.
 func (l *loop) fast(c *conn) bool {
 	req := c.req
 	cfg := &l.s.cfg
@@ -109,7 +109,7 @@ func (l *loop) fast(c *conn) bool {
 	if req.HasBody() && cfg.MaxBodyBytes > 0 && req.ContentLength > cfg.MaxBodyBytes {
 		return false // 413, answered (and lingered) the goroutine way
 	}
-	return c.localHandler() == nil
+	return true
 }
 
 // peekShort reports whether fewer body bytes than Config.PeekBody (or the

@@ -27,6 +27,7 @@ package proxy
 import (
 	"errors"
 	"net"
+	"net/http"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -550,10 +551,12 @@ func (l *loop) next(c *conn) {
 			return
 		}
 		c.headSince = 0
+		var local http.Handler
 		if err == nil {
-			if h, probe := c.local(); probe {
+			var probe bool
+			if local, probe = c.local(); probe {
 				l.lost = nil
-				if l.probeInLoop(c, h) {
+				if l.probeInLoop(c, local) {
 					if l.lost == c {
 						return // answered and closed
 					}
@@ -561,7 +564,7 @@ func (l *loop) next(c *conn) {
 				}
 			}
 		}
-		if err != nil || !l.fast(c) {
+		if err != nil || local != nil || !l.fast(c) {
 			l.handoff(c, handoff{}) // parsed again there: answered or served
 			return
 		}
