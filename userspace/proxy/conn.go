@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -23,10 +24,9 @@ import (
 // parsed head) rather than held in a call stack, so that buffers can be
 // released while it is idle.
 type conn struct {
-	s   *Server
-	c   *net.TCPConn    // while a goroutine serves it (under s.mu): a duplicate of fd lent to the net package
-	raw syscall.RawConn // c's
-	ip  []byte          // client address for X-Forwarded-For
+	s  *Server
+	c  *net.TCPConn // while a goroutine serves it (under s.mu): a duplicate of fd lent to the net package
+	ip netip.Addr   // client address for X-Forwarded-For
 
 	// In an event loop (loop.go, fast.go): the socket, the loop, its
 	// registration, the one deadline (UnixNano, 0: none), and the
@@ -34,34 +34,45 @@ type conn struct {
 	fd        int // -1: a goroutine-only connection (a listener that is not TCP)
 	lp        *loop
 	seq       uint32
+	readable  bool // the socket may hold bytes (an edge not yet drained)
+	peekWait  bool // a whole head waits for the body bytes the router reads (Config.PeekBody)
+	hup       bool // the peer's FIN (or an error) was signalled: read to it
+	busy      bool // x is running
 	deadline  int64
-	headSince int64   // when the head now being read began (0: none)
-	readable  bool    // the socket may hold bytes (an edge not yet drained)
-	peekWait  bool    // a whole head waits for the body bytes the router reads (Config.PeekBody)
-	hup       bool    // the peer's FIN (or an error) was signalled: read to it
-	linger    int     // > 0: answered and half-closed; what the client still sends is read and dropped (this many bytes at most)
-	busy      bool    // x is running
-	pend      []byte  // response bytes the client has not taken yet
-	x         *lx     // the loop's exchange, while busy (from the loop's free list)
-	hand      handoff // where the goroutine starts (set by the loop)
+	headSince int64 // when the head now being read began (0: none)
+	linger    int   // > 0: answered and half-closed; what the client still sends is read and dropped (this many bytes at most)
+	x         *lx   // the loop's exchange, while busy (from the loop's free list)
 
 	buf  []byte // client bytes read and not yet consumed: buf[r:w]
 	r, w int
 	out  []byte // outgoing head assembly (both directions)
 	ubuf []byte // upstream read buffer, for one exchange
 
-	// The parsed heads, allocated at the first parse (reqp, respp) and
-	// dropped by an idle connection's trim (deadline.go).
+	// The parsed heads, while a request is being served: an idle
+	// connection on a loop gives them (and out) back to the loop's free
+	// lists (loop.release).
 	req  *httphead.Request
 	resp *httphead.Response
+
+	slot      *stats.Slot  // counted in: Finished when the connection ends
+	idleSince atomic.Int64 // when it began waiting (UnixNano)
+
+	// What only a goroutine serving c uses: allocated when one takes c
+	// (newConn, loop.handoff), dropped when c goes back to its loop, so
+	// that a connection the loop holds (most of them, idle) is small.
+	*gor
+}
+
+// gor is the part of a connection that only the goroutine path uses.
+type gor struct {
+	raw  syscall.RawConn // c's
+	hand handoff         // where the goroutine starts (set by the loop)
 
 	idle atomic.Bool // waiting for a request with nothing buffered
 	// wantPark: readHead found the connection idle for ParkAfter; serve
 	// gives it back to its loop. noPark: it could not, wait with a
 	// goroutine.
 	wantPark, noPark bool
-	slot             *stats.Slot  // counted in: Finished when the connection ends
-	idleSince        atomic.Int64 // when it began waiting (UnixNano)
 
 	// Client watch during an exchange (see watchClient).
 	watchTimer *time.Timer
@@ -83,10 +94,10 @@ type conn struct {
 }
 
 func newConn(s *Server, tc *net.TCPConn) *conn {
-	c := &conn{s: s, c: tc, fd: -1}
+	c := &conn{s: s, c: tc, fd: -1, gor: new(gor)}
 	c.raw, _ = tc.SyscallConn()
 	if a, ok := tc.RemoteAddr().(*net.TCPAddr); ok {
-		c.ip = []byte(a.IP.String())
+		c.ip = a.AddrPort().Addr().Unmap().WithZone("")
 	}
 	tc.SetNoDelay(true)
 	return c
@@ -166,6 +177,7 @@ func (c *conn) attach() bool {
 		return false
 	}
 	c.c, c.raw = tc, raw
+	c.s.conns[c] = struct{}{} // the goroutines' connections: Close and ShutdownGently reach them
 	c.s.mu.Unlock()
 	return true
 }
@@ -178,20 +190,22 @@ func (c *conn) detach() bool {
 	}
 	c.s.mu.Lock()
 	tc := c.c
-	c.c, c.raw = nil, nil
+	c.c = nil
+	delete(c.s.conns, c)
 	c.s.mu.Unlock()
-	tc.Close() // the duplicate: the loop's descriptor stays open
-	c.idle.Store(false)
+	tc.Close()  // the duplicate: the loop's descriptor stays open
+	c.gor = nil // idle: its watch is stopped, its timer unreferenced
 	if c.lp.adopt(c) {
 		return true
 	}
+	c.gor = new(gor)
 	c.attach()
 	return false
 }
 
 // finish releases an ended connection.
 func (c *conn) finish() {
-	if c.watchTimer != nil {
+	if c.gor != nil && c.watchTimer != nil {
 		c.watchTimer.Stop()
 	}
 	c.s.mu.Lock()
@@ -422,7 +436,9 @@ func (c *conn) appendUpstreamHead(out []byte, w *route.Worker) []byte {
 		out = append(out, req.XFF...)
 		out = append(out, ", "...)
 	}
-	out = append(out, c.ip...)
+	if c.ip.IsValid() {
+		out = c.ip.AppendTo(out)
+	}
 	return append(out, "\r\n\r\n"...)
 }
 

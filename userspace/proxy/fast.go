@@ -42,6 +42,9 @@ type handoff struct {
 func (l *loop) handoff(c *conn, h handoff) {
 	l.s.counters.Handoffs.Add(1)
 	l.unhold(c)
+	if c.gor == nil {
+		c.gor = new(gor)
+	}
 	c.hand = h
 	go c.serve()
 }
@@ -65,6 +68,7 @@ type lx struct {
 	send   []byte // request bytes not yet written up (in conn.out)
 	bodyAt int    // where the request body starts in conn.buf (a fallback rewinds to it)
 	uw     int    // response head bytes in conn.ubuf
+	pend   []byte // response bytes the client has not taken yet (relay.go, writeClient)
 	kind   httphead.BodyKind
 	left   int64 // Content-Length bytes still to come
 	sc     httphead.Chunked
@@ -131,7 +135,7 @@ func (l *loop) peekShort(c *conn) bool {
 
 // parse parses the head at the start of c's buffered bytes.
 func (l *loop) parse(c *conn) error {
-	err := httphead.ParseRequest(c.buf[c.r:c.w], l.s.cfg.Limits, c.reqp())
+	err := httphead.ParseRequest(c.buf[c.r:c.w], l.s.cfg.Limits, l.lendReq(c))
 	if err == httphead.ErrIncomplete {
 		return errIncomplete
 	}
@@ -189,7 +193,7 @@ func (l *loop) begin(c *conn) {
 		reqLeft: left, pipe: up}
 	c.busy = true
 	u.cl = c
-	out := c.appendUpstreamHead(c.out[:0], w)
+	out := c.appendUpstreamHead(l.lendOut(c), w)
 	out = append(out, c.buf[c.r:c.r+body]...)
 	c.out = out
 	c.r += body
@@ -459,4 +463,61 @@ func (l *loop) freeX(c *conn) {
 		l.xs = append(l.xs, c.x)
 	}
 	c.x = nil
+}
+
+// The parsed heads and the head-assembly buffer are the loop's, lent to a
+// connection while it is served (lendReq, lendResp, lendOut) and taken
+// back when it idles (takeBack): an idle connection holds none of them,
+// and a busy one allocates none. keepFree bounds each free list.
+const keepFree = 256
+
+// lendReq gives c a request head to parse into.
+func (l *loop) lendReq(c *conn) *httphead.Request {
+	if c.req == nil {
+		if n := len(l.reqs); n > 0 {
+			c.req, l.reqs = l.reqs[n-1], l.reqs[:n-1]
+		} else {
+			c.req = new(httphead.Request)
+		}
+	}
+	return c.req
+}
+
+// lendResp gives c a response head to parse into.
+func (l *loop) lendResp(c *conn) *httphead.Response {
+	if c.resp == nil {
+		if n := len(l.resps); n > 0 {
+			c.resp, l.resps = l.resps[n-1], l.resps[:n-1]
+		} else {
+			c.resp = new(httphead.Response)
+		}
+	}
+	return c.resp
+}
+
+// lendOut gives c an empty head-assembly buffer.
+func (l *loop) lendOut(c *conn) []byte {
+	if c.out == nil {
+		if n := len(l.outs); n > 0 {
+			c.out, l.outs = l.outs[n-1], l.outs[:n-1]
+		} else {
+			c.out = make([]byte, 0, 1<<10)
+		}
+	}
+	return c.out[:0]
+}
+
+// takeBack takes back what an idle connection was lent (a buffer that grew
+// past 4 KiB, a request assembled with its body, is left to the GC).
+func (l *loop) takeBack(c *conn) {
+	if c.req != nil && len(l.reqs) < keepFree {
+		l.reqs = append(l.reqs, c.req)
+	}
+	if c.resp != nil && len(l.resps) < keepFree {
+		l.resps = append(l.resps, c.resp)
+	}
+	if c.out != nil && cap(c.out) <= 4<<10 && len(l.outs) < keepFree {
+		l.outs = append(l.outs, c.out[:0])
+	}
+	c.req, c.resp, c.out = nil, nil, nil
 }

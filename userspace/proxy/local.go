@@ -155,6 +155,15 @@ type localWriter struct {
 	h      http.Header
 	status int
 	body   bytes.Buffer
+	out    bytes.Buffer // the answer as sent (response)
+}
+
+// reset readies a reused writer (a loop's, for probes) for the next answer.
+func (w *localWriter) reset() {
+	clear(w.h)
+	w.status = 0
+	w.body.Reset()
+	w.out.Reset()
 }
 
 func (w *localWriter) Header() http.Header { return w.h }
@@ -259,12 +268,12 @@ func (w *localWriter) response(isHead, keep bool) []byte {
 	if w.status == 0 {
 		w.status = 200
 	}
-	var out bytes.Buffer
+	out := &w.out
 	out.WriteString("HTTP/1.1 " + strconv.Itoa(w.status) + " " + StatusText(w.status) + "\r\n")
 	w.h.Del("Content-Length")
 	w.h.Del("Connection")
 	w.h.Del("Transfer-Encoding")
-	w.h.Write(&out)
+	w.h.Write(out)
 	out.WriteString("Content-Length: " + strconv.Itoa(w.body.Len()) + "\r\n")
 	if !keep {
 		out.WriteString("Connection: close\r\n")
@@ -288,8 +297,20 @@ func (l *loop) probeInLoop(c *conn, h http.Handler) bool {
 	s := l.s
 	s.counters.Requests.Add(1)
 	s.counters.Local.Add(1)
-	lw := &localWriter{h: make(http.Header)}
-	h.ServeHTTP(lw, &http.Request{Method: string(req.Method), Header: http.Header{}})
+	// The loop's writer and request are reused: a probe allocates
+	// (almost) nothing.
+	if l.probe == nil {
+		l.probe = &localWriter{h: make(http.Header)}
+		l.probeReq = &http.Request{Header: http.Header{}}
+	}
+	lw, hr := l.probe, l.probeReq
+	lw.reset()
+	clear(hr.Header)
+	hr.Method = "GET"
+	if !req.IsMethod("GET") {
+		hr.Method = string(req.Method)
+	}
+	h.ServeHTTP(lw, hr)
 	keep := req.KeepAlive && !s.closing.Load()
 	out := lw.response(req.IsMethod("HEAD"), keep)
 	c.r += req.HeadLen

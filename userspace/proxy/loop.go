@@ -28,6 +28,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"net/netip"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -35,6 +36,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/stats"
 	"github.com/tether-rl/tether/userspace/sysconn"
 	"github.com/tether-rl/tether/userspace/upstream"
@@ -80,6 +82,12 @@ type loop struct {
 	events []unix.EpollEvent
 	pipes  []*pipe // free splice pipes (fast.go)
 	xs     []*lx   // free exchange states (fast.go)
+	reqs   []*httphead.Request
+	resps  []*httphead.Response
+	outs   [][]byte // free heads and head-assembly buffers (fast.go, lendReq)
+
+	probe    *localWriter  // reused by probeInLoop (local.go)
+	probeReq *http.Request //
 }
 
 // Registration tokens: an epoll event carries the descriptor and a
@@ -241,8 +249,9 @@ func (l *loop) woke() {
 	l.inbox = nil
 	l.mu.Unlock()
 	for _, c := range in {
-		l.hold(c)
-		l.next(c)
+		if l.hold(c) {
+			l.next(c)
+		}
 	}
 	if stop {
 		return // finished() ends everything
@@ -373,16 +382,15 @@ func (l *loop) accept() {
 }
 
 // opened starts serving an accepted socket.
-func (l *loop) opened(fd int, ip string) {
+func (l *loop) opened(fd int, ip netip.Addr) {
 	s := l.s
 	unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
-	c := &conn{s: s, fd: fd, lp: l, slot: l.slot, ip: []byte(ip)}
+	c := &conn{s: s, fd: fd, lp: l, slot: l.slot, ip: ip}
 	s.counters.Accepted.Add(1)
 	s.counters.Open.Add(1)
 	l.slot.Opened()
 	s.mu.Lock()
-	s.conns[c] = struct{}{}
-	s.wg.Add(1)
+	s.wg.Add(1) // s.conns holds the goroutines' connections (attach)
 	s.mu.Unlock()
 	if !l.hold(c) {
 		return
@@ -456,7 +464,7 @@ func (l *loop) clientEvent(c *conn, ev uint32) {
 		if ev&unix.EPOLLIN != 0 {
 			c.readable = true // pipelined: read once this exchange ends
 		}
-		if ev&unix.EPOLLOUT != 0 && (len(c.pend) > 0 || c.x.blocked) {
+		if ev&unix.EPOLLOUT != 0 && (len(c.x.pend) > 0 || c.x.blocked) {
 			l.flushClient(c)
 		}
 		return
@@ -517,9 +525,7 @@ func (l *loop) next(c *conn) {
 				s.putBuf(c.buf)
 				c.buf, c.r, c.w = nil, 0, 0
 			}
-			if cap(c.out) > 4<<10 {
-				c.out = nil // a request with its body was assembled there: not kept while idle
-			}
+			l.takeBack(c)
 			if s.closing.Load() && s.idleGrace.Load() == 0 {
 				l.closeConn(c)
 				return
@@ -528,7 +534,6 @@ func (l *loop) next(c *conn) {
 				c.headSince = 0
 				c.idleSince.Store(l.now)
 				l.setDeadline(c, s.cfg.IdleTimeout)
-				l.setDue(l.now + int64(trimAfter)) // trimmed if still idle then
 			}
 			return
 		}

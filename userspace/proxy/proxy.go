@@ -189,7 +189,7 @@ type Server struct {
 	cfg Config
 
 	mu        sync.Mutex
-	conns     map[*conn]struct{}
+	conns     map[*conn]struct{} // the connections goroutines serve (c.c set); a loop holds its own (loop.conns)
 	listeners map[net.Listener]struct{}
 	wg        sync.WaitGroup // connections
 	accepting sync.WaitGroup // accept loops (Serve)

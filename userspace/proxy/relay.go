@@ -17,7 +17,7 @@ func (l *loop) pump(c *conn) {
 	s := l.s
 	x := c.x
 	for {
-		if len(c.pend) > 0 || x.blocked {
+		if len(x.pend) > 0 || x.blocked {
 			return // the client takes what it has first (EPOLLOUT)
 		}
 		if x.done {
@@ -104,7 +104,7 @@ func (l *loop) pump(c *conn) {
 func (l *loop) head(c *conn) bool {
 	s := l.s
 	x := c.x
-	resp := c.respp()
+	resp := l.lendResp(c)
 	for x.uw > 0 {
 		err := httphead.ParseResponse(c.ubuf[:x.uw], s.cfg.Limits, resp)
 		if err == httphead.ErrIncomplete {
@@ -126,7 +126,7 @@ func (l *loop) head(c *conn) bool {
 				l.clientLost(c)
 				return false
 			}
-			if len(c.pend) > 0 {
+			if len(x.pend) > 0 {
 				x.reparse = true
 				return true
 			}
@@ -241,7 +241,7 @@ func (l *loop) body(c *conn, p []byte) bool {
 }
 
 // writeClient writes p to the client; what the socket does not take now
-// waits in c.pend for EPOLLOUT. False if the client is gone.
+// waits in x.pend for EPOLLOUT. False if the client is gone.
 func (l *loop) writeClient(c *conn, p []byte) bool {
 	for len(p) > 0 {
 		n, err := unix.Write(c.fd, p)
@@ -253,26 +253,27 @@ func (l *loop) writeClient(c *conn, p []byte) bool {
 		case unix.EINTR:
 			continue
 		case unix.EAGAIN:
-			c.pend = p
+			c.x.pend = p
 			l.setDeadline(c, l.s.cfg.IOTimeout)
 			return true
 		}
 		return false
 	}
-	c.pend = nil
+	c.x.pend = nil
 	return true
 }
 
 // flushClient writes what waited for the client, then goes on.
 func (l *loop) flushClient(c *conn) {
-	c.x.blocked = false
-	if !l.writeClient(c, c.pend) {
+	x := c.x
+	x.blocked = false
+	if !l.writeClient(c, x.pend) {
 		l.clientLost(c)
 		return
 	}
-	if len(c.pend) == 0 {
-		if c.x.phase == phaseBody {
-			l.setDeadline(c, l.bodyTimeout(c.x))
+	if len(x.pend) == 0 {
+		if x.phase == phaseBody {
+			l.setDeadline(c, l.bodyTimeout(x))
 		}
 		l.pump(c)
 	}
@@ -326,7 +327,7 @@ func (l *loop) finishExchange(c *conn) {
 		l.s.putBuf(c.ubuf)
 		c.ubuf = nil
 	}
-	c.busy, c.pend = false, nil
+	c.busy = false
 	l.freeX(c)
 }
 
@@ -387,7 +388,7 @@ func (l *loop) expireExchange(c *conn) {
 	switch {
 	case x.up != nil && x.up.connecting:
 		l.connectFailed(c) // the worker did not answer the connect: nothing sent
-	case len(c.pend) > 0 || x.blocked:
+	case len(x.pend) > 0 || x.blocked:
 		l.bodyFailed(c) // the client stopped reading
 	case x.phase == phaseSend:
 		l.fail(c, 502)

@@ -68,25 +68,26 @@ func Sockaddr(hostport string) unix.Sockaddr {
 }
 
 // Accept accepts a connection on the non-blocking listening socket lfd
-// (non-blocking, close-on-exec) and returns its peer's address as text.
+// (non-blocking, close-on-exec) and returns its peer's address (an IPv4
+// address for a v4-mapped one; the zero Addr for a family without one).
 // unix.Accept4 costs a getsockopt(SO_PROTOCOL) per connection to build
 // its Sockaddr; this reads the address accept4 wrote.
-func Accept(lfd int) (int, string, error) {
+func Accept(lfd int) (int, netip.Addr, error) {
 	var rsa unix.RawSockaddrAny
 	n := uint32(unix.SizeofSockaddrAny)
 	fd, _, e := unix.Syscall6(unix.SYS_ACCEPT4, uintptr(lfd), uintptr(unsafe.Pointer(&rsa)), uintptr(unsafe.Pointer(&n)),
 		unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0, 0)
 	if e != 0 {
-		return -1, "", e
+		return -1, netip.Addr{}, e
 	}
-	var ip string
+	var ip netip.Addr
 	switch rsa.Addr.Family {
 	case unix.AF_INET:
 		a := (*unix.RawSockaddrInet4)(unsafe.Pointer(&rsa))
-		ip = netip.AddrFrom4(a.Addr).String()
+		ip = netip.AddrFrom4(a.Addr)
 	case unix.AF_INET6:
 		a := (*unix.RawSockaddrInet6)(unsafe.Pointer(&rsa))
-		ip = netip.AddrFrom16(a.Addr).Unmap().String()
+		ip = netip.AddrFrom16(a.Addr).Unmap()
 	}
 	return int(fd), ip, nil
 }
