@@ -116,7 +116,9 @@ func (r *Redirect) add(fd int) bool {
 
 // ip4 is an IPv4 address as the kernel's u32 fields hold it (network byte
 // order in memory).
-func ip4(a [4]byte) uint32 { return uint32(a[0]) | uint32(a[1])<<8 | uint32(a[2])<<16 | uint32(a[3])<<24 }
+func ip4(a [4]byte) uint32 {
+	return uint32(a[0]) | uint32(a[1])<<8 | uint32(a[2])<<16 | uint32(a[3])<<24
+}
 
 // Counts returns how many upstream sockets Add redirected and how many it
 // left on the stack.
