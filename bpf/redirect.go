@@ -98,13 +98,7 @@ func (r *Redirect) add(fd int) bool {
 		return false // IPv6, or not on this host's loopback
 	}
 	port := uint32(ra.Port)
-	r.mu.Lock()
-	if !r.ports[port] {
-		if r.objs.WorkerPorts.Put(port, uint8(1)) == nil {
-			r.ports[port] = true
-		}
-	}
-	r.mu.Unlock()
+	r.AddPort(port)
 	self := redirectTetherSockKey{LocalIp4: ip4(la.Addr), RemoteIp4: ip4(ra.Addr), LocalPort: uint32(la.Port), RemotePort: port}
 	peer := redirectTetherSockKey{LocalIp4: self.RemoteIp4, RemoteIp4: self.LocalIp4, LocalPort: self.RemotePort, RemotePort: self.LocalPort}
 	var cookie uint64
@@ -112,6 +106,17 @@ func (r *Redirect) add(fd int) bool {
 		return false
 	}
 	return r.objs.UpstreamSocks.Update(&self, uint64(fd), ebpf.UpdateNoExist) == nil
+}
+
+// AddPort registers a loopback port a worker listens on, so that the
+// worker's ends of later connections to it go into worker_socks (Add
+// registers the port of each socket it is shown, for the next ones).
+func (r *Redirect) AddPort(port uint32) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.ports[port] && r.objs.WorkerPorts.Put(port, uint8(1)) == nil {
+		r.ports[port] = true
+	}
 }
 
 // ip4 is an IPv4 address as the kernel's u32 fields hold it (network byte

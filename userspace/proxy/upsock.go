@@ -60,9 +60,19 @@ func (l *loop) dial(p *upstream.Pool, sa unix.Sockaddr) (*upconn, error) {
 	}
 	l.ups[int32(fd)] = u
 	if !u.connecting {
-		p.Stats().ConnOpened()
+		l.connected(u)
 	}
 	return u, nil
+}
+
+// connected counts a worker socket whose connect completed (nothing sent
+// yet) and shows it to Config.UpstreamConnected.
+func (l *loop) connected(u *upconn) {
+	u.connecting = false
+	u.pool.Stats().ConnOpened()
+	if f := l.s.cfg.UpstreamConnected; f != nil {
+		f(u.fd)
+	}
 }
 
 // closeUp closes an upstream socket.
@@ -133,8 +143,7 @@ func (l *loop) upEvent(u *upconn, ev uint32) {
 			return
 		}
 		x.connected = true
-		u.connecting = false
-		u.pool.Stats().ConnOpened()
+		l.connected(u)
 		l.send(c)
 		return
 	}
