@@ -4,6 +4,3 @@ package bpf
 // so that `go build` needs no clang. Regenerate (clang, libbpf-dev and the
 // kernel UAPI headers installed) with `go generate ./bpf` or `make generate`.
 //go:generate go run github.com/cilium/ebpf/cmd/bpf2go -target bpfel -cc clang -cflags "-O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu -I/usr/include/aarch64-linux-gnu" -type tether_slot -type tether_slot_load -type tether_worker_stats -type tether_sticky -type tether_decision steer steer.c
-
-// redirect_bpfel.go and redirect_bpfel.o likewise, from redirect.c.
-//go:generate go run github.com/cilium/ebpf/cmd/bpf2go -target bpfel -cc clang -cflags "-O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu -I/usr/include/aarch64-linux-gnu" -type tether_sock_key redirect redirect.c

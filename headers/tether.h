@@ -117,16 +117,4 @@ struct tether_sticky {
 	__u64 expires_ns; /* CLOCK_MONOTONIC (bpf_ktime_get_ns) deadline */
 };
 
-/*
- * A TCP connection as a key of redirect.c's sockhashes, as the socket sees
- * it: addresses in network byte order, ports in host byte order. The peer
- * of (l, r) is (r, l).
- */
-struct tether_sock_key {
-	__u32 local_ip4;
-	__u32 remote_ip4;
-	__u32 local_port;
-	__u32 remote_port;
-};
-
 #endif /* TETHER_H */

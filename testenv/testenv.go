@@ -255,24 +255,3 @@ func randHex(n int) string {
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
 }
-
-// Cgroup2 mounts the cgroup v2 hierarchy privately for the test (unmounted
-// when it ends) and returns the mount: its root cgroup holds every process,
-// whatever else the host mounted.
-func Cgroup2(t testing.TB) string {
-	t.Helper()
-	RequireRoot(t)
-	dir := filepath.Join(t.TempDir(), "cgroup2")
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mount("none", dir, "cgroup2", 0, ""); err != nil {
-		missing(t, "a cgroup2 mount", fmt.Sprintf("mount -t cgroup2 on %s: %v", dir, err))
-	}
-	t.Cleanup(func() {
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
-			t.Errorf("unmount test cgroup2 %s: %v", dir, err)
-		}
-	})
-	return dir
-}

@@ -26,7 +26,7 @@ import (
 	"time"
 )
 
-var allTargets = []string{"direct", "tetherd", "tetherd-nobpf", "tetherd-sockmap", "nginx", "haproxy", "caddy", "gnet-exp"}
+var allTargets = []string{"direct", "tetherd", "tetherd-nobpf", "nginx", "haproxy", "caddy", "gnet-exp"}
 
 type options struct {
 	dur          time.Duration
@@ -364,7 +364,7 @@ func (b *bench) setup() error {
 		}
 		b.demoNote = "tether-demo"
 	}
-	if b.want("tetherd") || b.want("tetherd-nobpf") || b.want("tetherd-sockmap") {
+	if b.want("tetherd") || b.want("tetherd-nobpf") {
 		logf("building tetherd")
 		if b.tetherdBin, err = goBuild(b.ctx, o.repo, binDir, "tetherd"); err != nil {
 			b.tetherdErr = err.Error()
@@ -459,7 +459,6 @@ func (b *bench) setup() error {
 	}
 	addTetherd("tetherd")
 	addTetherd("tetherd-nobpf", "--bpf=off")
-	addTetherd("tetherd-sockmap", "--sockmap=on")
 	// An external proxy, when installed and not excluded.
 	addExternal := func(name, bin string, start func() (*instance, error)) {
 		t := &target{name: name}

@@ -89,8 +89,6 @@ func parse(args []string) (*cli, error) {
 	fs.IntVar(&opts.Listeners, "listeners", defaultListeners(runtime.NumCPU()), fmt.Sprintf("listener sockets in the SO_REUSEPORT group (default: one per CPU, at most %d)", stats.MaxSlots))
 	fs.StringVar(&opts.BPF, "bpf", "auto", "BPF listener steering: auto (fall back to the kernel hash with one warning), required, or off")
 	fs.StringVar(&opts.PinDir, "bpf-pin-dir", "", "bpffs directory for the pinned maps (default /sys/fs/bpf/tether/v<ABI>)")
-	fs.StringVar(&opts.Sockmap, "sockmap", "off", "on: what tetherd writes to workers on this host's loopback skips the TCP/IP stack (sockops + sk_msg; an experiment, see docs/ARCHITECTURE.md)")
-	fs.StringVar(&opts.SockmapCgroup, "sockmap-cgroup", "", "cgroup v2 directory for --sockmap's sockops program (default: the root of the cgroup2 mount)")
 	fs.DurationVar(&c.grace, "shutdown-grace", 30*time.Second, "on SIGTERM, time given to requests in progress")
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", 15*time.Minute, "after an upgrade (SIGUSR2), time the old process gives its requests and streams in flight (generations can be long)")
 	fs.DurationVar(&c.upgradeWait, "upgrade-timeout", time.Minute, "on SIGUSR2, time the new process gets to serve; past it, or if it exits, the old one keeps serving")

@@ -12,13 +12,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/netip"
-	"net/url"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/tether-rl/tether/bpf"
 	"github.com/tether-rl/tether/userspace/admin"
 	"github.com/tether-rl/tether/userspace/demo"
 	"github.com/tether-rl/tether/userspace/health"
@@ -36,19 +33,13 @@ import (
 
 // Options are tetherd's settings.
 type Options struct {
-	Listen    string // data-plane address, e.g. 127.0.0.1:8080
-	Listeners int    // sockets in the SO_REUSEPORT group; default 1
-	BPF       string // steering: auto (default), required or off
-	PinDir    string // bpffs directory of the maps; default bpf.DefaultPinDir
-	// Sockmap: "on" redirects what tetherd writes to workers on this
-	// host's loopback past the TCP/IP stack (bpf.Redirect, an experiment;
-	// default "off"). SockmapCgroup: the cgroup v2 directory its sockops
-	// program is attached to (default the hierarchy's root).
-	Sockmap       string
-	SockmapCgroup string
-	Workers       []string // backend URLs, slot = index
-	Demo          int      // start this many demo workers and route to them
-	BadSession    string   // "spread" (default) or "reject"
+	Listen     string   // data-plane address, e.g. 127.0.0.1:8080
+	Listeners  int      // sockets in the SO_REUSEPORT group; default 1
+	BPF        string   // steering: auto (default), required or off
+	PinDir     string   // bpffs directory of the maps; default bpf.DefaultPinDir
+	Workers    []string // backend URLs, slot = index
+	Demo       int      // start this many demo workers and route to them
+	BadSession string   // "spread" (default) or "reject"
 	// InstanceID names this tetherd in /health (instance_id and miles'
 	// session_server_instance_id); default a random id per process.
 	InstanceID string
@@ -130,7 +121,6 @@ type Daemon struct {
 	Stats      *stats.Table
 	routing    *routing
 	demos      []*demo.Server
-	redirect   *bpf.Redirect // --sockmap=on
 	Group      *listener.Group
 	lns        []net.Listener
 	wg         sync.WaitGroup
@@ -290,14 +280,7 @@ func New(opts Options) (*Daemon, error) {
 		return nil, err
 	}
 	d.OnReload(d.routing.reload)
-	var connected func(fd int)
-	if d.redirect, err = openRedirect(opts); err != nil {
-		return nil, err
-	} else if d.redirect != nil {
-		connected = func(fd int) { d.redirect.Add(fd) }
-	}
 	d.Proxy = proxy.New(proxy.Config{
-		UpstreamConnected: connected,
 		Router:            d.routing.router,
 		PeekBody:          d.routing.peek,
 		Local:             d.localHook(opts),
@@ -405,40 +388,4 @@ func (d *Daemon) Close() {
 		s.Close()
 	}
 	d.routing.close()
-	if d.redirect != nil {
-		d.redirect.Close()
-	}
-}
-
-// openRedirect loads the --sockmap assist (nil when off).
-func openRedirect(opts Options) (*bpf.Redirect, error) {
-	switch opts.Sockmap {
-	case "", "off":
-		return nil, nil
-	case "on":
-	default:
-		return nil, fmt.Errorf("--sockmap %q: want on or off", opts.Sockmap)
-	}
-	cg := opts.SockmapCgroup
-	if cg == "" {
-		var err error
-		if cg, err = bpf.Cgroup2Mount(); err != nil {
-			return nil, fmt.Errorf("--sockmap=on: %w, or name one with --sockmap-cgroup", err)
-		}
-	}
-	r, err := bpf.OpenRedirect(cg)
-	if err != nil {
-		return nil, fmt.Errorf("--sockmap=on: %w", err)
-	}
-	// The workers known now; one added later is registered at its first
-	// connection (bpf.Redirect.Add), which takes the stack.
-	for _, u := range opts.Workers {
-		if pu, err := url.Parse(u); err == nil {
-			if ap, err := netip.ParseAddrPort(pu.Host); err == nil && ap.Addr().IsLoopback() {
-				r.AddPort(uint32(ap.Port()))
-			}
-		}
-	}
-	opts.Log.Info("sockmap assist on: writes to workers on loopback bypass the TCP/IP stack", "cgroup", cg)
-	return r, nil
 }

@@ -15,9 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/tether-rl/tether/bpf"
 	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/userspace/demo"
 	"github.com/tether-rl/tether/userspace/upstream"
@@ -30,51 +27,9 @@ func TestMain(m *testing.M) {
 		faultBackend() // a worker process for fault_process_test.go
 		return
 	}
-	done := func() {}
-	if os.Getenv(sockmapEnv) == "1" {
-		done = openSockmap()
-	}
 	// No test of the package may leave a goroutine, descriptor or pipe
 	// behind.
-	code := testenv.RunNoLeaks(m)
-	if code == 0 && sockmapAssist != nil {
-		red, direct := sockmapAssist.Counts()
-		fmt.Printf("%s=1: %d worker sockets redirected by the sockmap assist, %d left on the stack\n", sockmapEnv, red, direct)
-		if red == 0 {
-			fmt.Println("FAIL: the sockmap assist redirected nothing")
-			code = 1
-		}
-	}
-	done()
-	os.Exit(code)
-}
-
-// sockmapEnv=1 runs the package with the --sockmap assist (bpf.Redirect)
-// under every proxy a test starts (make test does, as root): each test
-// must pass with it too.
-const sockmapEnv = "TETHER_TEST_SOCKMAP"
-
-var sockmapAssist *bpf.Redirect
-
-// openSockmap loads the assist on a private cgroup2 mount; it exits the
-// test binary if it cannot (the run asked for it).
-func openSockmap() (done func()) {
-	dir, err := os.MkdirTemp("", "tether-cgroup2-")
-	if err == nil {
-		err = unix.Mount("none", dir, "cgroup2", 0, "")
-	}
-	if err == nil {
-		sockmapAssist, err = bpf.OpenRedirect(dir)
-	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "%s=1: cannot load the sockmap assist: %v\n", sockmapEnv, err)
-		os.Exit(1)
-	}
-	return func() {
-		sockmapAssist.Close()
-		unix.Unmount(dir, unix.MNT_DETACH)
-		os.Remove(dir)
-	}
+	os.Exit(testenv.RunNoLeaks(m))
 }
 
 // tbackend is a raw TCP backend that counts connections, records every

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -39,14 +38,6 @@ func startProxy(t testing.TB, backends []string, tweak func(*Config)) *testProxy
 	}
 	rt := &route.Router{Table: tab}
 	cfg := Config{Router: rt, Table: tab, InstanceID: "test", Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	if sockmapAssist != nil {
-		for _, a := range backends {
-			if ap, err := netip.ParseAddrPort(a); err == nil && ap.Addr().IsLoopback() {
-				sockmapAssist.AddPort(uint32(ap.Port()))
-			}
-		}
-		cfg.UpstreamConnected = func(fd int) { sockmapAssist.Add(fd) }
-	}
 	if tweak != nil {
 		tweak(&cfg)
 	}

@@ -34,11 +34,6 @@ type Config struct {
 	// body bytes (or the whole body, if shorter) are buffered, so that the
 	// router can read a key from them. 0: route on the head alone.
 	PeekBody int
-	// UpstreamConnected, if set, is called by an event loop with each
-	// worker socket it connected, before the socket's first byte (the
-	// --sockmap assist, bpf.Redirect.Add). It runs on the loop's thread,
-	// loops calling it at once.
-	UpstreamConnected func(fd int)
 
 	// ResponseTimeout bounds the wait for the first byte of a response
 	// head (504 after it). Agent turns are long: default 30 minutes.

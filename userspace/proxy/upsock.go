@@ -60,19 +60,9 @@ func (l *loop) dial(p *upstream.Pool, sa unix.Sockaddr) (*upconn, error) {
 	}
 	l.ups[int32(fd)] = u
 	if !u.connecting {
-		l.connected(u)
+		p.Stats().ConnOpened()
 	}
 	return u, nil
-}
-
-// connected counts a worker socket whose connect completed (nothing sent
-// yet) and shows it to Config.UpstreamConnected.
-func (l *loop) connected(u *upconn) {
-	u.connecting = false
-	u.pool.Stats().ConnOpened()
-	if f := l.s.cfg.UpstreamConnected; f != nil {
-		f(u.fd)
-	}
 }
 
 // closeUp closes an upstream socket.
@@ -143,7 +133,8 @@ func (l *loop) upEvent(u *upconn, ev uint32) {
 			return
 		}
 		x.connected = true
-		l.connected(u)
+		u.connecting = false
+		u.pool.Stats().ConnOpened()
 		l.send(c)
 		return
 	}
