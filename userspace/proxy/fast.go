@@ -256,7 +256,7 @@ func (l *loop) send(c *conn) {
 	x := c.x
 	cfg := &l.s.cfg
 	for len(x.send) > 0 {
-		n, err := unix.Write(x.up.fd, x.send)
+		n, err := sysconn.Send(x.up.fd, x.send)
 		if n > 0 {
 			x.sentUp = true
 			x.w.Stats.AddUp(int64(n))

@@ -493,7 +493,7 @@ func (l *loop) read(c *conn) bool {
 		return true
 	}
 	for {
-		n, err := unix.Read(c.fd, c.buf[c.w:])
+		n, err := sysconn.Recv(c.fd, c.buf[c.w:])
 		switch {
 		case n > 0:
 			c.w += n

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tether-rl/tether/userspace/httphead"
+	"github.com/tether-rl/tether/userspace/sysconn"
 )
 
 // pump reads the response while the client takes it.
@@ -61,7 +62,7 @@ func (l *loop) pump(c *conn) {
 				p = p[:x.left]
 			}
 		}
-		n, err := unix.Read(x.up.fd, p)
+		n, err := sysconn.Recv(x.up.fd, p)
 		if err == unix.EINTR {
 			continue
 		}
@@ -244,7 +245,7 @@ func (l *loop) body(c *conn, p []byte) bool {
 // waits in x.pend for EPOLLOUT. False if the client is gone.
 func (l *loop) writeClient(c *conn, p []byte) bool {
 	for len(p) > 0 {
-		n, err := unix.Write(c.fd, p)
+		n, err := sysconn.Send(c.fd, p)
 		if n > 0 {
 			p = p[n:]
 			continue

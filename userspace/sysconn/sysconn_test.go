@@ -113,3 +113,51 @@ func TestUnpoll(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Recv and Send behave as unix.Read and unix.Write on a non-blocking
+// socket: EAGAIN when there is nothing (room), the bytes, 0 at the peer's
+// FIN, and EPIPE (never SIGPIPE) once the peer is gone.
+func TestRecvSend(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := fds[0], fds[1]
+	defer unix.Close(a)
+	var buf [16]byte
+	if n, err := Recv(a, buf[:]); n != -1 || err != unix.EAGAIN {
+		t.Fatalf("empty: %d %v, want -1 EAGAIN", n, err)
+	}
+	if n, err := Send(b, []byte("hello")); n != 5 || err != nil {
+		t.Fatalf("send: %d %v", n, err)
+	}
+	if n, err := Recv(a, buf[:]); n != 5 || err != nil || string(buf[:5]) != "hello" {
+		t.Fatalf("recv: %d %v %q", n, err, buf[:n])
+	}
+	unix.Close(b)
+	if n, err := Recv(a, buf[:]); n != 0 || err != nil {
+		t.Fatalf("at the peer's FIN: %d %v, want 0 and no error", n, err)
+	}
+	if n, err := Send(a, []byte("x")); n != -1 || err != unix.EPIPE {
+		t.Fatalf("send to a closed peer: %d %v, want -1 EPIPE", n, err)
+	}
+	// A full socket: EAGAIN.
+	if fds, err = unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fds[0])
+	defer unix.Close(fds[1])
+	big := make([]byte, 1<<20)
+	for {
+		n, err := Send(fds[0], big)
+		if err == unix.EAGAIN {
+			if n != -1 {
+				t.Fatalf("EAGAIN with n %d", n)
+			}
+			break
+		}
+		if err != nil || n <= 0 {
+			t.Fatalf("filling: %d %v", n, err)
+		}
+	}
+}
