@@ -50,7 +50,7 @@ type conn struct {
 
 	// The parsed heads, while a request is being served: an idle
 	// connection on a loop gives them (and out) back to the loop's free
-	// lists (loop.release).
+	// lists (loop.takeBack).
 	req  *httphead.Request
 	resp *httphead.Response
 

@@ -82,12 +82,15 @@ type loop struct {
 	events []unix.EpollEvent
 	pipes  []*pipe // free splice pipes (fast.go)
 	xs     []*lx   // free exchange states (fast.go)
-	reqs   []*httphead.Request
-	resps  []*httphead.Response
-	outs   [][]byte // free heads and head-assembly buffers (fast.go, lendReq)
+	// Free heads and head-assembly buffers, lent to busy connections
+	// (fast.go, lendReq).
+	reqs  []*httphead.Request
+	resps []*httphead.Response
+	outs  [][]byte
 
-	probe    *localWriter  // reused by probeInLoop (local.go)
-	probeReq *http.Request //
+	// The answer writer and request probeInLoop reuses (local.go).
+	probe    *localWriter
+	probeReq *http.Request
 }
 
 // Registration tokens: an epoll event carries the descriptor and a
