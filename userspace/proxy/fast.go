@@ -474,11 +474,7 @@ const keepFree = 256
 // lendReq gives c a request head to parse into.
 func (l *loop) lendReq(c *conn) *httphead.Request {
 	if c.req == nil {
-		if n := len(l.reqs); n > 0 {
-			c.req, l.reqs = l.reqs[n-1], l.reqs[:n-1]
-		} else {
-			c.req = new(httphead.Request)
-		}
+		c.req = pop(&l.reqs)
 	}
 	return c.req
 }
@@ -486,13 +482,21 @@ func (l *loop) lendReq(c *conn) *httphead.Request {
 // lendResp gives c a response head to parse into.
 func (l *loop) lendResp(c *conn) *httphead.Response {
 	if c.resp == nil {
-		if n := len(l.resps); n > 0 {
-			c.resp, l.resps = l.resps[n-1], l.resps[:n-1]
-		} else {
-			c.resp = new(httphead.Response)
-		}
+		c.resp = pop(&l.resps)
 	}
 	return c.resp
+}
+
+// pop takes a value from a free list, or makes one.
+func pop[T any](free *[]*T) *T {
+	n := len(*free)
+	if n == 0 {
+		return new(T)
+	}
+	v := (*free)[n-1]
+	(*free)[n-1] = nil
+	*free = (*free)[:n-1]
+	return v
 }
 
 // lendOut gives c an empty head-assembly buffer.
@@ -510,14 +514,17 @@ func (l *loop) lendOut(c *conn) []byte {
 // takeBack takes back what an idle connection was lent (a buffer that grew
 // past 4 KiB, a request assembled with its body, is left to the GC).
 func (l *loop) takeBack(c *conn) {
-	if c.req != nil && len(l.reqs) < keepFree {
-		l.reqs = append(l.reqs, c.req)
-	}
-	if c.resp != nil && len(l.resps) < keepFree {
-		l.resps = append(l.resps, c.resp)
-	}
+	push(&l.reqs, c.req)
+	push(&l.resps, c.resp)
 	if c.out != nil && cap(c.out) <= 4<<10 && len(l.outs) < keepFree {
 		l.outs = append(l.outs, c.out[:0])
 	}
 	c.req, c.resp, c.out = nil, nil, nil
+}
+
+// push keeps v (if any) in a free list of at most keepFree values.
+func push[T any](free *[]*T, v *T) {
+	if v != nil && len(*free) < keepFree {
+		*free = append(*free, v)
+	}
 }
