@@ -28,7 +28,6 @@ import (
 	"errors"
 	"net"
 	"net/http"
-	"net/netip"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -50,6 +49,10 @@ type loop struct {
 	evfd int // eventfd: wakes the loop (inbox, freed place, shutdown)
 	lfd  int // the loop's own copy of the listening socket; -1 once it stopped accepting
 	seq  uint32
+
+	// nodelay: accepted sockets' TCP_NODELAY comes from the listener (1),
+	// is set on each (-1), or is not known yet (0: opened looks).
+	nodelay int8
 
 	conns map[int32]*conn   // client sockets the loop holds, by descriptor
 	ups   map[int32]*upconn // upstream sockets, by descriptor
@@ -136,6 +139,11 @@ func newLoop(s *Server, ln *net.TCPListener, slot *stats.Slot) (*loop, error) {
 		idle: map[*upstream.Pool][]*upconn{}, addrs: map[*upstream.Pool]unix.Sockaddr{},
 		events: make([]unix.EpollEvent, 256)}
 	l.tick = int64(s.cfg.tick())
+	// Accepted sockets inherit the listener's TCP_NODELAY (checked on the
+	// first one, opened): a setsockopt per connection saved.
+	if unix.SetsockoptInt(lfd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1) != nil {
+		l.nodelay = -1
+	}
 	// The loop accepts on its copy; the listener's own descriptor stays
 	// registered with the Go runtime's poller, which would then wake on
 	// every new connection for nothing: take it out (sysconn.Unpoll).
@@ -335,77 +343,6 @@ func (l *loop) stopAccepting() {
 		unix.Close(l.lfd) // the socket lives on in the listener (and a successor)
 		l.lfd = -1
 	}
-}
-
-// accept takes connections until the queue is empty, the server is at
-// MaxConns (paused until a place frees), or accept fails for want of
-// descriptors (backing off, 5 ms doubling to 500 ms, or until a place
-// frees). Each is logged once per episode (accept.go).
-func (l *loop) accept() {
-	s := l.s
-	for l.lfd >= 0 {
-		if l.retryAt != 0 && l.now < l.retryAt {
-			return
-		}
-		if !s.tryAdmit(l) {
-			return
-		}
-		fd, ip, err := sysconn.Accept(l.lfd)
-		if err != nil {
-			s.unadmit()
-			switch {
-			case err == unix.EAGAIN:
-				return
-			case err == unix.EINTR || err == unix.ECONNABORTED:
-				continue
-			}
-			if s.acceptFailing.begin() {
-				s.counters.AcceptPauses.Add(1)
-				s.cfg.Log.Error("accept failing, backing off (too many open files? raise LimitNOFILE / ulimit -n, or lower --max-conns)",
-					"err", err, "open", s.counters.Open.Load())
-			}
-			if l.backoff == 0 {
-				l.backoff = 5 * time.Millisecond
-			} else if l.backoff < 500*time.Millisecond {
-				l.backoff *= 2
-			}
-			l.retryAt = l.now + int64(l.backoff)
-			s.waitForDescriptor(l)
-			l.setDue(l.retryAt)
-			return
-		}
-		if l.backoff != 0 {
-			l.backoff, l.retryAt = 0, 0
-			s.acceptFailing.over(func(n int, d time.Duration) {
-				s.cfg.Log.Warn("accept resumed", "failures", n, "after", d.Round(time.Millisecond))
-			})
-		}
-		l.opened(fd, ip)
-	}
-}
-
-// opened starts serving an accepted socket.
-func (l *loop) opened(fd int, ip netip.Addr) {
-	s := l.s
-	unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
-	c := &conn{s: s, fd: fd, lp: l, slot: l.slot, ip: ip}
-	s.counters.Accepted.Add(1)
-	s.counters.Open.Add(1)
-	l.slot.Opened()
-	s.mu.Lock()
-	s.wg.Add(1) // s.conns holds the goroutines' connections (attach)
-	s.mu.Unlock()
-	if !l.hold(c) {
-		return
-	}
-	c.idleSince.Store(l.now)
-	l.setDeadline(c, s.cfg.IdleTimeout)
-	// The request usually came with the handshake's last packet or just
-	// after: read now rather than after one more epoll_wait (an EAGAIN
-	// costs one read; the edge of a later arrival still comes).
-	c.readable = true
-	l.lost = nil
-	l.next(c)
 }
 
 // hold puts c in the loop's epoll set; false (and c finished) if it could

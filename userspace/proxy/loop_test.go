@@ -11,10 +11,13 @@ import (
 	"net/http"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/userspace/httphead"
@@ -429,5 +432,51 @@ func TestIdleConnectionHoldsNothing(t *testing.T) {
 	}
 	if len(l.reqs) != keepFree {
 		t.Fatalf("%d free request heads kept, want the bound %d", len(l.reqs), keepFree)
+	}
+}
+
+// A loop's accepted sockets have TCP_NODELAY (a small answer is not held
+// back by Nagle), inherited from the listener rather than set on each.
+func TestAcceptedSocketsNoDelay(t *testing.T) {
+	testenv.CheckLeaks(t)
+	be := httpBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	p := startProxy(t, []string{be}, nil)
+	for range 2 { // the first connection tells the loop whether it is inherited
+		c, br := p.dial()
+		io.WriteString(c, "GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+		if resp, _ := readResp(t, br, false); resp.StatusCode != 200 {
+			t.Fatal(resp.Status)
+		}
+		// The proxy's end of c is a descriptor of this process: find it
+		// by its addresses.
+		local, remote := c.RemoteAddr().String(), c.LocalAddr().String()
+		ents, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, e := range ents {
+			fd, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			ls, err1 := unix.Getsockname(fd)
+			rs, err2 := unix.Getpeername(fd)
+			la, ok1 := ls.(*unix.SockaddrInet4)
+			ra, ok2 := rs.(*unix.SockaddrInet4)
+			if err1 != nil || err2 != nil || !ok1 || !ok2 ||
+				net.JoinHostPort(net.IP(la.Addr[:]).String(), strconv.Itoa(la.Port)) != local ||
+				net.JoinHostPort(net.IP(ra.Addr[:]).String(), strconv.Itoa(ra.Port)) != remote {
+				continue
+			}
+			found = true
+			if v, err := unix.GetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY); err != nil || v == 0 {
+				t.Fatalf("the proxy's end of a client connection: TCP_NODELAY %d %v", v, err)
+			}
+		}
+		if !found {
+			t.Fatal("the proxy's end of the connection not found among this process's descriptors")
+		}
+		c.Close()
 	}
 }
