@@ -268,7 +268,8 @@ func (s *Server) tryAdmit(l *loop) bool {
 			s.cfg.Log.Info("accepting resumed", "max_conns", max, "pauses", n, "over", d.Round(time.Millisecond))
 		})
 	}
-	s.open++ // a place reserved for the connection accept will return
+	s.open++    // a place reserved for the connection accept will return,
+	s.wg.Add(1) // and its count (forget, or unadmit after a failed accept)
 	return true
 }
 
@@ -357,6 +358,7 @@ func (l *loop) accept() {
 		fd, ip, err := sysconn.Accept(l.lfd)
 		if err != nil {
 			s.unadmit()
+			s.wg.Done()
 			switch {
 			case err == unix.EAGAIN:
 				return
@@ -404,9 +406,6 @@ func (l *loop) opened(fd int, ip netip.Addr) {
 	s.counters.Accepted.Add(1)
 	s.counters.Open.Add(1)
 	l.slot.Opened()
-	s.mu.Lock()
-	s.wg.Add(1) // s.conns holds the goroutines' connections (attach)
-	s.mu.Unlock()
 	if !l.hold(c) {
 		return
 	}
