@@ -91,7 +91,7 @@ func parseFlags() options {
 	var only, phases, ctl, extra string
 	flag.Var(durationFlag{&o.dur}, "d", "wrk duration per measured run (seconds or Go duration)")
 	flag.Var(durationFlag{&o.warmup}, "warmup", "unmeasured wrk warm-up before each run (0 to skip)")
-	flag.IntVar(&o.runs, "runs", 3, "interleaved runs per target (median reported)")
+	flag.IntVar(&o.runs, "runs", 5, "interleaved runs per target (median reported; 5: on a noisy 2-core machine the ratios of 3-run medians swing by ±0.05)")
 	flag.IntVar(&o.conns, "conns", 64, "wrk connections")
 	flag.IntVar(&o.threads, "threads", 2, "wrk threads")
 	flag.StringVar(&only, "only", "", "comma list of targets: "+strings.Join(allTargets, ",")+" (direct, the baseline, always runs)")
