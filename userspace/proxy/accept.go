@@ -345,7 +345,7 @@ func (s *Server) forget(c *conn) {
 // accept takes connections until the queue is empty, the server is at
 // MaxConns (paused until a place frees), or accept fails for want of
 // descriptors (backing off, 5 ms doubling to 500 ms, or until a place
-// frees). Each is logged once per episode (accept.go).
+// frees). Each is logged once per episode.
 func (l *loop) accept() {
 	s := l.s
 	for l.lfd >= 0 {
