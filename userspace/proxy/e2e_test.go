@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -27,6 +28,9 @@ func TestMain(m *testing.M) {
 		faultBackend() // a worker process for fault_process_test.go
 		return
 	}
+	flag.BoolVar(&noRing, "syscalls", false, "event loops without io_uring (the fallback path)")
+	flag.Parse()
+	strictRing = true
 	// No test of the package may leave a goroutine, descriptor or pipe
 	// behind.
 	os.Exit(testenv.RunNoLeaks(m))

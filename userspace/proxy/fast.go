@@ -256,7 +256,7 @@ func (l *loop) send(c *conn) {
 	x := c.x
 	cfg := &l.s.cfg
 	for len(x.send) > 0 {
-		n, err := sysconn.Send(x.up.fd, x.send)
+		n, err := l.sendUp(c, x.up.fd, x.send)
 		if n > 0 {
 			x.sentUp = true
 			x.w.Stats.AddUp(int64(n))
@@ -264,6 +264,8 @@ func (l *loop) send(c *conn) {
 			continue
 		}
 		switch {
+		case err == errQueued:
+			return // its completion runs send again (ring.go)
 		case err == unix.EINTR:
 			continue
 		case err == unix.EAGAIN:
@@ -419,7 +421,7 @@ func (l *loop) drain(c *conn) {
 		n, err := unix.Read(c.fd, scratch[:])
 		switch {
 		case n > 0:
-			c.linger -= n
+			c.linger -= int32(n)
 			if c.linger <= 0 {
 				l.closeConn(c)
 				return

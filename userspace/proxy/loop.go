@@ -39,6 +39,7 @@ import (
 	"github.com/tether-rl/tether/userspace/stats"
 	"github.com/tether-rl/tether/userspace/sysconn"
 	"github.com/tether-rl/tether/userspace/upstream"
+	"github.com/tether-rl/tether/userspace/uring"
 )
 
 // loop is one event loop (one listener).
@@ -83,8 +84,14 @@ type loop struct {
 	lost *conn
 
 	events []unix.EpollEvent
-	pipes  []*pipe // free splice pipes (fast.go)
-	xs     []*lx   // free exchange states (fast.go)
+
+	// The batch of socket operations (ring.go); ring nil: system calls.
+	ring  *uring.Ring
+	q     []ioOp   // queued since the last submit
+	batch []ioOp   // being completed
+	res   ioResult // the completion being replayed
+	pipes []*pipe  // free splice pipes (fast.go)
+	xs    []*lx    // free exchange states (fast.go)
 	// Free heads and head-assembly buffers, lent to busy connections
 	// (fast.go, lendReq).
 	reqs  []*httphead.Request
@@ -206,8 +213,10 @@ func (l *loop) run() {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	defer l.release()
+	l.openRing()
 	l.now = time.Now().UnixNano()
 	l.accept()
+	l.flush()
 	lastYield := l.now
 	for {
 		timeout := -1
@@ -231,14 +240,24 @@ func (l *loop) run() {
 				l.woke()
 			default:
 				if c := l.conns[ev.Fd]; c != nil && c.seq == uint32(ev.Pad) {
-					l.clientEvent(c, ev.Events)
+					if c.ioq {
+						l.deferEvent(c, nil, ev.Events)
+					} else {
+						l.clientEvent(c, ev.Events)
+					}
 				} else if u := l.ups[ev.Fd]; u != nil && u.seq == uint32(ev.Pad) {
-					l.upEvent(u, ev.Events)
+					if u.cl != nil && u.cl.ioq {
+						l.deferEvent(u.cl, u, ev.Events)
+					} else {
+						l.upEvent(u, ev.Events)
+					}
 				}
 			}
 		}
+		l.flush()
 		if l.due != 0 && l.now >= l.due {
 			l.sweep()
+			l.flush()
 		}
 		if l.finished() {
 			return
@@ -334,6 +353,7 @@ func (l *loop) release() {
 		l.putPipe(p, false)
 	}
 	l.pipes = nil
+	l.closeRing()
 	unix.Close(l.evfd)
 	unix.Close(l.epfd)
 }
@@ -362,6 +382,7 @@ func (l *loop) hold(c *conn) bool {
 
 // unhold takes c out of the loop (to a goroutine).
 func (l *loop) unhold(c *conn) {
+	l.cancelIO(c)
 	unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, c.fd, nil)
 	l.lost = c
 	delete(l.conns, int32(c.fd))
@@ -371,6 +392,7 @@ func (l *loop) unhold(c *conn) {
 
 // closeConn ends a connection the loop holds.
 func (l *loop) closeConn(c *conn) {
+	l.cancelIO(c)
 	l.lost = c
 	delete(l.conns, int32(c.fd))
 	l.s.counters.Parked.Add(-1)
@@ -420,7 +442,9 @@ func (l *loop) clientEvent(c *conn, ev uint32) {
 }
 
 // read reads once from the client into its buffer (taken if it has
-// none); false if the connection ended.
+// none); false if the connection ended, or if the read was queued for the
+// ring (ring.go: its completion runs next(c) again, and this read is
+// handed the result).
 func (l *loop) read(c *conn) bool {
 	if c.buf == nil {
 		c.buf, c.r, c.w = l.s.getBuf(), 0, 0
@@ -433,8 +457,10 @@ func (l *loop) read(c *conn) bool {
 		return true
 	}
 	for {
-		n, err := sysconn.Recv(c.fd, c.buf[c.w:])
+		n, err := l.recv(c, opRead, c.fd, c.buf[c.w:])
 		switch {
+		case err == errQueued:
+			return false // its completion runs next(c) again
 		case n > 0:
 			c.w += n
 			c.readable = n == space || c.hup // a full read may have left more; a FIN is still to read

@@ -80,6 +80,11 @@ type Config struct {
 	// listener's event loop once idle this long; 0: at once. Negative:
 	// never (it waits on its goroutine to the idle timeout).
 	ParkAfter time.Duration
+	// NoRing: the event loops make each socket read and write as its own
+	// system call instead of batching a wake-up's through an io_uring
+	// (ring.go). Without io_uring (kernel.io_uring_disabled, a seccomp
+	// filter) they do so anyway.
+	NoRing bool
 	// Waits are the data plane's internal waits; tests shorten them to
 	// sequence events instead of sleeping past them.
 	Waits Waits
@@ -187,6 +192,8 @@ type Rerouter interface {
 // Server runs the data plane on any number of listeners.
 type Server struct {
 	cfg Config
+
+	ringOnce sync.Once // "no io_uring" logged once
 
 	mu        sync.Mutex
 	conns     map[*conn]struct{} // the connections goroutines serve (c.c set); a loop holds its own (loop.conns)

@@ -62,7 +62,10 @@ func (l *loop) pump(c *conn) {
 				p = p[:x.left]
 			}
 		}
-		n, err := sysconn.Recv(x.up.fd, p)
+		n, err := l.recv(c, opUpRecv, x.up.fd, p)
+		if err == errQueued {
+			return // its completion runs pump again (ring.go)
+		}
 		if err == unix.EINTR {
 			continue
 		}
@@ -242,8 +245,13 @@ func (l *loop) body(c *conn, p []byte) bool {
 }
 
 // writeClient writes p to the client; what the socket does not take now
-// waits in x.pend for EPOLLOUT. False if the client is gone.
+// waits in x.pend for EPOLLOUT (or, queued for the ring, for its
+// completion). False if the client is gone.
 func (l *loop) writeClient(c *conn, p []byte) bool {
+	if l.queue(c, opCliSend, c.fd, p, true) {
+		c.x.pend = p // pending until its completion (ring.go: sentClient)
+		return true
+	}
 	for len(p) > 0 {
 		n, err := sysconn.Send(c.fd, p)
 		if n > 0 {
@@ -298,6 +306,7 @@ func (l *loop) end(c *conn) {
 
 // finishExchange counts the exchange's end and releases what it held.
 func (l *loop) finishExchange(c *conn) {
+	l.cancelIO(c)
 	x := c.x
 	x.w.Stats.End(x.failed)
 	x.w.Leave()

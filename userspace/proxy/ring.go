@@ -1,0 +1,318 @@
+package proxy
+
+// The loop's socket reads and writes, batched through an io_uring
+// (userspace/uring) when the kernel lets the loop have one: a wake-up's
+// reads and writes, across all its connections, go to the kernel in one
+// io_uring_enter instead of one recvfrom or sendto each. Every one is
+// MSG_DONTWAIT, so it completes within that call with what the system
+// call would have returned; nothing stays in flight across flush.
+//
+// The state machines are not rewritten for it. An I/O site asks the loop
+// for its result (recv, sendUp, writeClient). Where the loop batches, the
+// operation is queued and the site returns as if it had to wait
+// (errQueued); after the batch is submitted, the completion runs the
+// connection's entry again (next, pump or send: ioOp.resume), which walks
+// to the same site, with the same buffer, and is handed the completed
+// result there (replay), exactly once. A client write needs no replay:
+// queued, it is pending output (x.pend, as after EAGAIN) and its
+// completion is what EPOLLOUT would have been (sentClient).
+//
+// Invariants: a connection has at most one operation queued (conn.ioq);
+// events for it that arrive meanwhile wait on that operation (deferEvent)
+// and are handled after its completion; a connection that closes or is
+// handed to a goroutine withdraws what it has queued (cancelIO: a NOP in
+// the kernel's queue, so neither its descriptor, perhaps reused, nor its
+// buffer, perhaps lent again, is touched).
+
+import (
+	"errors"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tether-rl/tether/userspace/sysconn"
+	"github.com/tether-rl/tether/userspace/uring"
+)
+
+// ringEntries bounds one batch; past it the loop makes the system call
+// itself.
+const ringEntries = 256
+
+// The operations a loop batches, by their I/O site.
+const (
+	opRead    = 1 + iota // client bytes into c.buf (read, entry next)
+	opUpRecv             // response bytes into c.ubuf (pump)
+	opUpSend             // the request up (send)
+	opCliSend            // response bytes to the client (writeClient, sentClient)
+)
+
+// errQueued: the operation went into the loop's batch; its completion
+// calls the connection's entry again.
+var errQueued = errors.New("queued for the ring")
+
+// Test hooks: strictRing makes a broken invariant panic instead of
+// failing one connection with a log line; noRing runs every loop on
+// system calls (go test -args -syscalls: the fallback path's suite).
+var strictRing, noRing bool
+
+// ioOp is one queued operation.
+type ioOp struct {
+	c    *conn // nil: withdrawn
+	op   uint8
+	slot uint32 // its submission queue entry (uring.Ring.Cancel)
+	ptr  *byte  // the buffer, checked at replay
+	n    int
+	res  int32
+	// Events for c's client socket (evc) and its upstream socket u (evu)
+	// that arrived while the operation was queued.
+	evc, evu uint32
+	u        *upconn
+}
+
+// ioResult is the completion being replayed (c nil: none).
+type ioResult struct {
+	c   *conn
+	op  uint8
+	ptr *byte
+	n   int
+	res int32
+}
+
+// openRing gives the loop its ring (on the loop's own thread: the ring is
+// single-issuer); without one the loop makes each system call itself.
+func (l *loop) openRing() {
+	if l.s.cfg.NoRing || noRing {
+		return
+	}
+	r, err := uring.New(ringEntries)
+	if err != nil {
+		l.s.ringOnce.Do(func() {
+			l.s.cfg.Log.Info("event loops make their socket calls one by one: no io_uring here", "err", err)
+		})
+		return
+	}
+	l.ring = r
+	l.q = make([]ioOp, 0, ringEntries)
+	l.batch = make([]ioOp, 0, ringEntries)
+}
+
+func (l *loop) closeRing() {
+	if l.ring != nil {
+		l.ring.Close()
+		l.ring = nil
+	}
+}
+
+// recv reads from fd into p for c's operation op: the completed result
+// being replayed, a queued read (errQueued), or recvfrom's.
+func (l *loop) recv(c *conn, op uint8, fd int, p []byte) (int, error) {
+	if l.res.c == c {
+		return l.replay(c, op, p)
+	}
+	if l.queue(c, op, fd, p, false) {
+		return 0, errQueued
+	}
+	return sysconn.Recv(fd, p)
+}
+
+// sendUp writes p to c's upstream socket fd (as recv).
+func (l *loop) sendUp(c *conn, fd int, p []byte) (int, error) {
+	if l.res.c == c {
+		return l.replay(c, opUpSend, p)
+	}
+	if l.queue(c, opUpSend, fd, p, true) {
+		return 0, errQueued
+	}
+	return sysconn.Send(fd, p)
+}
+
+// queue puts an operation in the batch; false: the caller makes the
+// system call (no ring, a full batch, an empty buffer).
+func (l *loop) queue(c *conn, op uint8, fd int, p []byte, send bool) bool {
+	if l.ring == nil || len(p) == 0 || len(l.q) == cap(l.q) {
+		return false
+	}
+	if c.ioq {
+		l.ringBug(c, fmt.Sprintf("a second operation (%d) on a connection with one queued", op))
+		return false
+	}
+	data := uint64(len(l.q))
+	var slot uint32
+	var err error
+	if send {
+		slot, err = l.ring.Send(fd, p, data)
+	} else {
+		slot, err = l.ring.Recv(fd, p, data)
+	}
+	if err != nil {
+		return false
+	}
+	l.q = append(l.q, ioOp{c: c, op: op, slot: slot, ptr: &p[0], n: len(p)})
+	c.ioq = true
+	return true
+}
+
+// replay hands the I/O site the result of the operation it queued.
+func (l *loop) replay(c *conn, op uint8, p []byte) (int, error) {
+	r := l.res
+	l.res = ioResult{}
+	if r.op != op || len(p) == 0 || r.ptr != &p[0] || r.n != len(p) {
+		l.ringBug(c, fmt.Sprintf("replay of operation %d met operation %d (%d bytes)", r.op, op, len(p)))
+		return -1, unix.EIO // this connection fails; no byte is lost silently
+	}
+	if r.res < 0 {
+		return -1, unix.Errno(-r.res)
+	}
+	return int(r.res), nil
+}
+
+func (l *loop) ringBug(c *conn, what string) {
+	if strictRing {
+		panic("proxy ring: " + what)
+	}
+	l.s.cfg.Log.Error("event loop: internal error, the connection fails", "err", what, "fd", c.fd)
+}
+
+// deferEvent keeps an event for c (u: on its upstream socket) until its
+// queued operation completes.
+func (l *loop) deferEvent(c *conn, u *upconn, ev uint32) {
+	for i := len(l.q) - 1; i >= 0; i-- {
+		e := &l.q[i]
+		if e.c != c {
+			continue
+		}
+		if u != nil {
+			e.evu |= ev
+			e.u = u
+		} else {
+			e.evc |= ev
+		}
+		return
+	}
+}
+
+// cancelIO withdraws what c has queued.
+func (l *loop) cancelIO(c *conn) {
+	if !c.ioq {
+		return
+	}
+	c.ioq = false
+	for i := range l.q {
+		if e := &l.q[i]; e.c == c {
+			l.ring.Cancel(e.slot)
+			e.c = nil
+		}
+	}
+	for i := range l.batch {
+		if e := &l.batch[i]; e.c == c {
+			e.c = nil // completed in the kernel; its result is dropped
+		}
+	}
+	if l.res.c == c {
+		l.res = ioResult{}
+	}
+}
+
+// flush submits the batch and completes it, until the completions queue
+// nothing more.
+func (l *loop) flush() {
+	for l.ring != nil && len(l.q) > 0 {
+		l.batch, l.q = l.q, l.batch[:0]
+		cs, err := l.ring.Submit()
+		if err != nil {
+			// The ring broke (it should not): what was submitted is
+			// unknown, so those connections fail; the loop goes on
+			// with system calls.
+			l.s.cfg.Log.Error("event loop: io_uring failed; back to system calls", "err", err)
+			for i := range l.batch {
+				l.batch[i].res = -int32(unix.EIO)
+			}
+			l.closeRing()
+		}
+		for _, cp := range cs {
+			if int(cp.Data) < len(l.batch) {
+				l.batch[cp.Data].res = cp.Res
+			}
+		}
+		for i := range l.batch {
+			if e := &l.batch[i]; e.c != nil {
+				l.complete(e)
+			}
+		}
+		l.batch = l.batch[:0]
+	}
+}
+
+// complete runs a completed operation's connection on, then the events
+// that waited for it.
+func (l *loop) complete(e *ioOp) {
+	c := e.c
+	c.ioq = false
+	if e.op == opCliSend {
+		l.sentClient(c, e.res)
+	} else {
+		l.res = ioResult{c: c, op: e.op, ptr: e.ptr, n: e.n, res: e.res}
+		switch e.op {
+		case opRead:
+			l.next(c)
+		case opUpRecv:
+			l.pump(c)
+		case opUpSend:
+			l.send(c)
+		}
+		if l.res.c != nil {
+			l.res = ioResult{}
+			l.ringBug(c, fmt.Sprintf("operation %d completed and was never taken", e.op))
+			if c.fd >= 0 && l.conns[int32(c.fd)] == c {
+				l.abandon(c)
+				l.closeConn(c)
+			}
+			return
+		}
+	}
+	if e.evc|e.evu == 0 || c.fd < 0 || l.conns[int32(c.fd)] != c {
+		return // nothing waited, or c is gone (closed, or with a goroutine)
+	}
+	if c.ioq {
+		if e.evc != 0 {
+			l.deferEvent(c, nil, e.evc)
+		}
+		if e.evu != 0 {
+			l.deferEvent(c, e.u, e.evu)
+		}
+		return
+	}
+	if e.evc != 0 {
+		l.clientEvent(c, e.evc)
+	}
+	if u := e.u; e.evu != 0 && u.fd >= 0 && l.ups[int32(u.fd)] == u {
+		if u.cl != nil && u.cl.ioq {
+			l.deferEvent(u.cl, u, e.evu)
+			return
+		}
+		l.upEvent(u, e.evu)
+	}
+}
+
+// sentClient is the completion of a queued client write (x.pend): what
+// EPOLLOUT's flushClient would do after its write.
+func (l *loop) sentClient(c *conn, res int32) {
+	x := c.x
+	if res < 0 && res != -int32(unix.EAGAIN) {
+		l.clientLost(c)
+		return
+	}
+	if res > 0 {
+		x.pend = x.pend[res:]
+	}
+	if len(x.pend) > 0 {
+		// The socket is full: the rest goes on EPOLLOUT (flushClient).
+		l.setDeadline(c, l.s.cfg.IOTimeout)
+		return
+	}
+	x.pend = nil
+	if x.phase == phaseBody {
+		l.setDeadline(c, l.bodyTimeout(x))
+	}
+	l.pump(c)
+}
