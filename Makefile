@@ -24,6 +24,8 @@ run: build
 # BPF run when root (CI is root) and otherwise skip loudly.
 test: vet check-generate
 	$(GO) test -race -count=1 -timeout 20m ./...
+	# the event loops' path without io_uring (system calls one by one)
+	$(GO) test -race -count=1 -timeout 10m ./userspace/proxy/ -args -syscalls
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME_CI)
 
 vet:

@@ -74,6 +74,7 @@ func parse(args []string) (*cli, error) {
 	fs.Int64Var(&opts.SpliceMin, "splice-min", 16<<10, "body remainders of at least this many bytes move with splice(2), smaller ones are copied")
 	fs.DurationVar(&opts.IdleTimeout, "idle-timeout", 120*time.Second, "close a client keep-alive connection idle this long")
 	fs.DurationVar(&opts.ParkAfter, "park-after", 0, "a connection a goroutine served (streamed body, Expect, local or queued request) goes back to its listener's event loop once idle this long (0: at once; -1s: never)")
+	ioUring := fs.Bool("io-uring", true, "event loops batch each wake-up's socket reads and writes through an io_uring (one io_uring_enter instead of a system call each); false, or a kernel that refuses io_uring: one system call each")
 	fs.DurationVar(&opts.HeadTimeout, "head-timeout", 30*time.Second, "a request head not complete this long after its first byte gets 408 (slowloris)")
 	fs.DurationVar(&opts.IOTimeout, "io-timeout", 120*time.Second, "a request or response body that makes no progress this long ends the exchange")
 	fs.DurationVar(&opts.StreamIdleTimeout, "stream-idle-timeout", 5*time.Minute, "a streamed response (SSE, chunked) whose worker sends nothing this long is cut, visibly to the client (a stopped engine frees its clients)")
@@ -127,6 +128,7 @@ func parse(args []string) (*cli, error) {
 	}
 	opts.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	opts.Workers = workers
+	opts.NoIOUring = !*ioUring
 	return c, nil
 }
 

@@ -57,6 +57,9 @@ type Options struct {
 	// listener's event loop once idle this long (proxy.Config.ParkAfter);
 	// 0: at once, negative: never.
 	ParkAfter time.Duration
+	// NoIOUring: the event loops make each socket read and write as
+	// its own system call (proxy.Config.NoRing; --io-uring=false).
+	NoIOUring bool
 	// StreamIdleTimeout cuts a streamed response whose worker sent nothing
 	// for this long; default 5m.
 	StreamIdleTimeout time.Duration
@@ -296,6 +299,7 @@ func New(opts Options) (*Daemon, error) {
 		MaxBodyBytes:      opts.MaxBodyBytes,
 		MaxConns:          maxConns(opts.MaxConns),
 		ParkAfter:         opts.ParkAfter,
+		NoRing:            opts.NoIOUring,
 		QueueSize:         opts.MaxQueue,
 		QueueTimeout:      opts.QueueTimeout,
 		LocalBodyBudget:   opts.LocalBodyBudget,

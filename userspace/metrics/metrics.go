@@ -219,6 +219,10 @@ var (
 		"Requests waiting in a worker's queue now.", nil, nil)
 	dProxyBuffers = prometheus.NewDesc("tether_proxy_buffers",
 		"16 KiB connection buffers held now (idle keep-alive connections hold none).", nil, nil)
+	dProxyRingOps = prometheus.NewDesc("tether_proxy_ring_operations_total",
+		"Socket reads and writes the event loops batched through io_uring (--io-uring).", nil, nil)
+	dProxyRingSubmits = prometheus.NewDesc("tether_proxy_ring_submits_total",
+		"io_uring_enter calls that carried them: operations / submits is the batching factor.", nil, nil)
 )
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
@@ -226,7 +230,8 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		dWorkerRetries, dWorkerConns, dWorkerHealthy, dWorkerState, dWorkers, dPanic, dPanicEntered,
 		dDecisions, dLearned, dListenerActive, dListenerAccepted, dListenerClosed, dListenerSelected,
 		dListenerMigrated, dSteeringFallbacks, dProxyAccepted, dProxyRequests, dProxyLocal, dProxyErrors, dProxyBuffers,
-		dWorkerQueued, dProxyOpen, dProxyAcceptPauses, dProxyQueued, dProxyParked, dClusterUp, dClusterApplied, dClusterSkipped} {
+		dWorkerQueued, dProxyOpen, dProxyAcceptPauses, dProxyQueued, dProxyParked, dClusterUp, dClusterApplied, dClusterSkipped,
+		dProxyRingOps, dProxyRingSubmits} {
 		ch <- d
 	}
 }
@@ -346,5 +351,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- counter(dProxyAcceptPauses, p.AcceptPauses.Load())
 		ch <- gauge(dProxyQueued, float64(p.Queued.Load()))
 		ch <- gauge(dProxyParked, float64(p.Parked.Load()))
+		ch <- counter(dProxyRingOps, p.RingOps.Load())
+		ch <- counter(dProxyRingSubmits, p.RingSubmits.Load())
 	}
 }

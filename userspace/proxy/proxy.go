@@ -263,6 +263,11 @@ type Counters struct {
 	// Handoffs counts the connections an event loop gave to a goroutine
 	// (a request it does not run itself, loop.go).
 	Handoffs atomic.Uint64
+	// RingOps counts the socket reads and writes the event loops batched
+	// through their io_uring, RingSubmits the io_uring_enter calls that
+	// carried them (ring.go).
+	RingOps     atomic.Uint64
+	RingSubmits atomic.Uint64
 }
 
 // New returns a server.

@@ -219,6 +219,8 @@ func (l *loop) flush() {
 	for l.ring != nil && len(l.q) > 0 {
 		l.batch, l.q = l.q, l.batch[:0]
 		cs, err := l.ring.Submit()
+		l.s.counters.RingOps.Add(uint64(len(l.batch)))
+		l.s.counters.RingSubmits.Add(1)
 		if err != nil {
 			// The ring broke (it should not): what was submitted is
 			// unknown, so those connections fail; the loop goes on
