@@ -21,8 +21,13 @@ package proxy
 //     until a write blocks);
 //  2. the eventfd: connections given back by goroutines (inbox), a freed
 //     place under --max-conns, shutdown;
-//  3. the sweep of deadlines, when one is due: one deadline per
-//     connection, checked at most every tick, never a timer syscall.
+//  3. the reads and writes those queued for the ring, submitted together
+//     and completed, until their completions queue nothing more (ring.go;
+//     without a ring each was its system call, made where it was asked
+//     for; events of a connection with an operation queued wait for it);
+//  4. the sweep of deadlines, when one is due: one deadline per
+//     connection, checked at most every tick, never a timer syscall
+//     (then the ring again).
 
 import (
 	"errors"
@@ -505,7 +510,9 @@ func (l *loop) next(c *conn) {
 		}
 		err := l.parse(c)
 		if err == errIncomplete {
-			if c.readable && c.w < len(c.buf) {
+			// (A head that reaches the buffer's end behind a served
+			// one: read compacts it first.)
+			if c.readable && (c.w < len(c.buf) || c.r > 0) {
 				if !l.read(c) {
 					return
 				}

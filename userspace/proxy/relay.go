@@ -25,7 +25,9 @@ func (l *loop) pump(c *conn) {
 			l.end(c)
 			return
 		}
-		if x.phase == phaseBody && l.splicing(x) {
+		// (Not while a read it queued is replayed: that read's bytes are
+		// in ubuf, and a pipe freed meanwhile must not jump them.)
+		if x.phase == phaseBody && l.res.c != c && l.splicing(x) {
 			if !l.pumpSplice(c) {
 				return
 			}
@@ -232,12 +234,15 @@ func (l *loop) body(c *conn, p []byte) bool {
 			c.out = out[:0]
 		}
 	}
-	if len(out) > 0 && !l.writeClient(c, out) {
-		l.clientLost(c)
+	if serr != nil {
+		// The valid bytes before the broken framing go out now (not
+		// queued: the exchange ends here), then the cut.
+		l.writeNow(c, out)
+		l.bodyFailed(c)
 		return false
 	}
-	if serr != nil {
-		l.bodyFailed(c)
+	if len(out) > 0 && !l.writeClient(c, out) {
+		l.clientLost(c)
 		return false
 	}
 	l.setDeadline(c, l.bodyTimeout(x))
@@ -252,24 +257,31 @@ func (l *loop) writeClient(c *conn, p []byte) bool {
 		c.x.pend = p // pending until its completion (ring.go: sentClient)
 		return true
 	}
+	p, err := l.writeNow(c, p)
+	if err == unix.EAGAIN {
+		c.x.pend = p
+		l.setDeadline(c, l.s.cfg.IOTimeout)
+		return true
+	}
+	c.x.pend = nil
+	return err == nil
+}
+
+// writeNow writes p to the client with system calls until it is all
+// written or the socket would block (EAGAIN) or fails; it returns what
+// is left.
+func (l *loop) writeNow(c *conn, p []byte) ([]byte, error) {
 	for len(p) > 0 {
 		n, err := sysconn.Send(c.fd, p)
 		if n > 0 {
 			p = p[n:]
 			continue
 		}
-		switch err {
-		case unix.EINTR:
-			continue
-		case unix.EAGAIN:
-			c.x.pend = p
-			l.setDeadline(c, l.s.cfg.IOTimeout)
-			return true
+		if err != unix.EINTR {
+			return p, err
 		}
-		return false
 	}
-	c.x.pend = nil
-	return true
+	return nil, nil
 }
 
 // flushClient writes what waited for the client, then goes on.

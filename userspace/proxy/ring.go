@@ -250,6 +250,9 @@ func (l *loop) flush() {
 func (l *loop) complete(e *ioOp) {
 	c := e.c
 	c.ioq = false
+	// After c's continuation, l.lost == c says it was closed or handed to
+	// a goroutine (which may now be using it): nothing more here.
+	l.lost = nil
 	if e.op == opCliSend {
 		l.sentClient(c, e.res)
 	} else {
@@ -265,14 +268,14 @@ func (l *loop) complete(e *ioOp) {
 		if l.res.c != nil {
 			l.res = ioResult{}
 			l.ringBug(c, fmt.Sprintf("operation %d completed and was never taken", e.op))
-			if c.fd >= 0 && l.conns[int32(c.fd)] == c {
+			if l.lost != c {
 				l.abandon(c)
 				l.closeConn(c)
 			}
 			return
 		}
 	}
-	if e.evc|e.evu == 0 || c.fd < 0 || l.conns[int32(c.fd)] != c {
+	if e.evc|e.evu == 0 || l.lost == c {
 		return // nothing waited, or c is gone (closed, or with a goroutine)
 	}
 	if c.ioq {

@@ -14,7 +14,9 @@ package uring
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -95,8 +97,9 @@ func (c Completion) Err() error {
 	return unix.Errno(-c.Res)
 }
 
-// Ring is one io_uring, used by one goroutine (locked to its thread: the
-// ring is created single-issuer where the kernel supports it).
+// Ring is one io_uring, created and used by one goroutine locked to its
+// OS thread (runtime.LockOSThread): the ring is single-issuer where the
+// kernel supports it, and another thread's submit fails (EEXIST).
 type Ring struct {
 	fd     int
 	sqMem  []byte
@@ -121,9 +124,10 @@ type Ring struct {
 var ErrFull = errors.New("uring: submission queue full")
 
 // New sets up a ring with room for entries queued operations (a power of
-// two, at most 4096). It fails where io_uring is missing or forbidden
-// (kernel.io_uring_disabled, a seccomp filter): the caller then makes the
-// system calls itself.
+// two, at most 4096), on the calling goroutine's locked thread. It fails
+// where io_uring is missing, forbidden (kernel.io_uring_disabled, a
+// seccomp filter) or does not behave as this package needs (verify): the
+// caller then makes the system calls itself.
 func New(entries uint32) (*Ring, error) {
 	var p params
 	p.flags = setupSingleIssuer | setupCoopTaskrun
@@ -140,7 +144,68 @@ func New(entries uint32) (*Ring, error) {
 		r.Close()
 		return nil, err
 	}
+	if err := r.verify(); err != nil {
+		r.Close()
+		return nil, err
+	}
 	return r, nil
+}
+
+// verify checks, on a socket pair, that this kernel does what the package
+// promises: send and recv exist (Linux 5.6), and a recv with nothing to
+// read completes at once with -EAGAIN rather than waiting for data (a
+// kernel that waited would hang the caller's Submit; here a byte written
+// after a second ends the wait, and the ring is refused).
+func (r *Ring) verify() error {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("io_uring check: %w", err)
+	}
+	done := make(chan struct{})
+	rescued := make(chan struct{})
+	go func() {
+		defer close(rescued)
+		select {
+		case <-done:
+		case <-time.After(time.Second):
+			unix.Write(fds[1], []byte{1})
+		}
+	}()
+	defer func() {
+		close(done)
+		<-rescued
+		unix.Close(fds[0])
+		unix.Close(fds[1])
+	}()
+	var b [1]byte
+	r.Recv(fds[0], b[:], 0)
+	cs, err := r.Submit()
+	if err != nil {
+		return err
+	}
+	if len(cs) != 1 || cs[0].Res != -int32(unix.EAGAIN) {
+		return fmt.Errorf("io_uring check: recv on an empty socket gave %v, want EAGAIN at once", cs)
+	}
+	r.Send(fds[1], []byte{2}, 1)
+	r.Recv(fds[0], b[:], 2)
+	if cs, err = r.Submit(); err != nil {
+		return err
+	}
+	if len(cs) != 2 || cs[0].Res != 1 || cs[1].Res != 1 || b[0] != 2 {
+		return fmt.Errorf("io_uring check: send and recv of one byte gave %v", cs)
+	}
+	return nil
+}
+
+// Available reports whether New succeeds here (nil), from any goroutine.
+func Available() error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	r, err := New(8)
+	if err != nil {
+		return err
+	}
+	return r.Close()
 }
 
 func setup(entries uint32, p *params) (int, error) {
@@ -279,6 +344,7 @@ func (r *Ring) Submit() ([]Completion, error) {
 		}
 		got, _, e := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), uintptr(n-submitted), uintptr(want), enterGetEvents, 0, 0)
 		if e != 0 && e != unix.EINTR && e != unix.EAGAIN && e != unix.EBUSY {
+			r.queued = 0 // the ring is not to be used again: Close it
 			return r.pending, fmt.Errorf("io_uring_enter: %w", e)
 		}
 		if e == 0 {

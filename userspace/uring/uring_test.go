@@ -3,11 +3,22 @@ package uring
 import (
 	"bytes"
 	"errors"
+	"runtime"
 	"testing"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
+
+// Available works from any goroutine (New wants a locked thread).
+func TestAvailable(t *testing.T) {
+	if err := Available(); err != nil {
+		if errors.Is(err, unix.EPERM) || errors.Is(err, unix.ENOSYS) {
+			t.Skipf("SKIP (loud): io_uring is not available here (%v)", err)
+		}
+		t.Fatal(err)
+	}
+}
 
 // The UAPI sizes: a wrong layout would have the kernel read garbage.
 func TestLayout(t *testing.T) {
@@ -33,6 +44,7 @@ func TestLayout(t *testing.T) {
 
 func newRing(t *testing.T, n uint32) *Ring {
 	t.Helper()
+	runtime.LockOSThread() // the ring is single-issuer; the test's goroutine ends with the test
 	r, err := New(n)
 	if err != nil {
 		// CI runs as root on a kernel with io_uring: a refusal there is
@@ -174,6 +186,8 @@ func TestFullAndWrap(t *testing.T) {
 }
 
 func BenchmarkSendRecv(b *testing.B) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	r, err := New(64)
 	if err != nil {
 		b.Skip(err)
