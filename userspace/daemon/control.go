@@ -39,6 +39,7 @@ type control struct {
 	claims    sync.WaitGroup
 
 	prober   registry.Prober
+	trimStop chan struct{} // ends startTrim's watch
 	adminLn  net.Listener
 	adminSrv *http.Server
 	reloadMu sync.Mutex
@@ -319,12 +320,17 @@ func (d *Daemon) startControl(opts Options) {
 	if d.Supervisor != nil {
 		d.Supervisor.Start()
 	}
+	d.ctl.trimStop = make(chan struct{})
+	d.startTrim(d.ctl.trimStop)
 }
 
 // stopControl stops the --spawn processes (TERM, then KILL after the
 // grace or when ctx ends), the admin API and the health checks.
 func (d *Daemon) stopControl(ctx context.Context) {
 	d.ctl.stopOnce.Do(func() {
+		if d.ctl.trimStop != nil {
+			close(d.ctl.trimStop)
+		}
 		if d.Supervisor != nil {
 			d.Supervisor.Stop(ctx)
 		}
