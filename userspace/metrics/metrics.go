@@ -220,9 +220,9 @@ var (
 	dProxyBuffers = prometheus.NewDesc("tether_proxy_buffers",
 		"16 KiB connection buffers held now (idle keep-alive connections hold none).", nil, nil)
 	dProxyRingOps = prometheus.NewDesc("tether_proxy_ring_operations_total",
-		"Socket reads and writes the event loops batched through io_uring (--io-uring).", nil, nil)
+		"Socket reads and writes the event loops batched through io_uring (--io-uring; withdrawn ones, made NOPs, included).", nil, nil)
 	dProxyRingSubmits = prometheus.NewDesc("tether_proxy_ring_submits_total",
-		"io_uring_enter calls that carried them: operations / submits is the batching factor.", nil, nil)
+		"Batches the event loops submitted to io_uring, one io_uring_enter each unless the kernel takes one in parts: operations / submits is the batching factor.", nil, nil)
 )
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {

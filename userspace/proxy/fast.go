@@ -60,6 +60,7 @@ const (
 
 // lx is the state of an exchange on the loop.
 type lx struct {
+	id     uint32 // which exchange (lx structs are reused): ring.go's deferred events
 	w      *route.Worker
 	dec    route.Decision
 	up     *upconn
@@ -189,7 +190,7 @@ func (l *loop) begin(c *conn) {
 	w.Stats.Begin()
 	x := l.newX()
 	c.x = x
-	*x = lx{w: w, dec: dec, up: u, start: l.now, bodyAt: c.r, isHead: req.IsMethod("HEAD"), keep: req.KeepAlive, http10: req.Minor == 0,
+	*x = lx{id: l.nextSeq(), w: w, dec: dec, up: u, start: l.now, bodyAt: c.r, isHead: req.IsMethod("HEAD"), keep: req.KeepAlive, http10: req.Minor == 0,
 		reqLeft: left, pipe: up}
 	c.busy = true
 	u.cl = c

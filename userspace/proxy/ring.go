@@ -63,10 +63,12 @@ type ioOp struct {
 	ptr  *byte  // the buffer, checked at replay
 	n    int
 	res  int32
-	// Events for c's client socket (evc) and its upstream socket u (evu)
-	// that arrived while the operation was queued.
+	// Events for c's client socket (evc) and its upstream socket u (evu,
+	// while exchange ux had it) that arrived while the operation was
+	// queued.
 	evc, evu uint32
 	u        *upconn
+	ux       uint32
 }
 
 // ioResult is the completion being replayed (c nil: none).
@@ -173,22 +175,34 @@ func (l *loop) ringBug(c *conn, what string) {
 	l.s.cfg.Log.Error("event loop: internal error, the connection fails", "err", what, "fd", c.fd)
 }
 
-// deferEvent keeps an event for c (u: on its upstream socket) until its
-// queued operation completes.
+// deferEvent keeps an event for c (u: on c's upstream socket) until c's
+// queued operation (in the queue, or in the batch being completed)
+// completes.
 func (l *loop) deferEvent(c *conn, u *upconn, ev uint32) {
-	for i := len(l.q) - 1; i >= 0; i-- {
-		e := &l.q[i]
-		if e.c != c {
-			continue
+	for _, q := range [][]ioOp{l.q, l.batch} {
+		for i := range q {
+			e := &q[i]
+			if e.c != c {
+				continue
+			}
+			if u != nil {
+				if e.evu != 0 && e.u != u {
+					// An event of an earlier upstream socket of c's
+					// still waits: deliver it as it stands (rare).
+					l.ringBug(c, "two upstream sockets' events waiting")
+				}
+				e.evu |= ev
+				e.u = u
+				if c.x != nil {
+					e.ux = c.x.id
+				}
+			} else {
+				e.evc |= ev
+			}
+			return
 		}
-		if u != nil {
-			e.evu |= ev
-			e.u = u
-		} else {
-			e.evc |= ev
-		}
-		return
 	}
+	l.ringBug(c, "an event for a connection with nothing queued")
 }
 
 // cancelIO withdraws what c has queued.
@@ -239,6 +253,7 @@ func (l *loop) flush() {
 		for i := range l.batch {
 			if e := &l.batch[i]; e.c != nil {
 				l.complete(e)
+				e.c = nil // done: deferEvent looks for pending ones only
 			}
 		}
 		l.batch = l.batch[:0]
@@ -275,28 +290,47 @@ func (l *loop) complete(e *ioOp) {
 			return
 		}
 	}
-	if e.evc|e.evu == 0 || l.lost == c {
-		return // nothing waited, or c is gone (closed, or with a goroutine)
-	}
-	if c.ioq {
-		if e.evc != 0 {
+	// The events that waited: c's own (unless c is gone: closed, or with
+	// a goroutine), then its upstream socket's.
+	if e.evc != 0 && l.lost != c {
+		if c.ioq {
 			l.deferEvent(c, nil, e.evc)
+		} else {
+			l.clientEvent(c, e.evc)
 		}
-		if e.evu != 0 {
-			l.deferEvent(c, e.u, e.evu)
+	}
+	if e.evu != 0 {
+		l.upDeferred(e.u, e.ux, e.evu)
+	}
+}
+
+// upDeferred delivers an event of upstream socket u that waited while
+// exchange ux had it. If that exchange ended meanwhile, the readiness it
+// reported was that exchange's (read, or moot): a socket now idle is
+// dropped only if the worker closed it or wrote unasked (a peek says
+// which), and a socket another exchange took gets only the hang-up.
+func (l *loop) upDeferred(u *upconn, ux uint32, ev uint32) {
+	if u.fd < 0 || l.ups[int32(u.fd)] != u {
+		return // closed meanwhile
+	}
+	const hup = unix.EPOLLRDHUP | unix.EPOLLHUP | unix.EPOLLERR
+	c := u.cl
+	if c == nil {
+		if ev&hup != 0 || sysconn.Peek(uintptr(u.fd)) != sysconn.PeekEmpty {
+			l.dropIdle(u)
 		}
 		return
 	}
-	if e.evc != 0 {
-		l.clientEvent(c, e.evc)
-	}
-	if u := e.u; e.evu != 0 && u.fd >= 0 && l.ups[int32(u.fd)] == u {
-		if u.cl != nil && u.cl.ioq {
-			l.deferEvent(u.cl, u, e.evu)
+	if c.x == nil || c.x.id != ux {
+		if ev &= hup; ev == 0 {
 			return
 		}
-		l.upEvent(u, e.evu)
 	}
+	if c.ioq {
+		l.deferEvent(c, u, ev)
+		return
+	}
+	l.upEvent(u, ev)
 }
 
 // sentClient is the completion of a queued client write (x.pend): what

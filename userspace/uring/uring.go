@@ -118,6 +118,13 @@ type Ring struct {
 	tail    uint32 // the next SQE to fill (published to *sqTail by Submit)
 	queued  uint32 // filled since the last Submit
 	pending []Completion
+	// bufs holds every queued buffer until Submit returns: the kernel
+	// has only its address, and a buffer only the SQE points to could
+	// be a goroutine stack's, which moves (or garbage, which is reused).
+	bufs [][]byte
+	// waited counts the Submits whose operations did not all complete
+	// within the submitting call (verify refuses a kernel that does so).
+	waited int
 }
 
 // ErrFull: the submission ring has no free entry; Submit first.
@@ -177,22 +184,22 @@ func (r *Ring) verify() error {
 		unix.Close(fds[0])
 		unix.Close(fds[1])
 	}()
-	var b [1]byte
-	r.Recv(fds[0], b[:], 0)
+	b := make([]byte, 1)
+	r.Recv(fds[0], b, 0)
 	cs, err := r.Submit()
 	if err != nil {
 		return err
 	}
-	if len(cs) != 1 || cs[0].Res != -int32(unix.EAGAIN) {
-		return fmt.Errorf("io_uring check: recv on an empty socket gave %v, want EAGAIN at once", cs)
+	if len(cs) != 1 || cs[0].Res != -int32(unix.EAGAIN) || r.waited > 0 {
+		return fmt.Errorf("io_uring check: recv on an empty socket gave %v (waited: %v), want EAGAIN at once", cs, r.waited > 0)
 	}
 	r.Send(fds[1], []byte{2}, 1)
-	r.Recv(fds[0], b[:], 2)
+	r.Recv(fds[0], b, 2)
 	if cs, err = r.Submit(); err != nil {
 		return err
 	}
-	if len(cs) != 2 || cs[0].Res != 1 || cs[1].Res != 1 || b[0] != 2 {
-		return fmt.Errorf("io_uring check: send and recv of one byte gave %v", cs)
+	if len(cs) != 2 || cs[0].Res != 1 || cs[1].Res != 1 || b[0] != 2 || r.waited > 0 {
+		return fmt.Errorf("io_uring check: send and recv of one byte gave %v (waited: %v)", cs, r.waited > 0)
 	}
 	return nil
 }
@@ -314,6 +321,7 @@ func (r *Ring) queue(op uint8, fd int, p []byte, flags uint32, data uint64) (uin
 	e.len = uint32(len(p))
 	e.opFlags = flags
 	e.userData = data
+	r.bufs = append(r.bufs, p)
 	return slot, nil
 }
 
@@ -344,6 +352,9 @@ func (r *Ring) Submit() ([]Completion, error) {
 		}
 		var got uintptr
 		var e unix.Errno
+		if want != 0 {
+			r.waited++
+		}
 		if want == 0 {
 			// Submitting only: every operation completes within the
 			// call, which never sleeps; a raw system call spares the
@@ -354,6 +365,8 @@ func (r *Ring) Submit() ([]Completion, error) {
 		}
 		if e != 0 && e != unix.EINTR && e != unix.EAGAIN && e != unix.EBUSY {
 			r.queued = 0 // the ring is not to be used again: Close it
+			clear(r.bufs)
+			r.bufs = r.bufs[:0]
 			return r.pending, fmt.Errorf("io_uring_enter: %w", e)
 		}
 		if e == 0 {
@@ -362,6 +375,8 @@ func (r *Ring) Submit() ([]Completion, error) {
 		r.reap()
 	}
 	r.queued = 0
+	clear(r.bufs)
+	r.bufs = r.bufs[:0]
 	return r.pending, nil
 }
 
