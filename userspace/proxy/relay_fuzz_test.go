@@ -46,7 +46,11 @@ func FuzzRelayPaths(f *testing.F) {
 		f.Add([]byte(seed.resp), []byte(seed.cuts))
 	}
 	var cur atomic.Pointer[[2][]byte]
+	var serving atomic.Int64 // backend connections not yet closed
 	be := rawBackend(f, func(c net.Conn) {
+		serving.Add(1)
+		defer serving.Add(-1)
+		defer c.Close()
 		br := bufio.NewReader(c)
 		req, err := http.ReadRequest(br)
 		if err != nil {
@@ -73,6 +77,11 @@ func FuzzRelayPaths(f *testing.F) {
 		// A pooled upstream connection the worker closed is dropped when
 		// the close is seen (the loop) or peeked at reuse (the pool):
 		// let the loop see it, so both paths start from a fresh connect.
+		// The goroutine path's pool peeks at reuse: the worker's close
+		// must have happened (it answers, then closes; without a
+		// Connection: close the pool keeps the socket, and one reused
+		// an instant before the close is a 502 no proxy could avoid).
+		testenv.WaitFor(t, "the worker closed its connections", func() bool { return serving.Load() == 0 })
 		testenv.WaitFor(t, "no idle upstream connection in the loop", func() bool { return p.srv.Counters().UpstreamIdle.Load() == 0 })
 		c, err := net.Dial("tcp", p.addr())
 		if err != nil {
