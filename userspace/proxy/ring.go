@@ -187,8 +187,8 @@ func (l *loop) deferEvent(c *conn, u *upconn, ev uint32) {
 			}
 			if u != nil {
 				if e.evu != 0 && e.u != u {
-					// An event of an earlier upstream socket of c's
-					// still waits: deliver it as it stands (rare).
+					// Cannot happen: while c's operation is queued its
+					// exchange, and so its upstream socket, stays.
 					l.ringBug(c, "two upstream sockets' events waiting")
 				}
 				e.evu |= ev
