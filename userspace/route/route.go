@@ -56,6 +56,7 @@ type Worker struct {
 	// takes no new keys (0: no limit).
 	maxInFlight atomic.Uint64
 	gate        gate // holds requests in flight to maxInFlight (gate.go)
+	engine      atomic.Int32 // EngineKind (engine.go)
 }
 
 // WorkerID is the identity of the worker at url in sticky entries: 32 bits
