@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/userspace/demo"
 	"github.com/tether-rl/tether/userspace/upstream"
@@ -56,6 +58,23 @@ type bconn struct {
 	b  *tbackend
 	n  int64 // accept number, from 1
 	br *bufio.Reader
+}
+
+// waitSent waits (up to 10 s) until the peer has acknowledged every byte
+// written to c: what a reset would discard from the send queue has all
+// reached the proxy.
+func (c *bconn) waitSent() {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return
+	}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		n := -1
+		raw.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ) })
+		if n == 0 {
+			return
+		}
+	}
 }
 
 func (c *bconn) Read(p []byte) (int, error) {
@@ -635,7 +654,7 @@ func TestBackendDiesMidBody(t *testing.T) {
 				}
 				io.WriteString(c, tc.head+tc.sent)
 				if tc.reset {
-					time.Sleep(50 * time.Millisecond) // the proxy relays what came first
+					c.waitSent() // the proxy relays what came first
 					c.SetLinger(0)
 				}
 			})
@@ -761,7 +780,11 @@ func TestDeadPooledConnDetected(t *testing.T) {
 			t.Fatalf("request %d: %d %q", i, resp.StatusCode, body)
 		}
 		be.waitIdle(t, 2*time.Second)
-		time.Sleep(10 * time.Millisecond) // the FIN reaches the pooled socket
+		// The worker's FIN reaches the pooled socket and the loop closes
+		// its end.
+		testenv.WaitFor(t, "the proxy to close the upstream connection the worker closed", func() bool {
+			return p.stats.Worker(0).Load().Conns == 0
+		})
 	}
 	// The event loop keeps idle upstream sockets in its epoll set: the
 	// close is seen when it happens, so the next request dials at once

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/tether-rl/tether/testenv"
 )
 
 // Checklist rule 18 on the response side: a response whose Connection field
@@ -164,31 +166,35 @@ func TestExpectContinueLate100(t *testing.T) {
 // A client that pipelines its next request while the first is in progress
 // and then leaves: the upstream (the generation) still closes at once.
 func TestClientAbortAfterPipelinedBytes(t *testing.T) {
-	gone := make(chan struct{})
+	arrived, gone := make(chan struct{}), make(chan struct{})
 	be := newBackend(t, func(c *bconn) {
 		if _, err := readHeadFrom(c.br); err != nil {
 			return
 		}
+		close(arrived)
 		c.br.ReadByte() // blocks until tetherd closes the connection
 		close(gone)
 	})
 	p := startProxy(t, []string{be.addr}, nil)
 	c, _ := p.dial()
 	io.WriteString(c, "GET /long HTTP/1.1\r\nHost: a\r\n\r\n")
-	time.Sleep(50 * time.Millisecond) // the watch is running
+	select { // the request is with the worker: the proxy watches the client
+	case <-arrived:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request never reached the backend")
+	}
 	io.WriteString(c, "GET /next HTTP/1.1\r\nHost: a\r\n\r\n")
-	time.Sleep(50 * time.Millisecond)
+	// Whether the pipelined bytes are read before the close or with it,
+	// the upstream closes and one abort is counted.
 	c.Close()
 	select {
 	case <-gone:
 	case <-time.After(3 * time.Second):
 		t.Fatal("upstream still open 3s after the client left")
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for p.srv.Counters().ClientAborted.Load() != 1 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
-	if n := p.srv.Counters().ClientAborted.Load(); n != 1 {
+	ctr := p.srv.Counters()
+	testenv.WaitFor(t, "the abort to be counted", func() bool { return ctr.ClientAborted.Load()+ctr.BadGateway.Load() > 0 })
+	if n := ctr.ClientAborted.Load(); n != 1 {
 		t.Fatalf("client aborts %d, want 1", n)
 	}
 }
@@ -226,10 +232,9 @@ func TestClientLeavesWithBodyQueued(t *testing.T) {
 				c.Close()
 			}
 			ctr := p.srv.Counters()
-			deadline := time.Now().Add(3 * time.Second)
-			for ctr.ClientAborted.Load()+ctr.BadGateway.Load()+ctr.Rejected.Load() < n && time.Now().Before(deadline) {
-				time.Sleep(5 * time.Millisecond)
-			}
+			testenv.WaitFor(t, fmt.Sprintf("the ends of %d exchanges to be counted", n), func() bool {
+				return ctr.ClientAborted.Load()+ctr.BadGateway.Load()+ctr.Rejected.Load() >= n
+			})
 			if bg, ab, errs := ctr.BadGateway.Load(), ctr.ClientAborted.Load(), p.stats.Worker(0).Load().Errors; bg != 0 || errs != 0 || ab != n {
 				t.Fatalf("bad gateway %d, worker errors %d, client aborts %d: want 0, 0, %d", bg, errs, ab, n)
 			}
@@ -291,10 +296,15 @@ func TestChunkedBodyOverwritesNoHead(t *testing.T) {
 // that stops coming gets a 408.
 func TestLocalEndpointClient(t *testing.T) {
 	cancelled := make(chan struct{})
+	running := make(chan struct{}, 4)
 	p := startProxy(t, nil, func(cfg *Config) {
 		cfg.IOTimeout = 300 * time.Millisecond
 		cfg.Local = func(method, path []byte) http.Handler {
 			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				select {
+				case running <- struct{}{}:
+				default:
+				}
 				io.ReadAll(r.Body)
 				select {
 				case <-r.Context().Done():
@@ -306,7 +316,11 @@ func TestLocalEndpointClient(t *testing.T) {
 	})
 	c, _ := p.dial()
 	io.WriteString(c, "POST /abort_until_idle?timeout_s=600 HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
-	time.Sleep(50 * time.Millisecond)
+	select { // the handler runs: the client leaves in the middle of it
+	case <-running:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the local handler never ran")
+	}
 	c.Close()
 	select {
 	case <-cancelled:

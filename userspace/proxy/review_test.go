@@ -2,7 +2,7 @@ package proxy
 
 import (
 	"bufio"
-	"github.com/tether-rl/tether/testenv"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/userspace/upstream"
 )
 
@@ -59,7 +60,8 @@ func TestWatchOutlivesIdleDeadline(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("upstream never closed after the client left")
 	}
-	time.Sleep(50 * time.Millisecond)
+	ctr := p.srv.Counters()
+	testenv.WaitFor(t, "the exchange's end to be counted", func() bool { return ctr.ClientAborted.Load()+ctr.BadGateway.Load() > 0 })
 	w := p.stats.Worker(0).Load()
 	if p.srv.Counters().BadGateway.Load() != 0 || w.Errors != 0 || p.srv.Counters().ClientAborted.Load() != 1 {
 		t.Fatalf("client abort counted as 502 %d / worker errors %d / aborted %d", p.srv.Counters().BadGateway.Load(), w.Errors, p.srv.Counters().ClientAborted.Load())
@@ -145,11 +147,7 @@ func TestIdleConnectionsHoldNoBuffer(t *testing.T) {
 		}
 		// c stays open and idle (closed at cleanup)
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for p.srv.Counters().Buffers.Load() != before && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if got := p.srv.Counters().Buffers.Load() - before; got != 0 {
-		t.Fatalf("%d buffers held by %d idle keep-alive connections, want 0", got, n)
-	}
+	testenv.WaitFor(t, fmt.Sprintf("%d idle keep-alive connections to hold no buffer", n), func() bool {
+		return p.srv.Counters().Buffers.Load() == before
+	})
 }

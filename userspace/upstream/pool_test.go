@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/tether-rl/tether/userspace/sysconn"
 	"io"
 	"net"
 	"os"
@@ -13,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/userspace/stats"
+	"github.com/tether-rl/tether/userspace/sysconn"
 )
 
 // backend accepts connections and hands them to fn; it counts accepts.
@@ -39,6 +40,12 @@ func backend(t *testing.T, fn func(net.Conn)) (string, *atomic.Int64) {
 }
 
 func hold(c net.Conn) { io.Copy(io.Discard, c); c.Close() }
+
+// peekState peeks at c's socket as the pool does at reuse.
+func peekState(c *Conn) (s sysconn.PeekState) {
+	c.raw.Read(func(fd uintptr) bool { s = sysconn.Peek(fd); return true })
+	return s
+}
 
 func TestReuseAndLIFO(t *testing.T) {
 	addr, _ := backend(t, hold)
@@ -80,7 +87,7 @@ func TestDeadPooledConnectionIsReplaced(t *testing.T) {
 	}
 	p.Put(a)
 	(<-closeNow).Close() // the backend closes the idle connection
-	time.Sleep(50 * time.Millisecond)
+	testenv.WaitFor(t, "the backend's close to reach the pooled connection", func() bool { return peekState(a) == sysconn.PeekClosed })
 	b, err := p.Get(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -105,8 +112,8 @@ func TestUnsolicitedBytesDiscard(t *testing.T) {
 	p := New(addr, new(stats.Worker), Options{})
 	defer p.Close()
 	a, _ := p.Get(context.Background())
+	testenv.WaitFor(t, "the unsolicited bytes to arrive", func() bool { return peekState(a) == sysconn.PeekData })
 	p.Put(a)
-	time.Sleep(50 * time.Millisecond)
 	b, err := p.Get(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -136,10 +143,7 @@ func TestIdleLimitAndTimeout(t *testing.T) {
 	if p.Idle() != 2 || w.Load().Conns != 2 {
 		t.Fatalf("idle %d conns %d, want 2 (oldest evicted)", p.Idle(), w.Load().Conns)
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for p.Idle() > 0 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.WaitFor(t, "the idle timeout to close the idle connections", func() bool { return p.Idle() == 0 })
 	if p.Idle() != 0 || w.Load().Conns != 0 {
 		t.Fatalf("idle %d conns %d after the idle timeout", p.Idle(), w.Load().Conns)
 	}
@@ -161,9 +165,10 @@ func TestConnectRetriedOnce(t *testing.T) {
 }
 
 func TestPeek(t *testing.T) {
+	closeIt := make(chan struct{})
 	addr, _ := backend(t, func(c net.Conn) {
 		c.Write([]byte("x"))
-		time.Sleep(100 * time.Millisecond)
+		<-closeIt
 		c.Close()
 	})
 	c, err := net.Dial("tcp", addr)
@@ -176,19 +181,16 @@ func TestPeek(t *testing.T) {
 		raw.Read(func(fd uintptr) bool { s = sysconn.Peek(fd); return true })
 		return s
 	}
-	time.Sleep(30 * time.Millisecond)
-	if s := peek(); s != sysconn.PeekData {
-		t.Fatalf("peek with a byte waiting = %v", s)
-	}
+	// Before the byte arrives the socket is quiet (PeekEmpty); once it
+	// has, PeekData, until it is read.
+	testenv.WaitFor(t, "a peek to see the waiting byte", func() bool { return peek() == sysconn.PeekData })
 	var b [1]byte
 	c.Read(b[:])
 	if s := peek(); s != sysconn.PeekEmpty {
 		t.Fatalf("peek on a quiet socket = %v", s)
 	}
-	time.Sleep(150 * time.Millisecond)
-	if s := peek(); s != sysconn.PeekClosed {
-		t.Fatalf("peek after the peer closed = %v", s)
-	}
+	close(closeIt)
+	testenv.WaitFor(t, "a peek to see the peer's close", func() bool { return peek() == sysconn.PeekClosed })
 }
 
 // A connect that fails because this process is out of descriptors is not
