@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -105,6 +106,48 @@ func notifyReady(d *daemon.Daemon, log *slog.Logger) bool {
 		f.File.Close()
 	}
 	return stored
+}
+
+// clusterSynced waits, in cluster mode, until the replica has applied its
+// first list of etcd's table, so that systemd hears READY=1 only from a
+// replica that knows the workers (docs/cluster.md). Not after an upgrade:
+// the old process's table was handed over and routes, and systemd must
+// learn the new MAINPID. A SIGINT or SIGTERM that comes first ends the
+// wait (false: no READY=1); it and any other signal are handled by the
+// main loop afterwards.
+func clusterSynced(d *daemon.Daemon, in *upgrade.Inherited, sig chan os.Signal, log *slog.Logger) bool {
+	synced := d.ClusterSynced()
+	if synced == nil || (in != nil && in.From != 0) {
+		return true
+	}
+	var later []os.Signal
+	defer func() {
+		for _, s := range later {
+			select {
+			case sig <- s:
+			default: // full: signals that came meanwhile are in it
+			}
+		}
+	}()
+	select {
+	case <-synced:
+		return true
+	default:
+	}
+	log.Info("cluster mode: ready (systemd READY=1) once the table in etcd is listed")
+	for {
+		select {
+		case <-synced:
+			log.Info("cluster: the table in etcd is listed and watched: ready")
+			return true
+		case s := <-sig:
+			if s == syscall.SIGINT || s == syscall.SIGTERM {
+				later = append([]os.Signal{s}, later...)
+				return false
+			}
+			later = append(later, s)
+		}
+	}
 }
 
 // watchdog pings systemd at half its WatchdogSec; the returned func stops.

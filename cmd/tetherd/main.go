@@ -170,7 +170,10 @@ func run(args []string) error {
 	}
 	// With the sockets in systemd's fd store they outlive this process:
 	// on SIGTERM clients are moved over gently, as after an upgrade.
-	stored := notifyReady(d, log)
+	stored := false
+	if clusterSynced(d, opts.Inherited, sig, log) {
+		stored = notifyReady(d, log)
+	}
 	if opts.Demo > 0 && opts.Inherited == nil {
 		fmt.Fprintf(os.Stderr, "\ntether is running with %d demo workers. Try:\n"+
 			"  curl -s -XPOST http://%[2]s/sessions\n"+

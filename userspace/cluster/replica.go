@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -51,6 +52,9 @@ type Replica struct {
 	applied   atomic.Uint64 // changes applied to the registry
 	skipped   atomic.Uint64 // bad entries skipped
 	kick      chan struct{}
+	synced    chan struct{} // closed once the first list is applied and its watch created
+	syncOnce  sync.Once
+	linkWait  atomic.Int64 // how long a write waits for the first list (ns)
 	stop      chan struct{}
 	done      chan struct{}
 	stopOnce  sync.Once
@@ -60,8 +64,11 @@ type Replica struct {
 
 // Status is what GET /cluster, tetherctl status and /metrics show.
 type Status struct {
-	Name      string `json:"name"`
-	Up        bool   `json:"up"`
+	Name string `json:"name"`
+	Up   bool   `json:"up"`
+	// Synced: the first list of the table was applied and its watch
+	// created; before, the replica is not ready and admin writes wait.
+	Synced    bool   `json:"synced"`
 	LastError string `json:"last_error,omitempty"`
 	Revision  int64  `json:"revision"`
 	Workers   int    `json:"workers"`
@@ -69,12 +76,73 @@ type Status struct {
 	Skipped   uint64 `json:"skipped"`
 }
 
+// DefaultLinkWait bounds how long an admin write that comes before the
+// replica's first list of the table waits for it.
+const DefaultLinkWait = 10 * time.Second
+
 // NewReplica returns the replica that applies the cluster's table to
 // reg once started: Start it when everything the registry's changes reach
 // (metrics, hooks) exists.
 func NewReplica(store *Store, reg Registry, log *slog.Logger) *Replica {
-	return &Replica{store: store, reg: reg, log: log, desired: map[int]Spec{}, pending: map[string]uint64{},
-		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	r := &Replica{store: store, reg: reg, log: log, desired: map[int]Spec{}, pending: map[string]uint64{},
+		kick: make(chan struct{}, 1), synced: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{})}
+	r.linkWait.Store(int64(DefaultLinkWait))
+	return r
+}
+
+// SetLinkWait changes how long a write that comes before the first list
+// of the table waits for it (DefaultLinkWait).
+func (r *Replica) SetLinkWait(d time.Duration) { r.linkWait.Store(int64(d)) }
+
+// Synced is closed once the replica has applied its first list of the
+// table and etcd created the watch that follows it: from then on this
+// replica's table is the cluster's (or, while the link is down, the last
+// one seen). Before, it is not ready (readiness, systemd READY=1) and
+// admin writes wait for it.
+func (r *Replica) Synced() <-chan struct{} { return r.synced }
+
+func (r *Replica) isSynced() bool {
+	select {
+	case <-r.synced:
+		return true
+	default:
+		return false
+	}
+}
+
+// cause says why the link is down: the last error seen, never empty.
+func (r *Replica) cause() string {
+	if e := r.lastErr.Load(); e != nil && *e != "" {
+		return *e
+	}
+	return fmt.Sprintf("no answer from etcd at %s yet", strings.Join(r.store.cli.Endpoints(), ","))
+}
+
+// writable waits until the replica has listed the table (at most its link
+// wait, or until ctx ends), then says whether etcd is reachable: nil, or
+// an ErrUnavailable naming the cause. An admin write before the first list
+// would decide on an empty local table (a duplicate or a worker not seen)
+// and, before the fix, answered 503 with no cause: launchers add workers as
+// soon as the admin API answers.
+func (r *Replica) writable(ctx context.Context) error {
+	if !r.isSynced() {
+		wait := time.Duration(r.linkWait.Load())
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case <-r.synced:
+		case <-t.C:
+			return storeErr(fmt.Errorf("%w: the table was not listed in %v since start-up (%s)", ErrUnavailable, wait, r.cause()))
+		case <-ctx.Done():
+			return storeErr(fmt.Errorf("%w: the table not listed yet since start-up (%s): %v", ErrUnavailable, r.cause(), ctx.Err()))
+		case <-r.stop:
+			return storeErr(fmt.Errorf("%w: replica stopped", ErrUnavailable))
+		}
+	}
+	if !r.up.Load() {
+		return storeErr(fmt.Errorf("%w: %s", ErrUnavailable, r.cause()))
+	}
+	return nil
 }
 
 // Start begins listing, watching and applying.
@@ -100,11 +168,11 @@ func (r *Replica) Up() bool { return r.up.Load() }
 // Status returns the link's state.
 func (r *Replica) Status() Status {
 	r.mu.Lock()
-	st := Status{Name: r.store.prefix, Up: r.up.Load(), Revision: r.rev, Workers: len(r.desired),
+	st := Status{Name: r.store.prefix, Up: r.up.Load(), Synced: r.isSynced(), Revision: r.rev, Workers: len(r.desired),
 		Applied: r.applied.Load(), Skipped: r.skipped.Load()}
 	r.mu.Unlock()
-	if e := r.lastErr.Load(); e != nil && !st.Up {
-		st.LastError = *e
+	if !st.Up {
+		st.LastError = r.cause()
 	}
 	return st
 }
@@ -162,7 +230,7 @@ func (r *Replica) run() {
 func (r *Replica) watch(parent context.Context, rev int64) {
 	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(parent))
 	defer cancel()
-	wch := r.store.cli.Watch(ctx, r.store.workersPrefix(), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	wch := r.store.cli.Watch(ctx, r.store.workersPrefix(), clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithCreatedNotify())
 	ping := time.NewTicker(time.Second)
 	defer ping.Stop()
 	retry := time.NewTicker(250 * time.Millisecond)
@@ -186,6 +254,11 @@ func (r *Replica) watch(parent context.Context, rev int64) {
 					r.setDown(wr.Err())
 				}
 				return
+			}
+			if wr.Created {
+				// The first list and its watch are in place.
+				r.syncOnce.Do(func() { close(r.synced) })
+				continue
 			}
 			r.mu.Lock()
 			for _, ev := range wr.Events {
@@ -269,7 +342,7 @@ func (r *Replica) waitApplied(cond func() bool) error {
 	deadline := time.Now().Add(3 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%w: the change was written but not seen back from the watch in 3s", ErrUnavailable)
+			return storeErr(fmt.Errorf("%w: the change was written but not seen back from the watch in 3s", ErrUnavailable))
 		}
 		r.poke()
 		time.Sleep(5 * time.Millisecond)
@@ -282,7 +355,9 @@ func (r *Replica) waitApplied(cond func() bool) error {
 func storeErr(err error) error {
 	switch {
 	case errors.Is(err, ErrUnavailable):
-		return fmt.Errorf("%w: %v", registry.ErrUnavailable, err)
+		// A 503, in etcd's words: not registry.ErrUnavailable's text ("worker
+		// did not become healthy"), which would blame the worker.
+		return linkError{err}
 	case errors.Is(err, ErrDuplicate):
 		return fmt.Errorf("%w: %v", registry.ErrDuplicate, err)
 	case errors.Is(err, ErrNotFound):
@@ -293,6 +368,14 @@ func storeErr(err error) error {
 	return err
 }
 
+// linkError is an etcd failure that the admin API answers as the
+// registry's ErrUnavailable (503), with the store's own message.
+type linkError struct{ err error }
+
+func (e linkError) Error() string        { return e.err.Error() }
+func (e linkError) Unwrap() error        { return e.err }
+func (e linkError) Is(target error) bool { return target == registry.ErrUnavailable }
+
 // Add is the admin API's add in cluster mode: the worker must pass this
 // replica's health check first (as on one host), then it claims the lowest
 // free slot in etcd; it returns once this replica's watch applied it.
@@ -301,8 +384,8 @@ func (r *Replica) Add(ctx context.Context, rawURL string, origin registry.Origin
 	if err != nil {
 		return registry.Info{}, err
 	}
-	if !r.up.Load() {
-		return registry.Info{}, storeErr(fmt.Errorf("%w: %s", ErrUnavailable, r.Status().LastError))
+	if err := r.writable(ctx); err != nil {
+		return registry.Info{}, err
 	}
 	if in, err := r.reg.Get(canon); err == nil && in.State != registry.StateRemoved {
 		return in, fmt.Errorf("%w: %s (slot %d)", registry.ErrDuplicate, in.URL, in.Slot)
@@ -334,8 +417,8 @@ func (r *Replica) infoWhen(u string, ok func(registry.Info) bool) (registry.Info
 
 // locate resolves an admin id (slot, id, URL) to the worker's slot and URL.
 func (r *Replica) locate(id string) (registry.Info, error) {
-	if !r.up.Load() {
-		return registry.Info{}, storeErr(fmt.Errorf("%w: %s", ErrUnavailable, r.Status().LastError))
+	if err := r.writable(context.Background()); err != nil {
+		return registry.Info{}, err
 	}
 	in, err := r.reg.Get(id)
 	if err != nil {
@@ -388,6 +471,12 @@ func (r *Replica) SetCapacity(rawURL string, n uint64) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	if !r.isSynced() {
+		// Whether the URL is in the table is known only once listed.
+		if err := r.writable(context.Background()); err != nil {
+			return "", err
+		}
+	}
 	in, err := r.reg.Get(canon)
 	if err != nil || in.Origin != registry.OriginCluster {
 		r.mu.Lock()
@@ -396,7 +485,7 @@ func (r *Replica) SetCapacity(rawURL string, n uint64) (string, error) {
 		return canon, nil
 	}
 	if !r.up.Load() {
-		return "", storeErr(fmt.Errorf("%w: %s", ErrUnavailable, r.Status().LastError))
+		return "", storeErr(fmt.Errorf("%w: %s", ErrUnavailable, r.cause()))
 	}
 	if err := r.store.Update(context.Background(), in.Slot, in.URL, func(s *Spec) { s.MaxInFlight = n }); err != nil {
 		return "", storeErr(err)

@@ -107,6 +107,16 @@ func (d *Daemon) ClusterStatus() *cluster.Status {
 	return &st
 }
 
+// ClusterSynced is closed once this replica has applied its first list of
+// etcd's table and watches it (nil without --cluster): tetherd tells
+// systemd READY=1 only then, and admin writes wait for it (bounded).
+func (d *Daemon) ClusterSynced() <-chan struct{} {
+	if d.ctl.replica == nil {
+		return nil
+	}
+	return d.ctl.replica.Synced()
+}
+
 func checkCluster(o *Options) error {
 	if o.Cluster == "" {
 		switch {
