@@ -40,7 +40,7 @@ const (
 // to timeout, or until gone is closed. Only Admitted holds a place.
 func (w *Worker) Admit(queueSize int, timeout time.Duration, gone <-chan struct{}) Admission {
 	g := &w.gate
-	limit := int64(w.maxInFlight.Load())
+	limit := w.admitLimit()
 	if limit == 0 && g.queued.Load() == 0 {
 		g.admitted.Add(1)
 		return Admitted
@@ -93,7 +93,7 @@ func (w *Worker) Admit(queueSize int, timeout time.Duration, gone <-chan struct{
 // and hands the request to a goroutine (Admit) otherwise.
 func (w *Worker) TryAdmit() bool {
 	g := &w.gate
-	limit := int64(w.maxInFlight.Load())
+	limit := w.admitLimit()
 	if g.queued.Load() != 0 {
 		return false
 	}
@@ -125,7 +125,7 @@ func (w *Worker) Leave() {
 // held).
 func (w *Worker) handOffLocked() {
 	g := &w.gate
-	limit := int64(w.maxInFlight.Load())
+	limit := w.admitLimit()
 	for len(g.waiters) > 0 && (limit == 0 || g.admitted.Load() < limit) {
 		ch := g.waiters[0]
 		g.waiters[0] = nil

@@ -295,6 +295,11 @@ func (p *Policy) route(rt *Router, req *httphead.Request, body []byte) Decision 
 	if p.cfg.Keyless == KeylessP2C {
 		return p2c(rt, ws)
 	}
+	if e := rt.engineOn(); e != nil && p.cfg.Keyless == KeylessLeast {
+		if d, ok := e.keyless(rt, p, ws, req, body); ok {
+			return d // by engine state (policy_engine.go)
+		}
+	}
 	return rt.spread(ReasonSpread)
 }
 

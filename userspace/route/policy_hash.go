@@ -311,6 +311,16 @@ func (p *Policy) routeKey(rt *Router, ws []*Worker, h uint64) Decision {
 		}
 	}
 	reason := ReasonHash
+	moved := NumReasons
+	if out == ringOwner || out == ringSpill || out == ringFailover {
+		if e := rt.engineOn(); e != nil {
+			// With engine signals: off a vetoed engine to one clearly
+			// better (policy_engine.go), remembered like a spill.
+			if nw, r, ok := e.moveKey(p, ws, h, w, true); ok {
+				w, out, moved = nw, ringSpill, r
+			}
+		}
+	}
 	switch out {
 	case ringNone:
 		rt.reasons[ReasonNoWorker].Add(1)
@@ -321,6 +331,9 @@ func (p *Policy) routeKey(rt *Router, ws []*Worker, h uint64) Decision {
 		reason = ReasonHashFailover
 	case ringSpill:
 		reason = ReasonHashSpill
+		if moved != NumReasons {
+			reason = moved
+		}
 		if t != nil {
 			if now == 0 {
 				now = p.cfg.Now()
@@ -350,7 +363,23 @@ func (p *Policy) remembered(rt *Router, ws []*Worker, h uint64, l load, owner *W
 	if sw == nil || owner == nil || sw == owner {
 		return Decision{}, false
 	}
-	if !p.overloaded(owner, l, true) {
+	e2 := rt.engineOn()
+	if e2 != nil && sw.State() == Healthy && !p.overloaded(sw, l, false) {
+		// With engine signals a moved key stays moved (its cache is
+		// there now) until its entry expires: off its target only when
+		// that is vetoed and another engine is clearly better.
+		if nw, r, ok := e2.moveKey(p, ws, h, sw, true); ok {
+			t.Put(h, sticky.Entry{Worker: uint32(nw.Slot), ID: nw.Ident(), Expires: now + p.spillTTL})
+			rt.reasons[r].Add(1)
+			return Decision{Worker: nw, Reason: r}, true
+		}
+		if uint32(sw.Slot) != e.Worker || now-(e.Expires-p.spillTTL) >= p.refresh {
+			t.Put(h, sticky.Entry{Worker: uint32(sw.Slot), ID: e.ID, Expires: now + p.spillTTL})
+		}
+		rt.reasons[ReasonHashSpilled].Add(1)
+		return Decision{Worker: sw, Reason: ReasonHashSpilled}, true
+	}
+	if !p.overloaded(owner, l, true) && (e2 == nil || !owner.EngineVetoed()) {
 		t.Delete(h)
 		rt.reasons[ReasonHashReturn].Add(1)
 		return Decision{Worker: owner, Reason: ReasonHashReturn}, true

@@ -17,6 +17,14 @@ func (p *Policy) routeSticky(rt *Router, ws []*Worker, h uint64) Decision {
 	lost := false
 	if found && e.Live(now) {
 		if w := entryWorker(ws, e); w != nil && w.State() == Healthy {
+			if eng := rt.engineOn(); eng != nil {
+				if nw, r, ok := eng.moveKey(p, ws, h, w, true); ok {
+					// Off a vetoed engine, to one clearly better: it stays there.
+					t.Put(h, sticky.Entry{Worker: uint32(nw.Slot), ID: nw.Ident(), Expires: now + p.ttl})
+					rt.reasons[r].Add(1)
+					return Decision{Worker: nw, Reason: r}
+				}
+			}
 			if uint32(w.Slot) != e.Worker || now-(e.Expires-p.ttl) >= p.refresh {
 				t.Put(h, sticky.Entry{Worker: uint32(w.Slot), ID: e.ID, Expires: now + p.ttl})
 			}
@@ -25,8 +33,21 @@ func (p *Policy) routeSticky(rt *Router, ws []*Worker, h uint64) Decision {
 		}
 		lost = true
 	}
-	// A new key: the least loaded healthy worker with room (capacity).
-	w := LeastLoaded(ws, rt.rr.Add(1), hasRoom)
+	// A new key: the least loaded healthy worker with room (capacity);
+	// with engine signals, the best engine (ties to the ring owner).
+	var w *Worker
+	newReason := ReasonStickyNew
+	if eng := rt.engineOn(); eng != nil {
+		if w = eng.newKey(p, ws, h); w != nil && !hasRoom(w) {
+			w = nil
+		}
+		if w != nil {
+			newReason = ReasonEngineLeast
+		}
+	}
+	if w == nil {
+		w = LeastLoaded(ws, rt.rr.Add(1), hasRoom)
+	}
 	if w == nil {
 		w = LeastLoaded(ws, rt.rr.Add(1), isHealthy)
 	}
@@ -47,7 +68,7 @@ func (p *Policy) routeSticky(rt *Router, ws []*Worker, h uint64) Decision {
 		}
 		t.Put(h, ne)
 	}
-	reason := ReasonStickyNew
+	reason := newReason
 	if lost {
 		reason = ReasonStickyFailover
 	}

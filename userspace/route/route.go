@@ -57,6 +57,8 @@ type Worker struct {
 	maxInFlight atomic.Uint64
 	gate        gate         // holds requests in flight to maxInFlight (gate.go)
 	engine      atomic.Int32 // EngineKind (engine.go)
+
+	load engineLoad // engine signals (engine_load.go)
 }
 
 // WorkerID is the identity of the worker at url in sticky entries: 32 bits
@@ -211,12 +213,17 @@ const (
 	ReasonRid            // request id already in flight: its owner
 	ReasonLearned        // bare session id: the worker that created it
 	ReasonReroute        // the first worker refused the connection: another one
+	// Engine-aware placement (policy_engine.go).
+	ReasonVeto        // key moved off a vetoed engine (KV or queue full)
+	ReasonGroup       // keyless: where the earlier samples of its prompt are
+	ReasonEngineLeast // free to go anywhere: the engine with the least expected time to serve
 	NumReasons
 )
 
 var reasonNames = [NumReasons]string{"session", "spread", "bad_session_spread", "bad_session_reject", "no_worker", "panic",
 	"target", "bad_target", "hash", "hash_spill", "hash_spilled", "hash_return", "hash_failover",
-	"sticky", "sticky_new", "sticky_failover", "prefix", "rid", "learned", "reroute"}
+	"sticky", "sticky_new", "sticky_failover", "prefix", "rid", "learned", "reroute",
+	"veto", "group", "engine-least"}
 
 func (r Reason) String() string { return reasonNames[r] }
 
@@ -228,6 +235,8 @@ type Router struct {
 	policy     atomic.Pointer[Policy]   // nil: least in flight (spread)
 	badSession atomic.Int32             // BadSession
 	learning   atomic.Pointer[Learning] // nil: bare session ids are not learned
+
+	engine atomic.Pointer[EnginePlacement] // nil: no engine-aware placement (policy_engine.go)
 
 	rr      atomic.Uint64
 	reasons [NumReasons]atomic.Uint64

@@ -1,0 +1,418 @@
+package route
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/tether-rl/tether/userspace/httphead"
+)
+
+// Placement by engine state (docs/routing.md, "Engine-aware placement").
+// Once some worker's engine reports its load (Worker.SetEngineSignals),
+// what is free to go anywhere is placed by engineScore, the expected time
+// to serve (work ahead, KV penalty), with the ring as the tie-breaker:
+//
+//   - keyless requests (--keyless=least): a request whose body carries a
+//     prompt (GroupHash) goes where the earlier samples of its prompt are
+//     in flight, up to GroupMax there, then to the next best engine
+//     (reason group); the first sample of a prompt, and requests without
+//     one, go to the best engine (engine-least), ties to the prompt's
+//     ring owner (or rotating, without a prompt).
+//   - new keys of --policy=sticky and new sessions (POST /sessions, which
+//     carry no key): the best engine, ties to the key's ring owner.
+//   - keys of --policy=hash stay with their ring owner unless another
+//     engine is clearly better (engine-least) or the owner is vetoed and
+//     another clearly better (veto); a moved key is remembered like a
+//     spill and stays moved: it goes back only when its owner is clearly
+//     better than where it is.
+//
+// A vetoed engine (KV usage >= KVVeto, or more than WaitingVeto waiting;
+// the veto lifts below KVVeto-0.1 and WaitingVeto/2) takes no new keys,
+// sessions or keyless work; a key already on it moves only to an engine
+// clearly better (score below cur/Margin - Slack). w<idx>- session ids
+// never move. When every engine is vetoed, the poller holds admissions
+// (Worker.SetEngineHold): requests wait in tetherd's queue.
+
+// Defaults of the engine flags.
+const (
+	DefaultKVVeto      = 0.9
+	DefaultWaitingVeto = 64
+	DefaultGroupMax    = 16
+	// DefaultMoveMargin and DefaultMoveSlack: an engine is clearly better
+	// than the current one when cur > best*Margin + Slack (scores in
+	// requests).
+	DefaultMoveMargin = 1.5
+	DefaultMoveSlack  = 4
+	// vetoBand: the KV veto lifts this far below KVVeto.
+	vetoBand = 0.1
+	// tieSlack: scores within this many requests of the best are ties.
+	tieSlack = 0.5
+)
+
+// EngineConfig configures engine-aware placement. Zero values take the
+// defaults.
+type EngineConfig struct {
+	KVVeto      float64 // veto at KV usage >= this; default 0.9; >= 1: never
+	WaitingVeto int     // veto above this many waiting; 0: default 64, negative: none
+	GroupMax    int     // a prompt's samples in flight per engine; 0: default 16
+	MoveMargin  float64 // 0: default 1.5
+	MoveSlack   float64 // 0: default 4
+}
+
+// EnginePlacement is the engine-aware placement of a Router
+// (Router.SetEnginePlacement). Safe for concurrent use.
+type EnginePlacement struct {
+	cfg    EngineConfig
+	known  atomic.Int32 // workers with signals (SetKnown): 0 turns it all off
+	groups *groupTable
+}
+
+// NewEnginePlacement validates cfg.
+func NewEnginePlacement(cfg EngineConfig) (*EnginePlacement, error) {
+	if cfg.KVVeto == 0 {
+		cfg.KVVeto = DefaultKVVeto
+	}
+	if !(cfg.KVVeto > 0) {
+		return nil, fmt.Errorf("--kv-veto %v: want > 0 (>= 1: never)", cfg.KVVeto)
+	}
+	if cfg.WaitingVeto == 0 {
+		cfg.WaitingVeto = DefaultWaitingVeto
+	}
+	if cfg.GroupMax == 0 {
+		cfg.GroupMax = DefaultGroupMax
+	}
+	if cfg.GroupMax < 0 {
+		return nil, errors.New("--group-max: want >= 0")
+	}
+	if cfg.MoveMargin == 0 {
+		cfg.MoveMargin = DefaultMoveMargin
+	}
+	if cfg.MoveSlack == 0 {
+		cfg.MoveSlack = DefaultMoveSlack
+	}
+	if cfg.MoveMargin < 1 || cfg.MoveSlack < 0 {
+		return nil, errors.New("engine move margin: want margin >= 1, slack >= 0")
+	}
+	return &EnginePlacement{cfg: cfg, groups: newGroupTable()}, nil
+}
+
+// Config returns the settings, defaults applied.
+func (e *EnginePlacement) Config() EngineConfig { return e.cfg }
+
+// SetKnown tells how many workers have engine signals now (the poller,
+// after each round): with none, placement is exactly as without engines.
+func (e *EnginePlacement) SetKnown(n int) { e.known.Store(int32(n)) }
+
+// Veto decides an engine's veto from a reading, with hysteresis: on at KV
+// usage >= KVVeto or more than WaitingVeto waiting; once on, off only when
+// KV usage is below KVVeto-0.1 and at most WaitingVeto/2 wait.
+func (e *EnginePlacement) Veto(prev bool, s EngineSignals) bool {
+	kv, wait := e.cfg.KVVeto, e.cfg.WaitingVeto
+	if prev {
+		kv -= vetoBand
+		if wait > 0 {
+			wait /= 2
+		}
+	}
+	if s.KVUsage >= 0 && s.KVUsage >= kv && e.cfg.KVVeto < 1 {
+		return true
+	}
+	return wait >= 0 && s.Waiting > wait
+}
+
+// SetEnginePlacement turns engine-aware placement on (nil: off). A new
+// one (a reload) keeps the groups of the one it replaces.
+func (rt *Router) SetEnginePlacement(e *EnginePlacement) {
+	if old := rt.engine.Load(); old != nil && e != nil && old != e {
+		e.groups = old.groups
+		e.known.Store(old.known.Load())
+	}
+	rt.engine.Store(e)
+}
+
+// EnginePlacement returns the engine-aware placement (nil: off).
+func (rt *Router) EnginePlacement() *EnginePlacement { return rt.engine.Load() }
+
+// engineOn returns the engine placement when some worker has signals.
+func (rt *Router) engineOn() *EnginePlacement {
+	if e := rt.engine.Load(); e != nil && e.known.Load() > 0 {
+		return e
+	}
+	return nil
+}
+
+// clearlyBetter reports whether score b beats cur by the move margin.
+func (e *EnginePlacement) clearlyBetter(b, cur float64) bool {
+	return cur > b*e.cfg.MoveMargin+e.cfg.MoveSlack
+}
+
+// best returns the healthy, not vetoed worker with the lowest score, ties
+// (within tieSlack) broken by the ring from h (useRing) or by rotation
+// from h, skipping skip (may be nil); nil when every healthy worker is
+// vetoed or none is healthy. It also returns the best score.
+func (e *EnginePlacement) best(p *Policy, ws []*Worker, h uint64, useRing bool, skip *Worker) (*Worker, float64) {
+	var scores [64]float64
+	bestScore := -1.0
+	n := 0
+	for i, w := range ws {
+		if w == nil || w == skip || w.State() != Healthy {
+			continue
+		}
+		s, vetoed := w.engineScore()
+		if vetoed {
+			continue
+		}
+		if i < len(scores) {
+			scores[i] = s
+		}
+		if bestScore < 0 || s < bestScore {
+			bestScore = s
+		}
+		n++
+	}
+	if n == 0 {
+		return nil, 0
+	}
+	isTie := func(slot int) bool {
+		w := ws[slot]
+		if w == nil || w == skip || w.State() != Healthy {
+			return false
+		}
+		var s float64
+		if slot < len(scores) {
+			s = scores[slot]
+			if s == 0 {
+				return false // vetoed or not seen above
+			}
+		} else {
+			var vetoed bool
+			if s, vetoed = w.engineScore(); vetoed {
+				return false
+			}
+		}
+		return s <= bestScore+tieSlack
+	}
+	if useRing && p != nil {
+		r := p.ringFor(ws)
+		if np := len(r.points); np > 0 {
+			i := r.search(h)
+			for k := 0; k < np; k++ {
+				if slot := int(r.points[i].slot); isTie(slot) {
+					return ws[slot], bestScore
+				}
+				if i++; i == np {
+					i = 0
+				}
+			}
+		}
+	}
+	nw := len(ws)
+	start := int(h % uint64(nw))
+	for k := 0; k < nw; k++ {
+		if slot := (start + k) % nw; isTie(slot) {
+			return ws[slot], bestScore
+		}
+	}
+	return nil, 0
+}
+
+// leastVetoed is the healthy worker with the lowest score, vetoed or not
+// (every engine is vetoed: the request waits in that worker's queue while
+// the poller holds admissions).
+func leastVetoed(ws []*Worker, start uint64) *Worker {
+	var best *Worker
+	var bs float64
+	n := len(ws)
+	for k := 0; k < n; k++ {
+		w := ws[(int(start%uint64(n))+k)%n]
+		if w == nil || w.State() != Healthy {
+			continue
+		}
+		if s, _ := w.engineScore(); best == nil || s < bs {
+			best, bs = w, s
+		}
+	}
+	return best
+}
+
+// keyless places a request without a key (--keyless=least). ok false:
+// no healthy worker; the caller's spread applies its panic rule.
+func (e *EnginePlacement) keyless(rt *Router, p *Policy, ws []*Worker, req *httphead.Request, body []byte) (Decision, bool) {
+	if gh, ok := GroupHash(req, body); ok && e.cfg.GroupMax > 0 {
+		return e.group(rt, p, ws, gh)
+	}
+	w, _ := e.best(p, ws, rt.rr.Add(1), false, nil)
+	if w == nil {
+		if w = leastVetoed(ws, rt.rr.Add(1)); w == nil {
+			return Decision{}, false
+		}
+	}
+	rt.reasons[ReasonEngineLeast].Add(1)
+	return Decision{Worker: w, Reason: ReasonEngineLeast}, true
+}
+
+// newKey places a key seen for the first time (--policy=sticky): the best
+// engine, ties to the key's ring owner; nil when every engine is vetoed
+// (the caller uses its own rule).
+func (e *EnginePlacement) newKey(p *Policy, ws []*Worker, h uint64) *Worker {
+	w, _ := e.best(p, ws, h, true, nil)
+	return w
+}
+
+// moveKey decides whether a key on cur moves: to the best engine when it
+// is clearly better than cur and cur is vetoed (reason veto) or, with
+// anyVeto false, clearly better whatever cur's veto (engine-least). ok
+// false: the key stays.
+func (e *EnginePlacement) moveKey(p *Policy, ws []*Worker, h uint64, cur *Worker, onlyVetoed bool) (*Worker, Reason, bool) {
+	cs, vetoed := cur.engineScore()
+	if onlyVetoed && !vetoed {
+		return nil, 0, false
+	}
+	b, bs := e.best(p, ws, h, true, cur)
+	if b == nil || !e.clearlyBetter(bs, cs) {
+		return nil, 0, false
+	}
+	if vetoed {
+		return b, ReasonVeto, true
+	}
+	return b, ReasonEngineLeast, true
+}
+
+// group places a sample of the prompt gh.
+func (e *EnginePlacement) group(rt *Router, p *Policy, ws []*Worker, gh uint64) (Decision, bool) {
+	g := e.groups.entry(gh)
+	g.mu.Lock()
+	if g.hash != gh || !g.set {
+		if g.set && (g.n[0] > 0 || g.n[1] > 0) {
+			// Another prompt in flight holds the entry: place alone.
+			g.mu.Unlock()
+			w, _ := e.best(p, ws, gh, true, nil)
+			if w == nil {
+				if w = leastVetoed(ws, gh); w == nil {
+					return Decision{}, false
+				}
+			}
+			rt.reasons[ReasonEngineLeast].Add(1)
+			return Decision{Worker: w, Reason: ReasonEngineLeast}, true
+		}
+		g.hash, g.set = gh, true
+		g.slot, g.n = [2]int32{-1, -1}, [2]int32{}
+	}
+	max := int32(e.cfg.GroupMax)
+	var skip *Worker
+	for k := 0; k < 2; k++ {
+		s := int(g.slot[k])
+		if s < 0 || s >= len(ws) || ws[s] == nil {
+			continue
+		}
+		w := ws[s]
+		if w.State() != Healthy || w.EngineVetoed() {
+			continue
+		}
+		if g.n[k] < max {
+			g.n[k]++
+			g.mu.Unlock()
+			rt.reasons[ReasonGroup].Add(1)
+			return Decision{Worker: w, Reason: ReasonGroup, Done: g.rel[k]}, true
+		}
+		skip = w // full: the next best engine
+	}
+	w, _ := e.best(p, ws, gh, true, skip)
+	if w == nil {
+		w = leastVetoed(ws, gh)
+	}
+	if w == nil {
+		g.mu.Unlock()
+		return Decision{}, false
+	}
+	// Record it where no sample is in flight (the later samples follow).
+	k := -1
+	for i := 0; i < 2; i++ {
+		if int(g.slot[i]) == w.Slot {
+			k = i
+			break
+		}
+	}
+	if k < 0 {
+		for i := 0; i < 2; i++ {
+			if g.slot[i] < 0 || g.n[i] == 0 {
+				k = i
+				g.slot[i], g.n[i] = int32(w.Slot), 0
+				break
+			}
+		}
+	}
+	reason := ReasonEngineLeast
+	if g.slot[0] >= 0 && g.slot[1] >= 0 {
+		reason = ReasonGroup // the prompt's next engine
+	}
+	var done func()
+	if k >= 0 {
+		g.n[k]++
+		done = g.rel[k]
+	}
+	g.mu.Unlock()
+	rt.reasons[reason].Add(1)
+	return Decision{Worker: w, Reason: reason, Done: done}, true
+}
+
+// groupTable remembers where the samples of recent prompts went: a
+// direct-mapped table (a prompt in flight keeps its entry; a colliding
+// prompt is placed alone), with preallocated release functions so that
+// a decision allocates nothing.
+type groupTable struct {
+	e [groupEntries]groupEntry
+}
+
+const groupEntries = 4096
+
+type groupEntry struct {
+	mu   sync.Mutex
+	set  bool
+	hash uint64
+	slot [2]int32 // engines of the prompt (-1: none)
+	n    [2]int32 // its samples in flight there
+	rel  [2]func()
+}
+
+func newGroupTable() *groupTable {
+	t := &groupTable{}
+	for i := range t.e {
+		g := &t.e[i]
+		g.rel[0] = func() { g.release(0) }
+		g.rel[1] = func() { g.release(1) }
+	}
+	return t
+}
+
+func (t *groupTable) entry(h uint64) *groupEntry { return &t.e[(h^h>>32)%groupEntries] }
+
+func (g *groupEntry) release(k int) {
+	g.mu.Lock()
+	if g.n[k] > 0 {
+		g.n[k]--
+	}
+	g.mu.Unlock()
+}
+
+// Groups returns the prompts with samples in flight and, per slot, how
+// many samples of tracked prompts are in flight there (display, tests).
+func (e *EnginePlacement) Groups() (prompts int, perSlot map[int]int) {
+	perSlot = map[int]int{}
+	for i := range e.groups.e {
+		g := &e.groups.e[i]
+		g.mu.Lock()
+		if g.set && (g.n[0] > 0 || g.n[1] > 0) {
+			prompts++
+			for k := 0; k < 2; k++ {
+				if g.n[k] > 0 {
+					perSlot[int(g.slot[k])] += int(g.n[k])
+				}
+			}
+		}
+		g.mu.Unlock()
+	}
+	return prompts, perSlot
+}
