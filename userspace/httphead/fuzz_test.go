@@ -119,7 +119,9 @@ func FuzzParseRequest(f *testing.F) {
 			if equalFold(fl.Name, "Host") && req.HostRewritten && !fl.Drop {
 				t.Fatal("Host field kept with an absolute-form target")
 			}
-			for _, hop := range append([]string{"X-Forwarded-For"}, hopByHop...) {
+			// Nothing of an h2c offer reaches a worker (rule 20): Upgrade is
+			// among hopByHop, HTTP2-Settings goes named or not.
+			for _, hop := range append([]string{"X-Forwarded-For", "HTTP2-Settings"}, hopByHop...) {
 				if equalFold(fl.Name, hop) && !fl.Drop {
 					t.Fatalf("hop-by-hop %q kept", fl.Name)
 				}

@@ -486,12 +486,13 @@ func (req *Request) interpret() error {
 				return err
 			}
 			f.Drop = true
-		case equalFold(f.Name, "Upgrade"):
-			if bytes.Contains(bytes.ToLower(f.Value), []byte("h2c")) {
-				return reject(400, "h2c upgrade not supported")
-			}
 		case equalFold(f.Name, "HTTP2-Settings"):
-			return reject(400, "HTTP2-Settings not supported")
+			// An h2c offer (checklist rule 20) is served over HTTP/1.1 with
+			// the upgrade removed (RFC 9110 §7.8 lets a server ignore it):
+			// Upgrade is hop-by-hop (hopByHop), Connection and the tokens
+			// it names go with it, and HTTP2-Settings, connection-specific
+			// (RFC 9113 §3.2.1, named or not), never reaches a worker.
+			f.Drop = true
 		case equalFold(f.Name, "X-Forwarded-For"):
 			if len(req.XFF) > 0 {
 				req.XFF = append(append(req.XFF[:len(req.XFF):len(req.XFF)], ", "...), f.Value...)

@@ -210,11 +210,6 @@ var requestRejects = []rejectCase{
 	{18, "Connection names protected after 8 others", head("GET / HTTP/1.1", "Host: a", "Connection: a1, a2, a3, a4, a5, a6, a7, a8, a9, Host"), Limits{}, 400},
 	{18, "Connection bad token", head("GET / HTTP/1.1", "Host: a", "Connection: a b"), Limits{}, 400},
 	{18, "Connection quoted", head("GET / HTTP/1.1", "Host: a", `Connection: "close"`), Limits{}, 400},
-	// 20: h2c.
-	{20, "Upgrade h2c", head("GET / HTTP/1.1", "Host: a", "Connection: Upgrade, HTTP2-Settings", "Upgrade: h2c", "HTTP2-Settings: AAMAAABkAAQAAP__"), Limits{}, 400},
-	{20, "Upgrade H2C alone", head("GET / HTTP/1.1", "Host: a", "Upgrade: H2C"), Limits{}, 400},
-	{20, "Upgrade list with h2c", head("GET / HTTP/1.1", "Host: a", "Upgrade: websocket, h2c"), Limits{}, 400},
-	{20, "HTTP2-Settings alone", head("GET / HTTP/1.1", "Host: a", "HTTP2-Settings: AAMAAABkAAQAAP__"), Limits{}, 400},
 }
 
 func repeatField(f string, n int) []string {
@@ -327,6 +322,30 @@ var requestAccepts = []acceptCase{
 		Request{Method: b("GET"), Target: b("/"), Path: b("/"), Minor: 1, Host: b(""), ContentLength: -1, KeepAlive: true}, nil},
 	{12, "Host sub-delims", head("GET / HTTP/1.1", "Host: a-b_c~d.e!$&'()*+,;=%41"), Limits{},
 		Request{Method: b("GET"), Target: b("/"), Path: b("/"), Minor: 1, Host: b("a-b_c~d.e!$&'()*+,;=%41"), ContentLength: -1, KeepAlive: true}, nil},
+	// 20: an h2c offer is served over HTTP/1.1, the upgrade removed:
+	// Upgrade, HTTP2-Settings and Connection (with the tokens naming
+	// them) never reach the worker; the rest of the request does.
+	{20, "Upgrade h2c", head("GET / HTTP/1.1", "Host: a", "Connection: Upgrade, HTTP2-Settings", "Upgrade: h2c", "HTTP2-Settings: AAMAAABkAAQAAP__", "X-Kept: 1"), Limits{},
+		Request{Method: b("GET"), Target: b("/"), Path: b("/"), Minor: 1, Host: b("a"), ContentLength: -1, KeepAlive: true},
+		[]string{"Connection", "Upgrade", "HTTP2-Settings"}},
+	{20, "Upgrade h2c with a body", head("POST / HTTP/1.1", "Host: a", "Content-Length: 5", "Upgrade: h2c", "Connection: HTTP2-Settings, upgrade", "http2-settings: AAMAAABkAAQAAP__"), Limits{},
+		Request{Method: b("POST"), Target: b("/"), Path: b("/"), Minor: 1, Host: b("a"), ContentLength: 5, KeepAlive: true},
+		[]string{"Upgrade", "Connection", "http2-settings"}},
+	{20, "Upgrade h2c with close", head("GET / HTTP/1.1", "Host: a", "Connection: Upgrade, HTTP2-Settings, close", "Upgrade: h2c", "HTTP2-Settings: AAMAAABkAAQAAP__"), Limits{},
+		Request{Method: b("GET"), Target: b("/"), Path: b("/"), Minor: 1, Host: b("a"), ContentLength: -1},
+		[]string{"Connection", "Upgrade", "HTTP2-Settings"}},
+	{20, "Upgrade H2C alone", head("GET / HTTP/1.1", "Host: a", "Upgrade: H2C"), Limits{},
+		Request{Method: b("GET"), Target: b("/"), Path: b("/"), Minor: 1, Host: b("a"), ContentLength: -1, KeepAlive: true},
+		[]string{"Upgrade"}},
+	{20, "Upgrade list with h2c", head("GET / HTTP/1.1", "Host: a", "Upgrade: websocket, h2c"), Limits{},
+		Request{Method: b("GET"), Target: b("/"), Path: b("/"), Minor: 1, Host: b("a"), ContentLength: -1, KeepAlive: true},
+		[]string{"Upgrade"}},
+	{20, "HTTP2-Settings alone", head("GET / HTTP/1.1", "Host: a", "HTTP2-Settings: AAMAAABkAAQAAP__"), Limits{},
+		Request{Method: b("GET"), Target: b("/"), Path: b("/"), Minor: 1, Host: b("a"), ContentLength: -1, KeepAlive: true},
+		[]string{"HTTP2-Settings"}},
+	{20, "HTTP/1.0 h2c", head("GET / HTTP/1.0", "Host: a", "Connection: Upgrade, HTTP2-Settings", "Upgrade: h2c", "HTTP2-Settings: AAMAAABkAAQAAP__"), Limits{},
+		Request{Method: b("GET"), Target: b("/"), Path: b("/"), Minor: 0, Host: b("a"), ContentLength: -1},
+		[]string{"Connection", "Upgrade", "HTTP2-Settings"}},
 	{0, "X-Forwarded-For combined", head("GET / HTTP/1.1", "X-Forwarded-For: 1.1.1.1", "Host: a", "x-forwarded-for: 2.2.2.2, 3.3.3.3 "), Limits{},
 		Request{Method: b("GET"), Target: b("/"), Path: b("/"), Minor: 1, Host: b("a"), ContentLength: -1, KeepAlive: true, XFF: b("1.1.1.1, 2.2.2.2, 3.3.3.3")},
 		[]string{"X-Forwarded-For", "x-forwarded-for"}},

@@ -94,9 +94,6 @@ func TestRequestFramingRejected(t *testing.T) {
 		{"18", "Connection names TE", post("Connection: Transfer-Encoding\r\nTransfer-Encoding: chunked\r\n", "0\r\n\r\n"), 400},
 		{"18", "Connection names Host", "GET / HTTP/1.1\r\n" + h + "Connection: Host\r\n\r\n", 400},
 		{"18", "Connection names XFF", "GET / HTTP/1.1\r\n" + h + "Connection: close, X-Forwarded-For\r\nX-Forwarded-For: 1.2.3.4\r\n\r\n", 400},
-		{"20", "h2c upgrade", "GET / HTTP/1.1\r\n" + h + "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n", 400},
-		{"20", "h2c without settings", "GET / HTTP/1.1\r\n" + h + "Upgrade: h2c\r\n\r\n", 400},
-		{"20", "HTTP2-Settings alone", "GET / HTTP/1.1\r\n" + h + "HTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n", 400},
 		// CVE-2025-22871 (Go): bare LF ending a chunk size line.
 		{"CVE-2025-22871", "bare LF after chunk size", chunked("5\nhello\r\n0\r\n\r\n"), 400},
 		{"CVE-2025-22871", "bare LF after chunk ext", chunked("5;a=b\nhello\r\n0\r\n\r\n"), 400},
@@ -130,6 +127,75 @@ func TestRequestFramingRejected(t *testing.T) {
 			be.waitIdle(t, 2*time.Second)
 			if got := be.received(); len(got) > 0 {
 				t.Fatalf("the backend received %q", got)
+			}
+		})
+	}
+}
+
+// Checklist rule 20: an `Upgrade: h2c` offer is never taken. The request
+// is served over HTTP/1.1 with Upgrade, HTTP2-Settings and the Connection
+// tokens naming them removed, on the loop's path and on the goroutine's
+// alike; nothing h2c reaches the worker, and the client connection stays
+// an HTTP/1.1 keep-alive one. Another upgrade (websocket) is stripped the
+// same way: tether tunnels none.
+func TestUpgradeH2CServedOverHTTP11(t *testing.T) {
+	const offer = "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n"
+	for _, tc := range []struct {
+		name, req, body string
+		loop            bool // the event loop runs it (else a goroutine)
+	}{
+		{"loop GET", "GET /a HTTP/1.1\r\nHost: a\r\n" + offer + "X-Kept: 1\r\n\r\n", "", true},
+		{"loop POST", "POST /a HTTP/1.1\r\nHost: a\r\nUpgrade: h2c\r\nContent-Length: 5\r\nConnection: http2-settings, upgrade\r\nhttp2-settings: AAMAAABkAAQAAP__\r\nX-Kept: 1\r\n\r\nhello", "hello", true},
+		{"loop Upgrade alone", "GET /a HTTP/1.1\r\nHost: a\r\nUpgrade: H2C\r\nX-Kept: 1\r\n\r\n", "", true},
+		{"loop HTTP2-Settings alone", "GET /a HTTP/1.1\r\nHost: a\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\nX-Kept: 1\r\n\r\n", "", true},
+		{"loop websocket and h2c", "GET /a HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket, h2c\r\nX-Kept: 1\r\n\r\n", "", true},
+		{"goroutine chunked", "POST /a HTTP/1.1\r\nHost: a\r\n" + offer + "Transfer-Encoding: chunked\r\nX-Kept: 1\r\n\r\n5\r\nhello\r\n0\r\n\r\n", "hello", false},
+		{"goroutine Expect", "POST /a HTTP/1.1\r\nHost: a\r\n" + offer + "Expect: 100-continue\r\nContent-Length: 5\r\nX-Kept: 1\r\n\r\nhello", "hello", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			heads := make(chan string, 4)
+			be := newBackend(t, func(c *bconn) {
+				for {
+					head, body, err := c.readRequest()
+					if err != nil {
+						return
+					}
+					heads <- head + "\n" + string(body)
+					fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+				}
+			})
+			// The worker sends no 100: the body goes up after this wait.
+			p := startProxy(t, []string{be.addr}, func(c *Config) { c.Waits.Continue = 20 * time.Millisecond })
+			c, br := p.dial()
+			for i := range 2 { // the client connection stays open for the next request
+				handoffs := p.srv.Counters().Handoffs.Load()
+				io.WriteString(c, tc.req)
+				c.SetReadDeadline(time.Now().Add(10 * time.Second))
+				line, err := br.Peek(12)
+				if err == nil && string(line) == "HTTP/1.1 100" && strings.Contains(tc.req, "Expect: 100-continue") {
+					readHeadFrom(br) // the interim answer to Expect, then the final one
+					line, err = br.Peek(12)
+				}
+				if err != nil || string(line) != "HTTP/1.1 200" {
+					t.Fatalf("request %d: %q (%v), want HTTP/1.1 200 (no 101, no 400)", i, line, err)
+				}
+				resp, body := readResp(t, br, false)
+				if resp.StatusCode != 200 || body != tc.body || resp.Close || resp.Header.Get("Upgrade") != "" {
+					t.Fatalf("request %d: %d close=%v upgrade=%q %q", i, resp.StatusCode, resp.Close, resp.Header.Get("Upgrade"), body)
+				}
+				got := <-heads
+				low := strings.ToLower(got)
+				for _, banned := range []string{"upgrade", "http2-settings", "connection:", "h2c", "websocket"} {
+					if strings.Contains(low, banned) {
+						t.Fatalf("request %d: the worker saw %q:\n%s", i, banned, got)
+					}
+				}
+				if !strings.Contains(got, "\r\nX-Kept: 1") || !strings.HasSuffix(got, "\n"+tc.body) {
+					t.Fatalf("request %d: the worker got\n%s", i, got)
+				}
+				if ran := p.srv.Counters().Handoffs.Load() == handoffs; ran != tc.loop {
+					t.Fatalf("request %d: run by the loop %v, want %v", i, ran, tc.loop)
+				}
 			}
 		})
 	}
