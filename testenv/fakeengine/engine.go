@@ -103,10 +103,10 @@ func (c *Config) defaults() {
 
 // Stats is a snapshot of an Engine's counters and gauges.
 type Stats struct {
-	// Requests counts the generation requests accepted (parsed and
-	// admitted to the engine, the pause gate included); Completed those that
-	// finished by length; Aborted those that ended early (abort, pause
-	// abort, client gone, close).
+	// Requests counts the generation requests that entered the scheduler
+	// (parsed, past the SGLang gate); Completed those that finished by
+	// length; Aborted those that ended early (abort, pause abort, the
+	// client gone, Close, Kill).
 	Requests, Completed, Aborted int64
 	// ParkedWhilePaused counts the requests that arrived while the engine
 	// was paused and had to wait inside it (vLLM parks them in waiting;
@@ -417,22 +417,25 @@ func (e *Engine) Kill() {
 		e.mu.Lock()
 		e.closing = true
 		e.mu.Unlock()
-		e.stop() // before the connections: no step runs after this
 		if e.srv != nil {
-			e.srv.Close() // the listener and every tracked connection
+			// The listener and every connection first: no answer goes out.
+			e.srv.Close()
 			e.connMu.Lock()
 			for c := range e.conns {
 				c.Close()
 			}
 			e.connMu.Unlock()
-			<-e.served
 		}
+		e.stop()
 		e.mu.Lock()
 		for _, r := range append(append([]*request(nil), e.running...), e.waiting...) {
 			e.finishLocked(r, "abort")
 		}
 		e.broadcastLocked()
 		e.mu.Unlock()
+		if e.srv != nil {
+			<-e.served
+		}
 	})
 }
 

@@ -810,11 +810,145 @@ func TestFleetUnderLoad(t *testing.T) {
 	for _, e := range es {
 		s := e.Stats()
 		hits += s.CachedTokens
+		t.Logf("%s: %+v", e.Name(), s)
 		if s.KVUsage != 0 || s.Running+s.Waiting != 0 {
 			t.Errorf("%s: %+v", e.Name(), s)
 		}
 	}
 	if hits == 0 {
 		t.Error("no prefix-cache hit in a fleet of shared prompts")
+	}
+}
+
+func TestClientGoneAborts(t *testing.T) {
+	for _, k := range kinds {
+		e := start(t, Config{Kind: k, DecodeStep: time.Millisecond})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			req, _ := http.NewRequestWithContext(ctx, "POST", e.URL()+"/v1/completions", strings.NewReader(`{"prompt":"x","max_tokens":20000}`))
+			if resp, err := client.Do(req); err == nil {
+				resp.Body.Close()
+			}
+		}()
+		testenv.WaitFor(t, "running", func() bool { return e.Stats().GeneratedTokens > 0 })
+		cancel()
+		<-done
+		testenv.WaitFor(t, "aborted and freed", func() bool {
+			s := e.Stats()
+			return s.Aborted == 1 && s.Running == 0 && s.KVUsage == 0
+		})
+	}
+}
+
+func TestStreamAbortPartial(t *testing.T) {
+	e := start(t, Config{Kind: SGLang, DecodeStep: time.Millisecond})
+	resp, err := client.Post(e.URL()+"/generate", "application/json", strings.NewReader(`{"rid":"s","text":"abc","stream":true,"sampling_params":{"max_new_tokens":20000}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	testenv.WaitFor(t, "tokens", func() bool { return e.Stats().GeneratedTokens >= 3 })
+	call(t, "POST", e.URL()+"/abort_request", `{"rid":"s"}`)
+	events, done := readSSE(t, resp.Body)
+	if !done || len(events) < 3 {
+		t.Fatalf("%d events, done %v", len(events), done)
+	}
+	last := events[len(events)-1]["meta_info"].(map[string]any)
+	if last["finish_reason"].(map[string]any)["type"] != "abort" {
+		t.Errorf("last event %v", last)
+	}
+}
+
+func TestCloseReleasesStuckRequests(t *testing.T) {
+	for _, k := range kinds {
+		e, err := Start(Config{Kind: k, DecodeStep: time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := "/pause_generation"
+		if k == VLLM {
+			path = "/pause?mode=keep"
+		}
+		frozen := async(t, e, "f", seq(8, 1), 20000)
+		testenv.WaitFor(t, "tokens", func() bool { return e.Stats().GeneratedTokens > 0 })
+		call(t, "POST", e.URL()+path, `{"mode":"in_place"}`)
+		parked := async(t, e, "p", seq(8, 2), 3)
+		testenv.WaitFor(t, "parked", func() bool { return e.Stats().ParkedWhilePaused == 1 })
+		t0 := time.Now()
+		e.Close()
+		if d := time.Since(t0); d > 2*time.Second {
+			t.Errorf("%v: Close took %v", k, d)
+		}
+		<-frozen
+		<-parked
+		client.CloseIdleConnections()
+	}
+}
+
+func TestVLLMUnpausedUpdateMixes(t *testing.T) {
+	// The hazard a router must prevent: vLLM does not wait for requests.
+	e := start(t, Config{Kind: VLLM, DecodeStep: time.Millisecond, UpdateDelay: time.Millisecond})
+	ch := async(t, e, "r", seq(8, 1), 40)
+	testenv.WaitFor(t, "tokens", func() bool { return e.Stats().GeneratedTokens >= 2 })
+	call(t, "POST", e.URL()+"/update_weights", `{"update_info":{}}`)
+	if o := <-ch; !slices.Equal(o.versions, []string{"v0", "v1"}) {
+		t.Errorf("output %+v", o)
+	}
+	if s := e.Stats(); s.MixedVersionOutputs != 1 {
+		t.Errorf("stats %+v", s)
+	}
+}
+
+func TestSleepWake(t *testing.T) {
+	for _, c := range []struct {
+		kind         Kind
+		sleep, wake  string
+		sleepingPath string
+	}{{VLLM, "/sleep", "/wake_up", "/is_sleeping"}, {SGLang, "/release_memory_occupation", "/resume_memory_occupation", ""}} {
+		e := start(t, Config{Kind: c.kind})
+		call(t, "POST", e.URL()+c.sleep, "")
+		if c.sleepingPath != "" {
+			if _, b := call(t, "GET", e.URL()+c.sleepingPath, ""); mustJSON(t, b)["is_sleeping"] != true {
+				t.Errorf("is_sleeping %s", b)
+			}
+		}
+		ch := async(t, e, "r", seq(8, 1), 3)
+		testenv.WaitFor(t, "waiting", func() bool { return e.Stats().Waiting == 1 })
+		call(t, "POST", e.URL()+c.wake, "")
+		if o := <-ch; o.finish != "length" {
+			t.Errorf("%v: %+v", c.kind, o)
+		}
+	}
+}
+
+func TestSGLangVersionEndpoints(t *testing.T) {
+	e := start(t, Config{Kind: SGLang, WeightVersion: "base"})
+	if st, b := call(t, "POST", e.URL()+"/update_weight_version", `{"new_version":"v41"}`); st != 200 {
+		t.Fatalf("%d %s", st, b)
+	}
+	call(t, "POST", e.URL()+"/update_weights_from_tensor", `{"serialized_named_tensors":[]}`)
+	for _, p := range []string{"/get_weight_version", "/get_model_info", "/get_server_info"} {
+		_, b := call(t, "GET", e.URL()+p, "")
+		if v := mustJSON(t, b)["weight_version"]; v != "v42" {
+			t.Errorf("%s: %v", p, v)
+		}
+	}
+	if o := gen(t, e, "r", seq(4, 1), 2); o.version != "v42" {
+		t.Errorf("output %+v", o)
+	}
+}
+
+func TestStartFleetNames(t *testing.T) {
+	es, err := StartFleet(2, Config{Kind: SGLang, Name: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, e := range es {
+		if e.Name() != fmt.Sprint("m-", i) || e.URL() == "" {
+			t.Errorf("%d: %s %s", i, e.Name(), e.URL())
+		}
+		e.Close()
 	}
 }

@@ -703,9 +703,11 @@ func (e *Engine) sglPause(w http.ResponseWriter, r *http.Request, body []byte) {
 }
 
 func (e *Engine) pauseLocked(mode string) {
+	if !e.paused {
+		e.st.Pauses++
+	}
 	e.paused = true
 	e.pauseMode = mode
-	e.st.Pauses++
 	e.gateLocked()
 	e.log.Info("paused", "mode", mode)
 }
