@@ -67,7 +67,7 @@ FUZZTIME_CI ?= 3s
 # input written, is run once more; any other failure stops here.
 fuzz:
 	@set -e; log=$$(mktemp); trap 'rm -f $$log' EXIT; \
-	for f in $$(grep -rl --include='*_test.go' '^func Fuzz' userspace cmd); do \
+	for f in $$(grep -rl --include='*_test.go' '^func Fuzz' userspace cmd testenv); do \
 		for t in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
 			echo "fuzz ./$$(dirname $$f) $$t for $(FUZZTIME)"; \
 			if ! $(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./$$(dirname $$f) >$$log 2>&1; then \

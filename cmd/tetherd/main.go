@@ -82,6 +82,8 @@ func parse(args []string) (*cli, error) {
 	fs.IntVar(&opts.MaxConns, "max-conns", 0, "most client connections open at once; at it, accepting pauses and new connections wait in the kernel's queue (0: (descriptor limit - 256) / 2)")
 	fs.IntVar(&opts.MaxQueue, "max-queue", 1024, "requests that may wait per worker once it is at its max_in_flight; more: 503 with Retry-After (-1: no queue)")
 	fs.DurationVar(&opts.QueueTimeout, "queue-timeout", 30*time.Second, "longest wait in a worker's queue; then 503 with Retry-After")
+	fs.DurationVar(&opts.PauseTimeout, "pause-timeout", 5*time.Minute, "longest a generation request is held while the fleet is paused for a weight sync (the hold takes --max-queue per worker); then 503 with Retry-After")
+	fs.DurationVar(&opts.UpdateTimeout, "update-timeout", 30*time.Minute, "longest each worker's call of a fanned-out weight update may take")
 	fs.Int64Var(&opts.LocalBodyBudget, "local-body-budget", 64<<20, "bytes the bodies of requests tetherd answers itself (abort, flush, admin on the data port) may hold at once, across connections; past it: 503 with Retry-After")
 	fs.IntVar(&opts.Limits.RequestLine, "max-request-line", httphead.DefaultRequestLine, "longest request line in bytes; longer: 414")
 	fs.IntVar(&opts.Limits.Head, "max-head-bytes", httphead.DefaultHead, "largest request head in bytes; larger: 431")

@@ -51,6 +51,9 @@ type Config struct {
 	Health  http.Handler // GET /health on the admin listener; nil: {"status":"ok"}
 	// Routing returns what GET /routing answers (JSON); nil: 404.
 	Routing func() any
+	// Fleet returns what GET /fleet answers (the weight sync's phase,
+	// versions and hold: userspace/fleet); nil: 404.
+	Fleet func() any
 	// Cluster returns what GET /cluster answers (the etcd link's state);
 	// nil (not in cluster mode): 404.
 	Cluster func() any
@@ -103,6 +106,7 @@ func New(cfg Config) *Server {
 	m.HandleFunc("POST /workers/{id}/undrain", s.undrain)
 	m.HandleFunc("PATCH /workers/{id}", s.patch)
 	m.HandleFunc("GET /routing", s.routing)
+	m.HandleFunc("GET /fleet", s.fleet)
 	m.HandleFunc("GET /cluster", s.cluster)
 	m.HandleFunc("GET /get_loads", s.loads)
 	m.HandleFunc("GET /v1/loads", s.loads)
@@ -477,6 +481,15 @@ func (s *Server) routing(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, s.cfg.Routing())
+}
+
+// fleet answers the weight sync's state.
+func (s *Server) fleet(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Fleet == nil {
+		writeError(w, http.StatusNotFound, "fleet state not available")
+		return
+	}
+	writeJSON(w, http.StatusOK, s.cfg.Fleet())
 }
 
 func (s *Server) cluster(w http.ResponseWriter, r *http.Request) {

@@ -145,6 +145,7 @@ func (d *Daemon) newControl(opts Options) error {
 		Metrics:  d.Metrics.Handler(),
 		Health:   http.HandlerFunc(d.serveAdminHealth),
 		Routing:  func() any { return d.RoutingCounts() },
+		Fleet:    func() any { return d.Fleet.Report() },
 		Token:    opts.AdminToken,
 		Log:      d.log,
 	})

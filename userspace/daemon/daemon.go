@@ -18,6 +18,7 @@ import (
 
 	"github.com/tether-rl/tether/userspace/admin"
 	"github.com/tether-rl/tether/userspace/demo"
+	"github.com/tether-rl/tether/userspace/fleet"
 	"github.com/tether-rl/tether/userspace/health"
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/listener"
@@ -72,6 +73,13 @@ type Options struct {
 	// (default 30s). Past either: 503 with Retry-After.
 	MaxQueue     int
 	QueueTimeout time.Duration
+	// PauseTimeout bounds a request's time in the fleet's hold during a
+	// weight sync (--pause-timeout; default 5m); past it 503 with
+	// Retry-After. The hold takes MaxQueue requests per worker.
+	PauseTimeout time.Duration
+	// UpdateTimeout bounds each worker's weight-update call of a
+	// fanned-out update (--update-timeout; default 30m).
+	UpdateTimeout time.Duration
 	// LocalBodyBudget caps the bytes held by the bodies of requests
 	// tetherd answers itself, across connections (default 64 MiB).
 	LocalBodyBudget int64
@@ -119,6 +127,7 @@ type Daemon struct {
 	log        *slog.Logger
 	InstanceID string
 	Table      *route.Table
+	Fleet      *fleet.Fleet // weight-sync phase, hold and versions
 	Router     *route.Router
 	Proxy      *proxy.Server
 	Stats      *stats.Table
@@ -172,6 +181,8 @@ func (o *Options) checkRanges() error {
 		{"max-conns", o.MaxConns < 0},
 		{"max-queue", o.MaxQueue < -1},
 		{"queue-timeout", o.QueueTimeout < 0},
+		{"pause-timeout", o.PauseTimeout < 0},
+		{"update-timeout", o.UpdateTimeout < 0},
 		{"local-body-budget", o.LocalBodyBudget < 0},
 		{"max-request-line", o.Limits.RequestLine < 0},
 		{"max-head-bytes", o.Limits.Head < 0},
@@ -251,6 +262,11 @@ func New(opts Options) (*Daemon, error) {
 		id = hex.EncodeToString(idb[:])
 	}
 	d := &Daemon{opts: opts, log: opts.Log, InstanceID: id, Table: route.NewTable()}
+	perWorker := opts.MaxQueue
+	if perWorker <= 0 {
+		perWorker = 1024
+	}
+	d.Fleet = fleet.New(fleet.Config{Table: d.Table, MaxHeldPerWorker: perWorker, HoldTimeout: opts.PauseTimeout})
 	ok := false
 	defer func() {
 		if !ok {
@@ -277,9 +293,15 @@ func New(opts Options) (*Daemon, error) {
 		return nil, err
 	}
 	d.restoreWorkers(handed)
+	if handed != nil && handed.Fleet != nil {
+		d.Fleet.Import(*handed.Fleet)
+		if p, _ := d.Fleet.LocalPhase(); p != fleet.Serving {
+			d.log.Warn("upgrade: the fleet is "+p.String()+" (weight sync): generation requests are held until it resumes", "target_version", d.Fleet.Target())
+		}
+	}
 	d.Router = &route.Router{Table: d.Table}
 	d.Router.SetBadSession(bad)
-	if d.routing, err = setupRouting(opts, d.Group, d.Router, d.shareSessions(opts)); err != nil {
+	if d.routing, err = setupRouting(opts, d.Group, d.Router, d.shareSessions(opts), d.Fleet); err != nil {
 		return nil, err
 	}
 	d.OnReload(d.routing.reload)
@@ -288,6 +310,7 @@ func New(opts Options) (*Daemon, error) {
 		PeekBody:          d.routing.peek,
 		Local:             d.localHook(opts),
 		Observe:           d.observe,
+		Hold:              d.Fleet,
 		Table:             d.Table,
 		Limits:            opts.Limits,
 		ResponseTimeout:   opts.ResponseTimeout,

@@ -13,7 +13,9 @@ import (
 
 	"github.com/tether-rl/tether/bpf"
 	"github.com/tether-rl/tether/userspace/engine"
+	"github.com/tether-rl/tether/userspace/fleet"
 	"github.com/tether-rl/tether/userspace/listener"
+	"github.com/tether-rl/tether/userspace/loadpoll"
 	"github.com/tether-rl/tether/userspace/proxy"
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/sticky"
@@ -66,6 +68,18 @@ type RoutingOptions struct {
 	// /abort_until_idle, /flush_cache, /get_loads and /finish_session to
 	// the workers (proxied) instead of serving them.
 	NoEngineEndpoints bool
+	// Engine-aware placement (route/policy_engine.go, userspace/loadpoll).
+	// EnginePoll: how often every worker's engine load is read; 0: 1s,
+	// negative: never (placement as without engines). KVVeto (0: 0.9),
+	// WaitingVeto (0: 64, negative: none) and GroupMax (0: 16) are
+	// route.EngineConfig's.
+	EnginePoll  time.Duration
+	KVVeto      float64
+	WaitingVeto int
+	GroupMax    int
+	// RouteHeader: the response header naming the worker and the reason
+	// of each request (--route-header; "" none).
+	RouteHeader string
 }
 
 // routing is what setupRouting built.
@@ -80,6 +94,8 @@ type routing struct {
 	peek   int
 	local  func(method, path []byte) http.Handler
 
+	poller *loadpoll.Poller // nil: --engine-poll 0
+
 	mu     sync.Mutex    // serializes reloads
 	policy *route.Policy // the policy set up first (the one in use: rt.CurrentPolicy)
 	// sticky holds sticky assignments, remembered spills and learned
@@ -90,13 +106,16 @@ type routing struct {
 // setupRouting builds the policy, the sticky table, the request id table
 // and the engine endpoints around rt. With BPF steering loaded (g), the
 // sticky table is its sticky_sessions map.
-func setupRouting(opts Options, g *listener.Group, rt *route.Router, share func(sticky.Table) sticky.Table) (*routing, error) {
+func setupRouting(opts Options, g *listener.Group, rt *route.Router, share func(sticky.Table) sticky.Table, fl *fleet.Fleet) (*routing, error) {
 	o := opts.Routing
 	if o.StickyMap == nil && g != nil && g.Steering() != nil {
 		o.StickyMap = g.Steering().StickyMap()
 	}
 	if o.StickyPinDir == "" {
 		o.StickyPinDir = opts.PinDir
+	}
+	if o.EnginePoll == 0 {
+		o.EnginePoll = loadpoll.DefaultInterval
 	}
 	var err error
 	peek := o.PeekBytes
@@ -105,8 +124,8 @@ func setupRouting(opts Options, g *listener.Group, rt *route.Router, share func(
 		peek = route.DefaultPrefixBytes
 	case peek < 0:
 		peek = 0
-	case peek > 8192:
-		return nil, fmt.Errorf("--peek-bytes %d: at most 8192", peek)
+	case peek > MaxPeekBytes:
+		return nil, fmt.Errorf("--peek-bytes %d: at most %d", peek, MaxPeekBytes)
 	}
 	r := &routing{rt: rt, log: opts.Log, opts: o, bpfOff: opts.BPF == string(bpf.ModeOff), peek: peek}
 	if r.sticky, err = r.openSticky(); err != nil {
@@ -125,9 +144,26 @@ func setupRouting(opts Options, g *listener.Group, rt *route.Router, share func(
 		r.close()
 		return nil, err
 	}
+	ep, err := newEnginePlacement(o)
+	if err != nil {
+		r.close()
+		return nil, err
+	}
 	r.policy = p
 	rt.SetPolicy(p)
 	rt.SetLearning(l)
+	rt.SetEnginePlacement(ep)
+	if ep != nil {
+		r.poller = loadpoll.New(loadpoll.Options{
+			Interval: o.EnginePoll,
+			Timeout:  min(o.EnginePoll, healthTimeout(opts)),
+			APIKey:   opts.WorkerAPIKey,
+			Table:    rt.Table,
+			Router:   rt,
+			Log:      opts.Log,
+		})
+		r.poller.Start()
+	}
 	r.owners = engine.NewOwners(o.MaxTrackedRequests)
 	r.router = &engine.Tracker{Router: rt, Owners: r.owners}
 	if !o.NoEngineEndpoints {
@@ -137,6 +173,8 @@ func setupRouting(opts Options, g *listener.Group, rt *route.Router, share func(
 			// The policy in use, across reloads.
 			FinishSession: func(key string) bool { return rt.CurrentPolicy().FinishSession(key) },
 			WorkerAPIKey:  opts.WorkerAPIKey,
+			Fleet:         fl,
+			UpdateTimeout: opts.UpdateTimeout,
 			Log:           opts.Log,
 		})
 		r.local = r.engine.Local
@@ -171,6 +209,22 @@ func (r *routing) newPolicy(o RoutingOptions) (*route.Policy, error) {
 	})
 }
 
+// newEnginePlacement builds the engine-aware placement from o (nil: off,
+// --engine-poll 0).
+func newEnginePlacement(o RoutingOptions) (*route.EnginePlacement, error) {
+	if o.EnginePoll < 0 {
+		return nil, nil
+	}
+	return route.NewEnginePlacement(route.EngineConfig{KVVeto: o.KVVeto, WaitingVeto: o.WaitingVeto, GroupMax: o.GroupMax})
+}
+
+func healthTimeout(opts Options) time.Duration {
+	if opts.HealthTimeout > 0 {
+		return opts.HealthTimeout
+	}
+	return 2 * time.Second
+}
+
 // newLearning builds the learning of bare session ids from o (nil: off).
 func (r *routing) newLearning(o RoutingOptions) (*route.Learning, error) {
 	if o.NoLearnSessions {
@@ -198,6 +252,12 @@ func (r *routing) logPolicy(msg string, p *route.Policy) {
 		args = append(args, "learn_sessions", false)
 	}
 	args = append(args, "sticky_shared", r.sticky.Shared())
+	if ep := r.rt.EnginePlacement(); ep != nil {
+		ec := ep.Config()
+		args = append(args, "engine_poll", r.opts.EnginePoll, "kv_veto", ec.KVVeto, "waiting_veto", ec.WaitingVeto, "group_max", ec.GroupMax)
+	} else {
+		args = append(args, "engine_poll", "off")
+	}
 	r.log.Info(msg, args...)
 }
 
@@ -211,6 +271,12 @@ func (r *routing) reload(opts Options) (func(), error) {
 	if err == nil {
 		l, err = r.newLearning(opts.Routing)
 	}
+	var ep *route.EnginePlacement
+	if err == nil && r.poller != nil {
+		o := opts.Routing
+		o.EnginePoll = 0 // needs a restart: on while the poller runs
+		ep, err = newEnginePlacement(o)
+	}
 	r.mu.Unlock()
 	if err != nil {
 		return nil, fmt.Errorf("routing: %w", err)
@@ -220,13 +286,22 @@ func (r *routing) reload(opts Options) (func(), error) {
 		defer r.mu.Unlock()
 		r.rt.SetPolicy(p)
 		r.rt.SetLearning(l)
+		if ep != nil {
+			r.rt.SetEnginePlacement(ep)
+		}
 		r.logPolicy("routing policy reloaded", p)
 	}, nil
 }
 
 // RoutingReloadable are the routing flags a SIGHUP applies.
 var RoutingReloadable = []string{"policy", "key-header", "hash-load-factor", "hash-spill-min", "hash-spill-ttl",
-	"sticky-ttl", "keyless", "learn-sessions", "learn-session-path", "learn-session-field", "learn-session-ttl"}
+	"sticky-ttl", "keyless", "learn-sessions", "learn-session-path", "learn-session-field", "learn-session-ttl",
+	"kv-veto", "waiting-veto", "group-max"}
+
+// MaxPeekBytes bounds --peek-bytes: the body bytes routing reads must fit
+// the proxy's 16 KiB request buffer behind the head (a longer head leaves
+// fewer: the peek then takes what fits).
+const MaxPeekBytes = 16384
 
 func (r *routing) openSticky() (sticky.Table, error) {
 	o := r.opts
@@ -274,6 +349,9 @@ func (r *routing) close() {
 	}
 	if r.engine != nil {
 		r.engine.Close()
+	}
+	if r.poller != nil {
+		r.poller.Stop()
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/tether-rl/tether/userspace/fleet"
 	"github.com/tether-rl/tether/userspace/registry"
 	"github.com/tether-rl/tether/userspace/sysd"
 	"github.com/tether-rl/tether/userspace/upgrade"
@@ -35,6 +36,9 @@ type handedState struct {
 	// reads a change as "session server identity changed").
 	InstanceID string         `json:"instance_id"`
 	Workers    []handedWorker `json:"workers"`
+	// Fleet: the weight sync's phase and versions (a tetherd upgraded
+	// while the fleet is paused keeps holding).
+	Fleet *fleet.State `json:"fleet,omitempty"`
 }
 
 // handedWorker is a worker added at run time (admin API), carried over.
@@ -99,7 +103,8 @@ func (d *Daemon) handover() ([]upgrade.File, error) {
 		}
 		ws = append(ws, handedWorker{Slot: in.Slot, URL: in.URL, Draining: in.State == registry.StateDraining, MaxInFlight: in.MaxInFlight})
 	}
-	state, _ := json.Marshal(handedState{InstanceID: d.InstanceID, Workers: ws})
+	fst := d.Fleet.Export()
+	state, _ := json.Marshal(handedState{InstanceID: d.InstanceID, Workers: ws, Fleet: &fst})
 	f, err := upgrade.Memfd(fdState, state)
 	if err != nil {
 		return files, err

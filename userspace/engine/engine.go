@@ -49,6 +49,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tether-rl/tether/userspace/fleet"
 	"github.com/tether-rl/tether/userspace/route"
 )
 
@@ -71,7 +72,15 @@ type Config struct {
 	// its own (engines started with --api-key). A client's Authorization
 	// is always forwarded as it came.
 	WorkerAPIKey string
-	Log          *slog.Logger
+	// Fleet, when set, serves the weight-sync endpoints (fleet.go):
+	// pause, update and resume fanned out, and the hold.
+	Fleet *fleet.Fleet
+	// OnPhase, when set, is told this replica's sync state after each
+	// phase change (cluster mode: the store).
+	OnPhase func(fleet.State)
+	// UpdateTimeout bounds each worker's weight-update call; default 30m.
+	UpdateTimeout time.Duration
+	Log           *slog.Logger
 }
 
 // Engine serves the endpoints.
@@ -91,6 +100,9 @@ func New(cfg Config) *Engine {
 	}
 	if cfg.MaxIdleTimeout <= 0 {
 		cfg.MaxIdleTimeout = time.Hour
+	}
+	if cfg.UpdateTimeout <= 0 {
+		cfg.UpdateTimeout = 30 * time.Minute
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
@@ -139,6 +151,9 @@ func (e *Engine) Local(method, path []byte) http.Handler {
 	case PathFinishSession:
 		return http.HandlerFunc(e.finishSession)
 	}
+	if h := e.fleetLocal(string(path)); h != nil {
+		return h
+	}
 	return nil
 }
 
@@ -180,7 +195,8 @@ type call struct {
 	path   string
 	body   []byte
 	rids   []string
-	auth   string // Authorization to send (the client's, or the worker API key)
+	auth   string        // Authorization to send (the client's, or the worker API key)
+	limit  time.Duration // bound of this call (0: Config.Timeout)
 }
 
 // maxWorkerResponse bounds a worker's answer kept in a result.
@@ -201,8 +217,16 @@ func (e *Engine) auth(r *http.Request) string {
 // fanout runs the calls concurrently, each bounded by the Timeout, with
 // the Authorization auth.
 func (e *Engine) fanout(ctx context.Context, auth string, calls []call) Results {
+	return e.fanoutTimeout(ctx, auth, calls, 0)
+}
+
+// fanoutTimeout is fanout with each call bounded by limit (0: Timeout).
+func (e *Engine) fanoutTimeout(ctx context.Context, auth string, calls []call, limit time.Duration) Results {
 	for i := range calls {
 		calls[i].auth = auth
+		if limit > 0 {
+			calls[i].limit = limit
+		}
 	}
 	out := make([]Result, len(calls))
 	var wg sync.WaitGroup
@@ -230,7 +254,11 @@ func (e *Engine) fanout(ctx context.Context, auth string, calls []call) Results 
 
 func (e *Engine) do(ctx context.Context, c *call) Result {
 	r := Result{Worker: c.w.Slot, RequestIDs: c.rids}
-	ctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
+	limit := c.limit
+	if limit <= 0 {
+		limit = e.cfg.Timeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	var body io.Reader
 	if c.body != nil {
@@ -430,11 +458,16 @@ func (e *Engine) abortRequest(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	calls := make([]call, len(targets))
-	for i, wk := range targets {
-		calls[i] = call{w: wk, method: http.MethodPost, path: PathAbortRequest, body: body}
-	}
-	res := e.fanout(r.Context(), e.auth(r), calls)
+	auth := e.auth(r)
+	res := e.fanoutDialect(r.Context(), auth, targets, route.EngineSGLang, 0, func(wk *route.Worker, k route.EngineKind) []call {
+		switch {
+		case k != route.EngineVLLM:
+			return []call{{w: wk, method: http.MethodPost, path: PathAbortRequest, body: body}}
+		case all:
+			return []call{abortAllCall(wk, k)}
+		}
+		return abortIDsCalls(wk, k, []string{rid})
+	})
 	writeJSON(w, fanoutStatus(res), AbortAnswer{Rid: rid, Routed: routed, Successful: res.Successful, Failed: res.Failed})
 }
 
@@ -455,11 +488,13 @@ func (e *Engine) abortRequests(w http.ResponseWriter, r *http.Request) {
 		// SGLang {"rid":..} sent here must not abort everything.)
 		body, _ := json.Marshal(m)
 		ws := e.workers()
-		calls := make([]call, len(ws))
-		for i, wk := range ws {
-			calls[i] = call{w: wk, method: http.MethodPost, path: PathAbortRequests, body: body}
-		}
-		res := e.fanout(r.Context(), e.auth(r), calls)
+		auth := e.auth(r)
+		res := e.fanoutDialect(r.Context(), auth, ws, route.EngineVLLM, 0, func(wk *route.Worker, k route.EngineKind) []call {
+			if k == route.EngineSGLang {
+				return []call{abortAllCall(wk, k)}
+			}
+			return []call{{w: wk, method: http.MethodPost, path: PathAbortRequests, body: body}}
+		})
 		writeJSON(w, fanoutStatus(res), AbortAnswer{Routed: "all", Successful: res.Successful, Failed: res.Failed})
 		return
 	}
@@ -503,11 +538,19 @@ func (e *Engine) abortRequests(w http.ResponseWriter, r *http.Request) {
 		}
 		unknown = append(unknown, id)
 	}
-	var calls []call
+	auth := e.auth(r)
+	sends := map[int][]string{}
+	var targets []*route.Worker
 	for _, wk := range e.workers() {
-		send := append(slices.Clone(known[wk.Slot]), unknown...)
-		if len(send) == 0 {
-			continue
+		if send := append(slices.Clone(known[wk.Slot]), unknown...); len(send) > 0 {
+			sends[wk.Slot] = send
+			targets = append(targets, wk)
+		}
+	}
+	build := func(wk *route.Worker, k route.EngineKind) []call {
+		send := sends[wk.Slot]
+		if k == route.EngineSGLang {
+			return abortIDsCalls(wk, k, send)
 		}
 		mm := make(map[string]json.RawMessage, len(m))
 		for k, v := range m {
@@ -515,13 +558,13 @@ func (e *Engine) abortRequests(w http.ResponseWriter, r *http.Request) {
 		}
 		mm["request_ids"], _ = json.Marshal(send)
 		body, _ := json.Marshal(mm)
-		calls = append(calls, call{w: wk, method: http.MethodPost, path: PathAbortRequests, body: body, rids: send})
+		return []call{{w: wk, method: http.MethodPost, path: PathAbortRequests, body: body, rids: send}}
 	}
 	routed := "owners"
 	if len(unknown) > 0 {
 		routed = "all"
 	}
-	res := e.fanout(r.Context(), e.auth(r), calls)
+	res := e.fanoutDialect(r.Context(), auth, targets, route.EngineVLLM, 0, build)
 	writeJSON(w, fanoutStatus(res), AbortAnswer{RequestIDs: len(ids), Routed: routed, Successful: res.Successful, Failed: res.Failed})
 }
 
@@ -582,7 +625,6 @@ func (e *Engine) abortUntilIdle(w http.ResponseWriter, r *http.Request) {
 	deadline := start.Add(timeout)
 	ctx, cancel := context.WithDeadline(r.Context(), deadline)
 	defer cancel()
-	body := []byte(`{"abort_all":true}`)
 	auth := e.auth(r)
 	var ans IdleAnswer
 	ans.Failed = []Result{}
@@ -599,11 +641,7 @@ func (e *Engine) abortUntilIdle(w http.ResponseWriter, r *http.Request) {
 			break
 		}
 		if ans.Waves == 0 || time.Since(lastWave) >= e.cfg.WaveInterval {
-			calls := make([]call, len(busy))
-			for i, wk := range busy {
-				calls[i] = call{w: wk, method: http.MethodPost, path: PathAbortRequest, body: body}
-			}
-			res := e.fanout(ctx, auth, calls)
+			res := e.fanoutDialect(ctx, auth, busy, route.EngineSGLang, 0, abortAll)
 			ans.Failed = res.Failed
 			ans.Waves++
 			lastWave = time.Now()
@@ -654,7 +692,14 @@ func (e *Engine) flushCache(w http.ResponseWriter, r *http.Request) {
 	if !allowMethods(w, r, http.MethodPost, http.MethodGet) {
 		return
 	}
-	res := e.all(r, http.MethodPost, PathFlushCache)
+	ws := e.workers()
+	auth := e.auth(r)
+	res := e.fanoutDialect(r.Context(), auth, ws, route.EngineSGLang, 0, func(wk *route.Worker, k route.EngineKind) []call {
+		if k == route.EngineVLLM {
+			return []call{{w: wk, method: http.MethodPost, path: "/reset_prefix_cache"}}
+		}
+		return []call{{w: wk, method: http.MethodPost, path: PathFlushCache}}
+	})
 	ans := FlushAnswer{Results: res, TotalWorkers: len(res.Successful) + len(res.Failed)}
 	code := fanoutStatus(res)
 	switch {

@@ -273,7 +273,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 				ch <- counter(dWorkerRetries, w.Pool.Retries(upstream.RetryConnect), slot, w.URL, "connect")
 				ch <- counter(dWorkerRetries, w.Pool.Retries(upstream.RetryDeadPooled), slot, w.URL, "dead_pooled")
 			}
-			st := w.State()
+			st := w.BaseState()
 			healthy := st == route.Healthy
 			if src.Registry != nil {
 				if h, ok := src.Registry.Health(w.Slot); ok {

@@ -243,7 +243,9 @@ func (c *conn) serveOne() bool {
 		c.rejectAndClose(h.reject)
 		return false
 	case h.decided:
-		return c.serveDecision(h.dec, c.bufferedBody(), h.refused)
+		return c.serveDecision(h.dec, c.bufferedBody(), h.refused, true)
+	case h.held:
+		return c.serveDecision(route.Decision{}, c.bufferedBody(), false, false)
 	}
 	if err := c.readHead(); err != nil {
 		if e, ok := err.(*httphead.Error); ok {
@@ -274,7 +276,7 @@ func (c *conn) serveOne() bool {
 		c.rejectAndClose(413)
 		return false
 	}
-	return c.serveDecision(c.s.cfg.Router.Route(req, peek), peek, false)
+	return c.serveDecision(route.Decision{}, peek, false, false)
 }
 
 // bufferedBody returns the body bytes buffered behind the consumed head.
@@ -288,10 +290,36 @@ func (c *conn) bufferedBody() []byte {
 	return c.buf[c.r:end]
 }
 
-// serveDecision proxies a routed request (peek: its buffered body bytes,
-// as the router saw them); refused: the decision's worker already refused
-// the connect, nothing sent (the loop tried it), so place it again.
-func (c *conn) serveDecision(dec route.Decision, peek []byte, refused bool) bool {
+// serveDecision routes the request unless routed (peek: its buffered body
+// bytes, as the router sees them) and proxies it; refused: the decision's
+// worker already refused the connect, nothing sent (the loop tried it), so
+// place it again. A request the fleet holds (a weight sync: hold.go) waits
+// before it is routed, and is placed again when the hold lifts.
+func (c *conn) serveDecision(dec route.Decision, peek []byte, refused, routed bool) bool {
+	var until time.Time
+	for {
+		if !routed {
+			if c.held(nil) {
+				if ok, keep := c.holdWait(nil, &until); !ok {
+					return keep
+				}
+			}
+			dec = c.s.cfg.Router.Route(c.req, peek)
+		}
+		keep, held := c.serveRouted(dec, peek, refused)
+		if !held {
+			return keep
+		}
+		if ok, keep := c.holdWait(dec.Worker, &until); !ok {
+			return keep
+		}
+		routed, refused = false, false
+	}
+}
+
+// serveRouted proxies a routed request; held: nothing was sent, the
+// fleet holds it (serveDecision waits and places it again).
+func (c *conn) serveRouted(dec route.Decision, peek []byte, refused bool) (keep, held bool) {
 	req := c.req
 	defer func() {
 		if dec.Done != nil {
@@ -309,20 +337,19 @@ func (c *conn) serveDecision(dec route.Decision, peek []byte, refused bool) bool
 		if c.writeClient(resp) == nil && req.HasBody() {
 			c.lingerClose()
 		}
-		return keep
+		return keep, false
 	}
 	rr, _ := c.s.cfg.Router.(Rerouter)
 	if !refused {
-		var keep bool
-		keep, refused = c.proxy(dec.Worker, dec.Learn, rr != nil)
+		keep, refused, held = c.proxy(dec.Worker, dec.Learn, rr != nil)
 		if !refused {
-			return keep
+			return keep, held
 		}
 	}
 	if rr == nil {
 		c.s.counters.BadGateway.Add(1)
 		c.writeClient(upstreamError(502, false, true))
-		return false
+		return false, false
 	}
 	// The worker refused the connection: nothing was sent, so another
 	// worker may take the request (once).
@@ -333,10 +360,10 @@ func (c *conn) serveDecision(dec route.Decision, peek []byte, refused bool) bool
 	if dec.Worker == nil {
 		c.s.counters.BadGateway.Add(1)
 		c.writeClient(upstreamError(502, false, true))
-		return false
+		return false, false
 	}
-	keep, _ := c.proxy(dec.Worker, dec.Learn, false)
-	return keep
+	keep, _, held = c.proxy(dec.Worker, dec.Learn, false)
+	return keep, held
 }
 
 // exchange is the state of one proxied request.
@@ -371,10 +398,16 @@ type exchange struct {
 // reroutable set, a worker that refuses the connection gets no answer
 // written: proxy reports refused instead, and the caller may place the
 // request again.
-func (c *conn) proxy(w *route.Worker, learn *route.Learner, reroutable bool) (keep, refused bool) {
+func (c *conn) proxy(w *route.Worker, learn *route.Learner, reroutable bool) (keep, refused, held bool) {
 	x := exchange{w: w, isHead: c.req.IsMethod("HEAD"), learn: learn, reroutable: reroutable}
 	if adm := c.admit(w); adm != route.Admitted {
-		return c.notAdmitted(adm), false
+		return c.notAdmitted(adm), false, false
+	}
+	if c.held(w) {
+		// A sync began, or w is fenced: nothing was sent; the caller
+		// holds the request and places it again.
+		w.Leave()
+		return true, false, true
 	}
 	var start time.Time
 	if c.s.cfg.Observe != nil {
@@ -406,7 +439,7 @@ func (c *conn) proxy(w *route.Worker, learn *route.Learner, reroutable bool) (ke
 		c.s.putBuf(c.ubuf)
 		c.ubuf = nil
 	}
-	return keep, x.refused
+	return keep, x.refused, false
 }
 
 // appendUpstreamHead appends the rewritten request head: origin-form
@@ -475,6 +508,12 @@ func (c *conn) notAdmitted(adm route.Admission) bool {
 	case route.QueueTimeout:
 		c.s.counters.QueueTimeouts.Add(1)
 	}
+	return c.answerBusy()
+}
+
+// answerBusy answers 503 with Retry-After to a request that was not sent
+// (safe to retry); it reports whether the connection may go on.
+func (c *conn) answerBusy() bool {
 	// The body was not read: the connection cannot go on after it.
 	keep := c.req.KeepAlive && !c.req.HasBody()
 	if c.writeClient(pick(busyResponse, !keep)) == nil && c.req.HasBody() {

@@ -33,6 +33,7 @@ import (
 type handoff struct {
 	reject  int            // answer this status and close (the head timed out)
 	decided bool           // routed already: dec (no second routing decision)
+	held    bool           // the fleet holds it (hold.go): wait, then route
 	dec     route.Decision //
 	refused bool           // dec's worker refused the connect, nothing sent: place it again
 }
@@ -156,6 +157,10 @@ func (l *loop) begin(c *conn) {
 		body = int(min(req.ContentLength, int64(c.w-c.r)))
 		left = req.ContentLength - int64(body)
 	}
+	if c.held(nil) {
+		l.handoff(c, handoff{held: true})
+		return
+	}
 	dec := s.cfg.Router.Route(req, c.buf[c.r:c.r+body])
 	w := dec.Worker
 	if w == nil || dec.Learn != nil {
@@ -174,6 +179,18 @@ func (l *loop) begin(c *conn) {
 			l.putPipe(up, true)
 		}
 		l.handoff(c, handoff{decided: true, dec: dec})
+		return
+	}
+	if c.held(w) {
+		// A sync began as the place was taken, or w is fenced.
+		w.Leave()
+		if up != nil {
+			l.putPipe(up, true)
+		}
+		if dec.Done != nil {
+			dec.Done()
+		}
+		l.handoff(c, handoff{held: true})
 		return
 	}
 	u, err := l.upstream(w.Pool, sa)

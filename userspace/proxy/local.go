@@ -85,7 +85,7 @@ func (s *Server) health() HealthBody {
 			continue
 		}
 		n++
-		if wk.State() == route.Healthy {
+		if wk.BaseState() == route.Healthy {
 			healthy++
 		}
 	}

@@ -104,6 +104,9 @@ type Config struct {
 	// mid-body) and the time since routing. It runs on the data path: it
 	// must not block or allocate (metrics.Metrics.Observe).
 	Observe func(worker int, codeClass int, d time.Duration)
+	// Hold, when set, keeps requests from workers during a fleet weight
+	// sync (hold.go, userspace/fleet).
+	Hold Hold
 
 	Log *slog.Logger
 }
@@ -251,7 +254,12 @@ type Counters struct {
 	Queued        atomic.Int64
 	QueueFull     atomic.Uint64
 	QueueTimeouts atomic.Uint64
-	LocalBusy     atomic.Uint64
+	// Held is how many requests the fleet's hold keeps now (hold.go);
+	// HoldFull and HoldTimeouts count its 503s.
+	Held         atomic.Int64
+	HoldFull     atomic.Uint64
+	HoldTimeouts atomic.Uint64
+	LocalBusy    atomic.Uint64
 	// Parked is how many client connections the event loops hold now
 	// (idle, reading a head, or in an exchange the loop runs): none of
 	// them has a goroutine.

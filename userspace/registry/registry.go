@@ -472,7 +472,8 @@ func (r *Registry) Retarget(slot int, rawURL string) error {
 		w = &route.Worker{Slot: slot, URL: canon, Addr: addr, ID: route.WorkerID(canon), Stats: old.Stats,
 			Pool: upstream.New(addr, old.Stats, r.opts.Pool)}
 		w.SetMaxInFlight(r.capacityLocked(canon))
-		w.SetState(old.State())
+		w.SetState(old.BaseState())
+		w.Fence(old.Fenced())
 		e.w = w
 		r.opts.Table.Put(w)
 		r.wg.Add(1) // under the lock: Close waits for it

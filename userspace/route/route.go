@@ -57,6 +57,7 @@ type Worker struct {
 	maxInFlight atomic.Uint64
 	gate        gate         // holds requests in flight to maxInFlight (gate.go)
 	engine      atomic.Int32 // EngineKind (engine.go)
+	fence       atomic.Uint32 // Fence* bits (fence.go)
 
 	load engineLoad // engine signals (engine_load.go)
 }
@@ -99,8 +100,15 @@ func (w *Worker) SetMaxInFlight(n uint64) {
 // (limit 0: never).
 func (w *Worker) full(limit uint64) bool { return limit > 0 && w.Stats.Pending() >= limit }
 
-// State returns the worker's state.
-func (w *Worker) State() State { return State(w.state.Load()) }
+// State returns the worker's state for placement: a Healthy worker that
+// is fenced (fence.go) is Unhealthy to it.
+func (w *Worker) State() State {
+	s := State(w.state.Load())
+	if s == Healthy && w.fence.Load() != 0 {
+		return Unhealthy
+	}
+	return s
+}
 
 // SetState changes the worker's state and returns the previous one.
 func (w *Worker) SetState(s State) State { return State(w.state.Swap(int32(s))) }
@@ -109,7 +117,22 @@ func (w *Worker) SetState(s State) State { return State(w.state.Swap(int32(s))) 
 type Table struct {
 	mu    sync.Mutex // serializes writers
 	slots atomic.Pointer[[]*Worker]
+	// epoch counts membership changes (a worker put into or removed from
+	// a slot): a fan-out that began at one epoch and ends at another did
+	// not reach the fleet as it is now.
+	epoch atomic.Uint64
+	// putHook, when set, sees every worker before Put makes it routable
+	// (the fleet fences a worker whose weights are not the fleet's).
+	putHook atomic.Pointer[func(*Worker)]
 }
+
+// SetPutHook sets the function Put calls with each worker before it
+// becomes routable.
+func (t *Table) SetPutHook(f func(*Worker)) { t.putHook.Store(&f) }
+
+// Epoch returns the membership epoch: it changes whenever a worker is
+// put into or removed from a slot.
+func (t *Table) Epoch() uint64 { return t.epoch.Load() }
 
 // NewTable returns an empty table.
 func NewTable() *Table {
@@ -134,6 +157,9 @@ func (t *Table) Get(i int) *Worker {
 
 // Put places w in slot w.Slot, replacing whatever was there.
 func (t *Table) Put(w *Worker) {
+	if h := t.putHook.Load(); h != nil {
+		(*h)(w)
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	old := t.Snapshot()
@@ -145,6 +171,7 @@ func (t *Table) Put(w *Worker) {
 	copy(next, old)
 	next[w.Slot] = w
 	t.slots.Store(&next)
+	t.epoch.Add(1)
 }
 
 // Remove empties slot i and returns the worker that was there.
@@ -163,6 +190,7 @@ func (t *Table) Remove(i int) *Worker {
 		next = next[:len(next)-1]
 	}
 	t.slots.Store(&next)
+	t.epoch.Add(1)
 	return w
 }
 

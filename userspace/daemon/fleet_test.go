@@ -1,0 +1,452 @@
+package daemon
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tether-rl/tether/testenv"
+	"github.com/tether-rl/tether/testenv/fakeengine"
+	"github.com/tether-rl/tether/userspace/fleet"
+)
+
+// A weight sync driven through tetherd the way RL stacks drive it (pause,
+// update, resume), many cycles, under keyed and keyless load, against fake
+// SGLang and vLLM engines: nothing parked in a paused engine, no output
+// spanning two weight versions, no failed request, every aborted request
+// answered with its partial output, no request that arrived after the
+// pause aborted, every pause within its bound.
+
+// syncOut is one generation request's outcome.
+type syncOut struct {
+	start, end time.Time
+	status     int
+	finish     string // "length", "stop", "abort"
+	versions   []string
+	tokens     int
+	err        error
+}
+
+// fleetFixture is tetherd in front of n fake engines.
+type fleetFixture struct {
+	d       *Daemon
+	engines []*fakeengine.Engine
+	base    string
+	client  *http.Client
+}
+
+func newFleetFixture(t *testing.T, n int, kind fakeengine.Kind, opts Options) *fleetFixture {
+	t.Helper()
+	return newFleetFixtureCfg(t, n, fakeengine.Config{Kind: kind, DecodeStep: time.Millisecond, MaxRunning: 32, UpdateDelay: 20 * time.Millisecond}, opts)
+}
+
+func newFleetFixtureCfg(t *testing.T, n int, cfg fakeengine.Config, opts Options) *fleetFixture {
+	t.Helper()
+	engines, err := fakeengine.StartFleet(n, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, e := range engines {
+			e.Close()
+		}
+	})
+	for _, e := range engines {
+		opts.Workers = append(opts.Workers, e.URL())
+	}
+	d := startDaemon(t, opts)
+	tr := &http.Transport{MaxIdleConnsPerHost: 64, DisableCompression: true}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &fleetFixture{d: d, engines: engines, base: "http://" + d.Addr(), client: &http.Client{Transport: tr, Timeout: 60 * time.Second}}
+}
+
+// generate sends one generation request in the engine's own API; key, if
+// set, is the X-Session-ID routing key.
+func (fx *fleetFixture) generate(kind fakeengine.Kind, key string, prompt string, tokens int) syncOut {
+	var path, body string
+	if kind == fakeengine.SGLang {
+		path = "/generate"
+		body = fmt.Sprintf(`{"text":%q,"sampling_params":{"max_new_tokens":%d}}`, prompt, tokens)
+	} else {
+		path = "/v1/completions"
+		body = fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":%d}`, prompt, tokens)
+	}
+	o := syncOut{start: time.Now()}
+	req, _ := http.NewRequest("POST", fx.base+path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("X-Session-ID", key)
+	}
+	resp, err := fx.client.Do(req)
+	if err != nil {
+		o.err = err
+		o.end = time.Now()
+		return o
+	}
+	var v struct {
+		MetaInfo struct {
+			FinishReason struct {
+				Type string `json:"type"`
+			} `json:"finish_reason"`
+			WeightVersions   []string `json:"weight_versions"`
+			CompletionTokens int      `json:"completion_tokens"`
+		} `json:"meta_info"`
+		Choices []struct {
+			FinishReason string `json:"finish_reason"`
+		} `json:"choices"`
+		WeightVersions []string `json:"weight_versions"`
+		Usage          struct {
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	o.err = json.NewDecoder(resp.Body).Decode(&v)
+	resp.Body.Close()
+	o.end, o.status = time.Now(), resp.StatusCode
+	if kind == fakeengine.SGLang {
+		o.finish, o.versions, o.tokens = v.MetaInfo.FinishReason.Type, v.MetaInfo.WeightVersions, v.MetaInfo.CompletionTokens
+	} else {
+		if len(v.Choices) > 0 {
+			o.finish = v.Choices[0].FinishReason
+		}
+		o.versions, o.tokens = v.WeightVersions, v.Usage.CompletionTokens
+	}
+	return o
+}
+
+// call posts a control call to tetherd and decodes the answer.
+func (fx *fleetFixture) call(t *testing.T, path, body string) (int, map[string]any) {
+	t.Helper()
+	resp, err := fx.client.Post(fx.base+path, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatalf("POST %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	var m map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&m); err != nil {
+		t.Fatalf("POST %s: answer: %v", path, err)
+	}
+	return resp.StatusCode, m
+}
+
+type syncRecipe struct {
+	name     string
+	kind     fakeengine.Kind
+	pause    string // path and body/query of the pause
+	body     string
+	update   string
+	resume   string
+	aborting bool // the pause aborts what runs
+}
+
+func TestWeightSyncUnderLoad(t *testing.T) {
+	recipes := []syncRecipe{
+		{name: "sglang-abort", kind: fakeengine.SGLang, pause: "/pause_generation", body: `{"mode":"abort"}`,
+			update: "/update_weights_from_disk", resume: "/continue_generation", aborting: true},
+		{name: "vllm-abort", kind: fakeengine.VLLM, pause: "/pause?mode=abort", update: "/update_weights", resume: "/resume", aborting: true},
+		{name: "vllm-wait", kind: fakeengine.VLLM, pause: "/pause?mode=wait", update: "/update_weights", resume: "/resume"},
+	}
+	for _, rc := range recipes {
+		t.Run(rc.name, func(t *testing.T) { runSyncCycles(t, rc) })
+	}
+}
+
+func runSyncCycles(t *testing.T, rc syncRecipe) {
+	const (
+		engines = 4
+		cycles  = 6
+		keyed   = 12 // sessions, each its own X-Session-ID
+		keyless = 12
+	)
+	fx := newFleetFixture(t, engines, rc.kind, Options{})
+	var (
+		mu   sync.Mutex
+		outs []syncOut
+		stop atomic.Bool
+		wg   sync.WaitGroup
+	)
+	client := func(key string, id int) {
+		defer wg.Done()
+		for turn := 0; !stop.Load(); turn++ {
+			// Prompts of different lengths; a session's turns extend its
+			// prompt (its prefix stays cached on its engine).
+			prompt := strings.Repeat(fmt.Sprintf("client %d says hello. ", id), 2+id%5+turn%3)
+			o := fx.generate(rc.kind, key, prompt, 20+id%3*15)
+			mu.Lock()
+			outs = append(outs, o)
+			mu.Unlock()
+		}
+	}
+	for i := 0; i < keyed; i++ {
+		wg.Add(1)
+		go client(fmt.Sprintf("session-%d", i), i)
+	}
+	for i := 0; i < keyless; i++ {
+		wg.Add(1)
+		go client("", keyed+i)
+	}
+
+	type window struct{ pauseAt, resumed time.Time }
+	var windows []window
+	const bound = 10 * time.Second
+	for c := 1; c <= cycles; c++ {
+		// Let requests run (and pile up in the engines) between syncs.
+		testenv.WaitFor(t, "requests between syncs", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(outs) >= c*20
+		})
+		version := fmt.Sprintf("v%d", c)
+		w := window{pauseAt: time.Now()}
+		code, ans := fx.call(t, rc.pause+sep(rc.pause)+"timeout_s=10", rc.body)
+		if took := time.Since(w.pauseAt); code != 200 || took > bound {
+			t.Fatalf("cycle %d: pause: %d after %v: %v", c, code, took, ans)
+		}
+		if ans["quiet"] != true || ans["phase"] != "paused" {
+			t.Fatalf("cycle %d: pause answered %v", c, ans)
+		}
+		// The hold's own start: a request sent after it reached no engine
+		// before the resume.
+		since, err := time.Parse(time.RFC3339Nano, fmt.Sprint(ans["held_since"]))
+		if err != nil || since.Before(w.pauseAt) {
+			t.Fatalf("cycle %d: held_since %v (%v)", c, ans["held_since"], err)
+		}
+		w.pauseAt = since
+		for i, e := range fx.engines {
+			if !e.Paused() {
+				t.Fatalf("cycle %d: engine %d not paused after the fleet's pause", c, i)
+			}
+			if st := e.Stats(); st.Running+st.Waiting != 0 {
+				t.Fatalf("cycle %d: engine %d still has %d running, %d waiting while the fleet is quiet", c, i, st.Running, st.Waiting)
+			}
+		}
+		code, ans = fx.call(t, rc.update, fmt.Sprintf(`{"model_path":"/ckpt/%s","weight_version":%q}`, version, version))
+		if code != 200 || ans["weight_version"] != version {
+			t.Fatalf("cycle %d: update: %d %v", c, code, ans)
+		}
+		for i, e := range fx.engines {
+			if got := e.WeightVersion(); got != version {
+				t.Fatalf("cycle %d: engine %d at %q after the fleet's update to %q", c, i, got, version)
+			}
+		}
+		if rep := fx.d.Fleet.Report(); rep.Phase != "paused" || rep.TargetVersion != version {
+			t.Fatalf("cycle %d: /fleet says %+v", c, rep)
+		}
+		code, ans = fx.call(t, rc.resume, "")
+		if code != 200 || ans["phase"] != "serving" {
+			t.Fatalf("cycle %d: resume: %d %v", c, code, ans)
+		}
+		w.resumed = time.Now()
+		windows = append(windows, w)
+	}
+	stop.Store(true)
+	wg.Wait()
+
+	var aborted, held int
+	for _, o := range outs {
+		if o.err != nil || o.status != 200 {
+			t.Fatalf("a request failed: status %d, err %v", o.status, o.err)
+		}
+		if len(o.versions) > 1 {
+			t.Errorf("an output spans weight versions %v", o.versions)
+		}
+		if o.finish == "abort" {
+			aborted++
+			if !rc.aborting {
+				t.Errorf("a request was aborted by a %s pause", rc.name)
+			}
+			// It must have arrived before some pause began and been
+			// answered after it: aborted by that pause, not held.
+			ok := false
+			for _, w := range windows {
+				ok = ok || o.start.Before(w.pauseAt) && o.end.After(w.pauseAt)
+			}
+			if !ok {
+				t.Errorf("an aborted request (%v to %v) did not run across any pause", o.start, o.end)
+			}
+		}
+		for k, w := range windows {
+			if o.start.After(w.pauseAt) && o.start.Before(w.resumed) {
+				held++
+				// Held through pause k and released at its resume, it may
+				// only be aborted by a later pause.
+				if o.finish == "abort" && (k+1 == len(windows) || o.end.Before(windows[k+1].pauseAt)) {
+					t.Errorf("a request that arrived during pause %d was aborted (%v to %v)", k+1, o.start, o.end)
+				}
+			}
+		}
+	}
+	var parked, mixed int64
+	for _, e := range fx.engines {
+		st := e.Stats()
+		parked += st.ParkedWhilePaused
+		mixed += st.MixedVersionOutputs
+	}
+	if parked != 0 || mixed != 0 {
+		t.Fatalf("engines: %d requests parked while paused, %d outputs spanning two versions", parked, mixed)
+	}
+	if counts := fx.d.Fleet.Counts(); counts.Cycles != cycles {
+		t.Errorf("%d pauses counted, want %d", counts.Cycles, cycles)
+	}
+	t.Logf("%s: %d requests, %d aborted with their partial output, %d arrived during a pause (held, none aborted)", rc.name, len(outs), aborted, held)
+}
+
+func sep(path string) string {
+	if strings.Contains(path, "?") {
+		return "&"
+	}
+	return "?"
+}
+
+// While paused, arrivals wait in tetherd and reach no engine; resume
+// releases them. A held request whose client gives up is not sent later.
+func TestPauseHoldsArrivals(t *testing.T) {
+	fx := newFleetFixture(t, 2, fakeengine.SGLang, Options{})
+	if code, ans := fx.call(t, "/pause_generation", `{"mode":"abort"}`); code != 200 {
+		t.Fatalf("pause: %d %v", code, ans)
+	}
+	before := fx.engines[0].Stats().Requests + fx.engines[1].Stats().Requests
+	done := make(chan syncOut, 4)
+	for i := 0; i < 4; i++ {
+		go func() { done <- fx.generate(fakeengine.SGLang, "", fmt.Sprintf("held %d", i), 5) }()
+	}
+	testenv.WaitFor(t, "4 requests held", func() bool { return fx.d.Fleet.HeldNow() == 4 })
+	if got := fx.engines[0].Stats().Requests + fx.engines[1].Stats().Requests; got != before {
+		t.Fatalf("%d requests reached a paused engine", got-before)
+	}
+	// GETs are not held.
+	if r, err := do(fx.client, "GET", fx.base+"/v1/models", ""); err != nil || r.status != 200 {
+		t.Fatalf("GET while paused: %v %v", r.status, err)
+	}
+	rep := fx.d.Fleet.Report()
+	if rep.Phase != "paused" || rep.Held != 4 {
+		t.Fatalf("/fleet while holding: %+v", rep)
+	}
+	if code, ans := fx.call(t, "/continue_generation", ""); code != 200 || ans["released"] != float64(4) {
+		t.Fatalf("resume: %d %v", code, ans)
+	}
+	for i := 0; i < 4; i++ {
+		if o := <-done; o.status != 200 || o.finish == "abort" {
+			t.Fatalf("a held request: %d %q %v", o.status, o.finish, o.err)
+		}
+	}
+}
+
+// The hold is bounded: past --pause-timeout a held request gets 503 with
+// Retry-After, never a silent drop.
+func TestHoldTimeout(t *testing.T) {
+	fx := newFleetFixture(t, 1, fakeengine.VLLM, Options{PauseTimeout: 200 * time.Millisecond})
+	if code, ans := fx.call(t, "/pause?mode=keep", ""); code != 200 {
+		t.Fatalf("pause: %d %v", code, ans)
+	}
+	req, _ := http.NewRequest("POST", fx.base+"/v1/completions", strings.NewReader(`{"prompt":"x","max_tokens":2}`))
+	resp, err := fx.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("held past the pause timeout: %d, Retry-After %q", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	if c := fx.d.Fleet.Counts(); c.Timeouts != 1 {
+		t.Fatalf("hold timeouts: %+v", c)
+	}
+}
+
+// An engine that refuses the update is not a 200; it is fenced (no new
+// work) until its version matches, and reported.
+func TestUpdateRefusedFences(t *testing.T) {
+	fx := newFleetFixture(t, 3, fakeengine.SGLang, Options{})
+	fx.engines[1].SetFailUpdates(true)
+	code, ans := fx.call(t, "/update_weights_from_disk", `{"model_path":"/m","weight_version":"v7"}`)
+	if code == 200 || ans["success"] != false {
+		t.Fatalf("update with a refusing engine: %d %v", code, ans)
+	}
+	if f, _ := ans["fenced"].([]any); len(f) != 1 || f[0] != float64(1) {
+		t.Fatalf("fenced: %v", ans["fenced"])
+	}
+	rep := fx.d.Fleet.Report()
+	if rep.Workers[1].State != "fenced" || rep.Workers[0].WeightVersion != "v7" {
+		t.Fatalf("/fleet: %+v", rep.Workers)
+	}
+	before := fx.engines[1].Stats().Requests
+	for i := 0; i < 20; i++ {
+		if o := fx.generate(fakeengine.SGLang, fmt.Sprintf("k%d", i), "after the update", 2); o.status != 200 || len(o.versions) != 1 || o.versions[0] != "v7" {
+			t.Fatalf("request after a partial update: %d %v %v", o.status, o.versions, o.err)
+		}
+	}
+	if got := fx.engines[1].Stats().Requests; got != before {
+		t.Fatalf("the fenced engine took %d requests", got-before)
+	}
+	// Fixed and updated again: it serves.
+	fx.engines[1].SetFailUpdates(false)
+	if code, ans := fx.call(t, "/update_weights_from_disk", `{"model_path":"/m","weight_version":"v8"}`); code != 200 || len(ans["fenced"].([]any)) != 0 {
+		t.Fatalf("second update: %d %v", code, ans)
+	}
+}
+
+// An engine killed mid-sync never blocks the release: the failure is
+// reported, held requests are released to the others.
+func TestEngineKilledMidSync(t *testing.T) {
+	fx := newFleetFixture(t, 3, fakeengine.VLLM, Options{})
+	if code, ans := fx.call(t, "/pause?mode=abort", ""); code != 200 {
+		t.Fatalf("pause: %d %v", code, ans)
+	}
+	done := make(chan syncOut, 1)
+	go func() { done <- fx.generate(fakeengine.VLLM, "", "held across a death", 3) }()
+	testenv.WaitFor(t, "1 request held", func() bool { return fx.d.Fleet.HeldNow() == 1 })
+	fx.engines[2].Kill()
+	code, ans := fx.call(t, "/update_weights", `{"weight_version":"v2"}`)
+	if code == 200 {
+		t.Fatalf("update with a dead engine answered 200: %v", ans)
+	}
+	start := time.Now()
+	code, ans = fx.call(t, "/resume", "")
+	if code != http.StatusBadGateway || ans["phase"] != "serving" || time.Since(start) > 10*time.Second {
+		t.Fatalf("resume with a dead engine: %d %v", code, ans)
+	}
+	if o := <-done; o.status != 200 || len(o.versions) != 1 || o.versions[0] != "v2" {
+		t.Fatalf("the held request: %d %v %v", o.status, o.versions, o.err)
+	}
+}
+
+// A worker added while a fan-out runs makes it a 409 naming the epoch; a
+// worker added while paused starts paused (no work until the resume) and
+// fenced until its version matches.
+func TestMembershipChangeDuringFanOut(t *testing.T) {
+	cfg := fakeengine.Config{Kind: fakeengine.SGLang, UpdateDelay: 300 * time.Millisecond}
+	fx := newFleetFixtureCfg(t, 2, cfg, Options{})
+	extra, err := fakeengine.Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer extra.Close()
+	fx.call(t, "/pause_generation", `{"mode":"abort"}`)
+	type res struct {
+		code int
+		ans  map[string]any
+	}
+	got := make(chan res, 1)
+	go func() {
+		c, a := fx.call(t, "/update_weights_from_disk", `{"model_path":"/m","weight_version":"v3"}`)
+		got <- res{c, a}
+	}()
+	testenv.WaitFor(t, "worker 0 updating", func() bool { return fx.d.Fleet.WorkerState(fx.d.Table.Get(0)) == "updating" })
+	if _, err := fx.d.Registry.Put(2, extra.URL(), "admin"); err != nil {
+		t.Fatal(err)
+	}
+	r := <-got
+	if r.code != http.StatusConflict || !strings.Contains(fmt.Sprint(r.ans["message"]), "epoch") {
+		t.Fatalf("update across a membership change: %d %v", r.code, r.ans)
+	}
+	if st := fx.d.Fleet.WorkerState(fx.d.Table.Get(2)); st != "fenced" {
+		t.Fatalf("the worker added mid-fan-out is %q, want fenced (not at v3)", st)
+	}
+	if fx.d.Fleet.Phase() != fleet.Paused {
+		t.Fatalf("phase %v", fx.d.Fleet.Phase())
+	}
+}

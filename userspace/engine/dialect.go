@@ -1,0 +1,138 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/tether-rl/tether/userspace/route"
+)
+
+// Each worker is spoken to in its own dialect: SGLang (/abort_request,
+// /pause_generation, /continue_generation, /flush_cache) or vLLM
+// (/abort_requests, /pause?mode=, /resume, /reset_prefix_cache). The kind
+// is learned once per worker (route.Worker.Engine: the load poller's
+// detection, else a probe here: SGLang answers GET /get_server_info, vLLM
+// GET /is_paused) and kept; a worker that answers neither is spoken to
+// in the dialect the client used.
+
+// dialect returns the engine kind to speak to w: the one learned, else
+// the client's (prefer).
+func dialect(w *route.Worker, prefer route.EngineKind) route.EngineKind {
+	switch k := w.Engine(); k {
+	case route.EngineSGLang, route.EngineVLLM:
+		return k
+	}
+	return prefer
+}
+
+// other is the other engine's dialect.
+func other(k route.EngineKind) route.EngineKind {
+	if k == route.EngineVLLM {
+		return route.EngineSGLang
+	}
+	return route.EngineVLLM
+}
+
+// fanoutDialect fans out to ws the calls build makes for each worker in
+// its dialect (prefer: the client's, for a worker not learned yet). A
+// worker not learned yet that answers 404 to every call is asked again
+// in the other dialect, and what answered is learned: no call is a silent
+// 404 because tetherd guessed the engine wrong.
+func (e *Engine) fanoutDialect(ctx context.Context, auth string, ws []*route.Worker, prefer route.EngineKind, limit time.Duration,
+	build func(w *route.Worker, k route.EngineKind) []call) Results {
+	var calls []call
+	for _, w := range ws {
+		calls = append(calls, build(w, dialect(w, prefer))...)
+	}
+	res := e.fanoutTimeout(ctx, auth, calls, limit)
+	var retry []*route.Worker
+	for _, w := range ws {
+		if k := w.Engine(); k == route.EngineSGLang || k == route.EngineVLLM {
+			continue
+		}
+		ok, notFound := false, false
+		for _, r := range res.Successful {
+			ok = ok || r.Worker == w.Slot
+		}
+		for _, r := range res.Failed {
+			notFound = notFound || r.Worker == w.Slot && r.Status == http.StatusNotFound
+		}
+		switch {
+		case ok && w.Engine() == route.EngineUnknown:
+			w.SetEngine(prefer)
+		case !ok && notFound:
+			retry = append(retry, w)
+		}
+	}
+	if len(retry) == 0 {
+		return res
+	}
+	calls = calls[:0]
+	for _, w := range retry {
+		calls = append(calls, build(w, other(prefer))...)
+	}
+	again := e.fanoutTimeout(ctx, auth, calls, limit)
+	redone := func(slot int) bool {
+		for _, w := range retry {
+			if w.Slot == slot {
+				return true
+			}
+		}
+		return false
+	}
+	keep := func(rs []Result) []Result {
+		out := rs[:0]
+		for _, r := range rs {
+			if !redone(r.Worker) {
+				out = append(out, r)
+			}
+		}
+		return out
+	}
+	res.Successful, res.Failed = keep(res.Successful), keep(res.Failed)
+	for _, w := range retry {
+		learned := false
+		for _, r := range again.Successful {
+			learned = learned || r.Worker == w.Slot
+		}
+		if learned {
+			w.SetEngine(other(prefer))
+		}
+	}
+	res.Successful = append(res.Successful, again.Successful...)
+	res.Failed = append(res.Failed, again.Failed...)
+	bySlot := func(a, b Result) int { return a.Worker - b.Worker }
+	slices.SortStableFunc(res.Successful, bySlot)
+	slices.SortStableFunc(res.Failed, bySlot)
+	return res
+}
+
+// abortAll builds the abort-everything call of fanoutDialect.
+func abortAll(w *route.Worker, k route.EngineKind) []call { return []call{abortAllCall(w, k)} }
+
+// abortAllCall is the call that aborts everything on a worker of kind k
+// (running, waiting and, for vLLM's delete-type abort, parked requests).
+func abortAllCall(w *route.Worker, k route.EngineKind) call {
+	if k == route.EngineVLLM {
+		return call{w: w, method: http.MethodPost, path: PathAbortRequests, body: []byte(`{}`)}
+	}
+	return call{w: w, method: http.MethodPost, path: PathAbortRequest, body: []byte(`{"abort_all":true}`)}
+}
+
+// abortIDsCalls are the calls that abort ids on a worker of kind k: one
+// vLLM /abort_requests with the list, or one SGLang /abort_request per id.
+func abortIDsCalls(w *route.Worker, k route.EngineKind, ids []string) []call {
+	if k == route.EngineVLLM {
+		body, _ := json.Marshal(map[string]any{"request_ids": ids})
+		return []call{{w: w, method: http.MethodPost, path: PathAbortRequests, body: body, rids: ids}}
+	}
+	out := make([]call, 0, len(ids))
+	for _, id := range ids {
+		body, _ := json.Marshal(map[string]any{"rid": id})
+		out = append(out, call{w: w, method: http.MethodPost, path: PathAbortRequest, body: body, rids: []string{id}})
+	}
+	return out
+}

@@ -1,0 +1,582 @@
+package engine
+
+// The fleet's weight sync, driven through tetherd in the engines' own
+// words (userspace/fleet holds the state; this file the fan-outs):
+//
+//	POST /pause_generation {"mode":"abort"|"in_place"|"retract"}   SGLang
+//	POST /pause?mode=abort|wait|keep                               vLLM
+//	     From the first moment tetherd admits no new generation request to
+//	     any engine (they wait in its hold). abort: what is in flight is
+//	     aborted at its owner, in waves, until nothing is (partial outputs
+//	     return on their streams); wait: until nothing is in flight; both
+//	     bounded by ?timeout_s= (default 30). Then the pause goes to every
+//	     engine in its own dialect, and the answer reports each worker and
+//	     the requests held: 200, or 504 when the fleet did not go quiet in
+//	     time, or 502 when an engine refused (the hold stays either way).
+//	     in_place, retract and keep freeze what runs, by design.
+//	POST /continue_generation   SGLang;   POST /resume   vLLM
+//	     to every engine, then the held requests are released in arrival
+//	     order (even if an engine failed: reported, never a stuck fleet).
+//	POST /update_weights_from_disk, _from_distributed, _from_tensor,
+//	     /init_weights_update_group, /destroy_weights_update_group,
+//	     /update_weight_version (SGLang); /init_weight_transfer_engine,
+//	     /start_weight_update, /update_weights, /finish_weight_update
+//	     (vLLM); /release_memory_occupation, /resume_memory_occupation,
+//	     /sleep, /wake_up, /reset_prefix_cache
+//	     to every worker with the body and query byte-for-byte; each
+//	     worker is fenced (no new work) while its call runs; per-worker
+//	     results; any failure is not a 200; a worker added or removed
+//	     during the fan-out is a 409 naming the epoch. A call that changes
+//	     weights sets the fleet's target version (the body's
+//	     "weight_version", SGLang's "new_version", else "tether-<n>") and
+//	     every worker it failed on stays fenced until its version matches.
+//	GET  /is_paused, /get_weight_version, /fleet
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"math"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/tether-rl/tether/userspace/fleet"
+	"github.com/tether-rl/tether/userspace/route"
+)
+
+// Fleet endpoint paths.
+const (
+	PathPauseGeneration    = "/pause_generation"
+	PathContinueGeneration = "/continue_generation"
+	PathPause              = "/pause"
+	PathResume             = "/resume"
+	PathIsPaused           = "/is_paused"
+	PathGetWeightVersion   = "/get_weight_version"
+	PathFleet              = "/fleet"
+)
+
+// updateKind says what a fanned-out control call does to the weights.
+type updateKind uint8
+
+const (
+	plainCall      updateKind = iota // no weights change (groups, memory, sleep)
+	weightsCall                      // the weights change: a new version
+	openUpdate                       // vLLM start_weight_update: weights in flux until finish
+	closeUpdate                      // vLLM finish_weight_update: the new version
+	setVersionCall                   // SGLang update_weight_version: a new version name only
+)
+
+var controlPaths = map[string]updateKind{
+	"/update_weights_from_disk":        weightsCall,
+	"/update_weights_from_distributed": weightsCall,
+	"/update_weights_from_tensor":      weightsCall,
+	"/init_weights_update_group":       plainCall,
+	"/destroy_weights_update_group":    plainCall,
+	"/update_weight_version":           setVersionCall,
+	"/init_weight_transfer_engine":     plainCall,
+	"/start_weight_update":             openUpdate,
+	"/update_weights":                  weightsCall,
+	"/finish_weight_update":            closeUpdate,
+	"/release_memory_occupation":       plainCall,
+	"/resume_memory_occupation":        plainCall,
+	"/sleep":                           plainCall,
+	"/wake_up":                         plainCall,
+	"/reset_prefix_cache":              plainCall,
+}
+
+// fleetLocal returns the handler of a fleet path, or nil.
+func (e *Engine) fleetLocal(path string) http.Handler {
+	if e.cfg.Fleet == nil {
+		return nil
+	}
+	switch path {
+	case PathPauseGeneration:
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.pause(w, r, route.EngineSGLang) })
+	case PathPause:
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.pause(w, r, route.EngineVLLM) })
+	case PathContinueGeneration:
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.resume(w, r, route.EngineSGLang) })
+	case PathResume:
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.resume(w, r, route.EngineVLLM) })
+	case PathIsPaused:
+		return http.HandlerFunc(e.isPaused)
+	case PathGetWeightVersion:
+		return http.HandlerFunc(e.getWeightVersion)
+	case PathFleet:
+		return e.FleetHandler()
+	}
+	if k, ok := controlPaths[path]; ok {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.control(w, r, k) })
+	}
+	return nil
+}
+
+// FleetHandler serves GET /fleet (the admin listener serves it too).
+func (e *Engine) FleetHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !allowMethods(w, r, http.MethodGet, http.MethodHead) {
+			return
+		}
+		writeJSON(w, http.StatusOK, e.cfg.Fleet.Report())
+	})
+}
+
+// pauseMode normalizes a pause's mode to one of abort, wait, keep
+// (SGLang's in_place), retract.
+func pauseMode(client route.EngineKind, mode string) (string, bool) {
+	if client == route.EngineSGLang {
+		switch mode {
+		case "", "abort":
+			return "abort", true
+		case "in_place":
+			return "keep", true
+		case "retract":
+			return "retract", true
+		}
+		return "", false
+	}
+	switch mode {
+	case "", "abort", "wait", "keep":
+		if mode == "" {
+			mode = "abort"
+		}
+		return mode, true
+	}
+	return "", false
+}
+
+// nativePause is the pause call for a worker of kind k in normalized
+// mode m; quiet: nothing is in flight (a wait may be sent as is).
+func nativePause(w *route.Worker, k route.EngineKind, m string, quiet bool) call {
+	if k == route.EngineVLLM {
+		vm := m
+		switch {
+		case m == "retract":
+			vm = "keep"
+		case m == "wait" && !quiet:
+			vm = "keep" // a vLLM wait would block on what did not finish
+		}
+		return call{w: w, method: http.MethodPost, path: PathPause + "?mode=" + vm}
+	}
+	sm := map[string]string{"abort": "abort", "wait": "in_place", "keep": "in_place", "retract": "retract"}[m]
+	return call{w: w, method: http.MethodPost, path: PathPauseGeneration, body: []byte(`{"mode":"` + sm + `"}`)}
+}
+
+// PauseAnswer is the answer of a pause.
+type PauseAnswer struct {
+	Phase        string    `json:"phase"`
+	Mode         string    `json:"mode"`
+	Quiet        bool      `json:"quiet"`      // nothing in flight to any engine
+	Held         int       `json:"held"`       // requests waiting in tetherd
+	HeldSince    string    `json:"held_since"` // from this moment nothing new reached an engine
+	AbortWaves   int       `json:"abort_waves,omitempty"`
+	ElapsedS     float64   `json:"elapsed_s"`
+	Epoch        uint64    `json:"epoch"`
+	StillRunning []Running `json:"still_running"`
+	Successful   []Result  `json:"successful"`
+	Failed       []Result  `json:"failed"`
+	Message      string    `json:"message"`
+}
+
+func (e *Engine) pause(w http.ResponseWriter, r *http.Request, client route.EngineKind) {
+	if !allowMethods(w, r, http.MethodPost) {
+		return
+	}
+	q := r.URL.Query()
+	var mode string
+	var clientBody []byte
+	if client == route.EngineSGLang {
+		body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "could not read the body")
+			return
+		}
+		if b := bytes.TrimSpace(body); len(b) > 0 {
+			var v struct {
+				Mode *string `json:"mode"`
+			}
+			if b[0] != '{' || json.Unmarshal(b, &v) != nil {
+				writeError(w, http.StatusBadRequest, `body must be a JSON object such as {"mode":"abort"}`)
+				return
+			}
+			if v.Mode != nil {
+				mode = *v.Mode
+			}
+			clientBody = body
+		}
+	} else {
+		mode = q.Get("mode")
+	}
+	m, ok := pauseMode(client, mode)
+	if !ok {
+		modes := "abort, in_place or retract"
+		if client == route.EngineVLLM {
+			modes = "abort, wait or keep"
+		}
+		writeError(w, http.StatusBadRequest, "mode must be "+modes+", not "+strconv.Quote(mode))
+		return
+	}
+	timeout, ok := e.timeoutParam(w, r, 30*time.Second)
+	if !ok {
+		return
+	}
+	f := e.cfg.Fleet
+	start := time.Now()
+	// From here on nothing new is admitted to any engine.
+	f.SetPhase(fleet.Pausing, mode)
+	heldSince := time.Now()
+	e.phaseChanged()
+	ctx, cancel := context.WithDeadline(r.Context(), start.Add(timeout))
+	defer cancel()
+	auth := e.auth(r)
+	ans := PauseAnswer{Mode: mode, Quiet: true, HeldSince: heldSince.UTC().Format(time.RFC3339Nano), Successful: []Result{}, Failed: []Result{}, StillRunning: []Running{}}
+	switch m {
+	case "abort":
+		ans.Quiet, ans.AbortWaves = e.quiesce(ctx, auth, true)
+	case "wait":
+		ans.Quiet, _ = e.quiesce(ctx, auth, false)
+	}
+	// The pause itself, to every engine in its dialect (its own deadline:
+	// a quiesce that used the whole timeout still pauses the engines).
+	pctx, pcancel := context.WithTimeout(context.WithoutCancel(r.Context()), e.cfg.Timeout)
+	defer pcancel()
+	ws := e.workers()
+	res := e.fanoutDialect(pctx, auth, ws, client, 0, func(wk *route.Worker, k route.EngineKind) []call {
+		c := nativePause(wk, k, m, ans.Quiet)
+		if k == client {
+			// The client's own words, byte for byte.
+			if client == route.EngineSGLang && clientBody != nil {
+				c.body = clientBody
+			} else if client == route.EngineVLLM && r.URL.RawQuery != "" {
+				c.path = PathPause + "?" + r.URL.RawQuery
+			}
+		}
+		return []call{c}
+	})
+	f.SetPhase(fleet.Paused, mode)
+	e.phaseChanged()
+	ans.Successful, ans.Failed = res.Successful, res.Failed
+	ans.Phase = f.Phase().String()
+	ans.Held = f.HeldNow()
+	ans.Epoch = e.cfg.Table.Epoch()
+	ans.StillRunning = e.running()
+	ans.ElapsedS = math.Round(time.Since(start).Seconds()*1000) / 1000
+	code := http.StatusOK
+	switch {
+	case !ans.Quiet:
+		code = http.StatusGatewayTimeout
+		ans.Message = "paused, but requests were still in flight after " + strconv.FormatFloat(timeout.Seconds(), 'f', -1, 64) + " s (still_running); new requests are held"
+	case len(res.Failed) > 0:
+		code = http.StatusBadGateway
+		ans.Message = "paused on " + strconv.Itoa(len(res.Successful)) + " of " + strconv.Itoa(len(ws)) + " workers; new requests are held"
+	default:
+		ans.Message = "fleet paused and quiet: " + strconv.Itoa(len(ws)) + " workers; new requests are held"
+	}
+	writeJSON(w, code, ans)
+}
+
+// quiesce waits until nothing is in flight to any worker, aborting what
+// is (abort: in waves, at the owners, in their dialects), until ctx ends.
+// It reports whether the fleet went quiet and the waves sent.
+func (e *Engine) quiesce(ctx context.Context, auth string, abort bool) (bool, int) {
+	waves := 0
+	var last time.Time
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		busy := e.admitted()
+		if len(busy) == 0 {
+			return true, waves
+		}
+		if ctx.Err() != nil {
+			return false, waves
+		}
+		if abort && (waves == 0 || time.Since(last) >= e.cfg.WaveInterval) {
+			e.fanoutDialect(ctx, auth, busy, route.EngineSGLang, 0, abortAll)
+			waves++
+			last = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+		case <-tick.C:
+		}
+	}
+}
+
+// admitted returns the workers with requests admitted (past tetherd's
+// gates, on their way to or in the engine).
+func (e *Engine) admitted() []*route.Worker {
+	var out []*route.Worker
+	for _, w := range e.workers() {
+		if w.Admitted() > 0 {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// running lists what is still in flight, per worker.
+func (e *Engine) running() []Running {
+	out := []Running{}
+	for _, wk := range e.admitted() {
+		run := Running{Worker: wk.Slot, InFlight: uint64(wk.Admitted())}
+		if e.cfg.Owners != nil {
+			run.Rids = e.cfg.Owners.OnWorker(wk.Slot, 100)
+		}
+		out = append(out, run)
+	}
+	return out
+}
+
+// ResumeAnswer is the answer of a resume.
+type ResumeAnswer struct {
+	Phase      string   `json:"phase"`
+	Released   int      `json:"released"` // held requests released, in arrival order
+	Epoch      uint64   `json:"epoch"`
+	Fenced     []int    `json:"fenced"` // workers whose weight version is not the fleet's: no new work
+	Successful []Result `json:"successful"`
+	Failed     []Result `json:"failed"`
+	Message    string   `json:"message"`
+}
+
+func (e *Engine) resume(w http.ResponseWriter, r *http.Request, client route.EngineKind) {
+	if !allowMethods(w, r, http.MethodPost) {
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "could not read the body")
+		return
+	}
+	f := e.cfg.Fleet
+	auth := e.auth(r)
+	ctx, cancel := context.WithTimeout(r.Context(), e.cfg.Timeout)
+	defer cancel()
+	ws := e.workers()
+	hasBody := len(bytes.TrimSpace(body)) > 0
+	res := e.fanoutDialect(ctx, auth, ws, client, 0, func(wk *route.Worker, k route.EngineKind) []call {
+		c := call{w: wk, method: http.MethodPost, path: PathContinueGeneration, body: []byte(`{}`)}
+		if k == route.EngineVLLM {
+			c = call{w: wk, method: http.MethodPost, path: PathResume}
+		}
+		if k == client && hasBody {
+			c.body = body
+		}
+		return []call{c}
+	})
+	held := f.HeldNow()
+	// Released whatever the engines said: a dead engine never keeps the
+	// fleet held (it is reported, and health checks take it out).
+	f.SetPhase(fleet.Serving, "")
+	e.phaseChanged()
+	ans := ResumeAnswer{Phase: f.Phase().String(), Released: held, Epoch: e.cfg.Table.Epoch(), Fenced: e.fenced(),
+		Successful: res.Successful, Failed: res.Failed}
+	code := http.StatusOK
+	if len(res.Failed) > 0 {
+		code = http.StatusBadGateway
+		ans.Message = "resumed on " + strconv.Itoa(len(res.Successful)) + " of " + strconv.Itoa(len(ws)) + " workers; held requests released"
+	} else {
+		ans.Message = "fleet resumed: " + strconv.Itoa(len(ws)) + " workers; held requests released"
+	}
+	if ans.Phase != fleet.Serving.String() {
+		ans.Message += "; still holding: another replica's pause or the cluster store is out of sight"
+	}
+	writeJSON(w, code, ans)
+}
+
+// fenced lists the workers kept from new work by their weight version.
+func (e *Engine) fenced() []int {
+	out := []int{}
+	for _, wk := range e.workers() {
+		if wk.Fenced()&route.FenceVersion != 0 {
+			out = append(out, wk.Slot)
+		}
+	}
+	return out
+}
+
+// ControlAnswer is the answer of a fanned-out control call.
+type ControlAnswer struct {
+	Success       bool     `json:"success"`
+	Message       string   `json:"message"`
+	WeightVersion string   `json:"weight_version,omitempty"` // the fleet's target after the call
+	Epoch         uint64   `json:"epoch"`
+	Fenced        []int    `json:"fenced"`
+	Successful    []Result `json:"successful"`
+	Failed        []Result `json:"failed"`
+}
+
+// updateSeq numbers the weight versions tetherd names itself.
+var updateSeq atomic.Uint64
+
+func (e *Engine) control(w http.ResponseWriter, r *http.Request, kind updateKind) {
+	if !allowMethods(w, r, http.MethodPost) {
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "could not read the body")
+		return
+	}
+	var fields map[string]json.RawMessage
+	if b := bytes.TrimSpace(body); len(b) > 0 {
+		if b[0] != '{' || json.Unmarshal(b, &fields) != nil {
+			writeError(w, http.StatusBadRequest, "body must be a JSON object")
+			return
+		}
+	}
+	version := ""
+	for _, k := range []string{"weight_version", "new_version"} {
+		if raw, ok := fields[k]; ok && jsonKind(raw) == "a string" {
+			json.Unmarshal(raw, &version)
+		}
+	}
+	if kind == setVersionCall && version == "" {
+		writeError(w, http.StatusBadRequest, `"new_version" must be a non-empty string`)
+		return
+	}
+	f := e.cfg.Fleet
+	path := r.URL.Path
+	if r.URL.RawQuery != "" {
+		path += "?" + r.URL.RawQuery
+	}
+	epoch := e.cfg.Table.Epoch()
+	ws := e.workers()
+	changes := kind == weightsCall || kind == openUpdate || kind == closeUpdate
+	if kind == weightsCall && f.UpdateOpen() {
+		// vLLM's chunked update: the version changes at finish.
+		kind, changes = plainCall, true
+	}
+	if changes {
+		for _, wk := range ws {
+			f.Updating(wk, true)
+		}
+	}
+	calls := make([]call, len(ws))
+	for i, wk := range ws {
+		calls[i] = call{w: wk, method: http.MethodPost, path: path, body: body}
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), e.cfg.UpdateTimeout)
+	defer cancel()
+	res := e.fanoutTimeout(ctx, e.auth(r), calls, e.cfg.UpdateTimeout)
+	newVersion := kind == weightsCall || kind == closeUpdate || kind == setVersionCall
+	if newVersion && len(res.Successful) > 0 {
+		if version == "" {
+			version = "tether-" + strconv.FormatUint(updateSeq.Add(1), 10)
+		}
+		for _, s := range res.Successful {
+			if wk := e.cfg.Table.Get(s.Worker); wk != nil {
+				f.SetVersion(wk.URL, version)
+			}
+		}
+		f.SetTarget(version)
+	}
+	switch kind {
+	case openUpdate:
+		f.SetUpdateOpen(true)
+	case closeUpdate:
+		f.SetUpdateOpen(false)
+	}
+	if !f.UpdateOpen() {
+		for _, wk := range ws {
+			f.Updating(wk, false)
+		}
+	}
+	now := e.cfg.Table.Epoch()
+	ans := ControlAnswer{WeightVersion: f.Target(), Epoch: now, Fenced: e.fenced(), Successful: res.Successful, Failed: res.Failed}
+	code := http.StatusOK
+	switch {
+	case now != epoch:
+		code = http.StatusConflict
+		ans.Message = "workers were added or removed during the fan-out (epoch " + strconv.FormatUint(epoch, 10) + " → " + strconv.FormatUint(now, 10) + "): the fleet as it is now did not all get the call"
+	case len(ws) == 0:
+		code = http.StatusServiceUnavailable
+		ans.Message = "no workers"
+	case len(res.Failed) > 0:
+		code = http.StatusBadGateway
+		if c := res.Failed[0].Status; c >= 400 && c < 500 {
+			code = c
+			for _, x := range res.Failed {
+				if x.Status != c {
+					code = http.StatusBadGateway
+				}
+			}
+		}
+		ans.Message = "failed on " + strconv.Itoa(len(res.Failed)) + " of " + strconv.Itoa(len(ws)) + " workers"
+		if newVersion && len(res.Successful) > 0 {
+			ans.Message += "; they take no new work until their weight version is " + version
+		}
+	default:
+		ans.Success = true
+		ans.Message = "done on all " + strconv.Itoa(len(ws)) + " workers"
+	}
+	writeJSON(w, code, ans)
+}
+
+func (e *Engine) isPaused(w http.ResponseWriter, r *http.Request) {
+	if !allowMethods(w, r, http.MethodGet, http.MethodHead) {
+		return
+	}
+	p := e.cfg.Fleet.Phase()
+	writeJSON(w, http.StatusOK, map[string]any{"is_paused": p != fleet.Serving, "phase": p.String()})
+}
+
+// getWeightVersion answers the fleet's target; with none set, the
+// version the workers report (GET /get_weight_version, fanned out), when
+// they agree.
+func (e *Engine) getWeightVersion(w http.ResponseWriter, r *http.Request) {
+	if !allowMethods(w, r, http.MethodGet, http.MethodPost) {
+		return
+	}
+	f := e.cfg.Fleet
+	if t := f.Target(); t != "" {
+		writeJSON(w, http.StatusOK, map[string]any{"weight_version": t, "source": "fleet"})
+		return
+	}
+	res := e.all(r, http.MethodGet, PathGetWeightVersion)
+	seen := map[string]int{}
+	var best string
+	for _, s := range res.Successful {
+		var v struct {
+			WeightVersion string `json:"weight_version"`
+		}
+		if json.Unmarshal(s.Response, &v) == nil && v.WeightVersion != "" {
+			if wk := e.cfg.Table.Get(s.Worker); wk != nil {
+				f.SetVersion(wk.URL, v.WeightVersion)
+			}
+			seen[v.WeightVersion]++
+			if seen[v.WeightVersion] > seen[best] {
+				best = v.WeightVersion
+			}
+		}
+	}
+	code := fanoutStatus(res)
+	if best == "" && code == http.StatusOK {
+		code = http.StatusBadGateway
+	}
+	writeJSON(w, code, map[string]any{"weight_version": best, "agreed": len(seen) == 1, "successful": res.Successful, "failed": res.Failed})
+}
+
+// phaseChanged tells the cluster (if any) this replica's phase.
+func (e *Engine) phaseChanged() {
+	if e.cfg.OnPhase != nil {
+		e.cfg.OnPhase(e.cfg.Fleet.Export())
+	}
+}
+
+// timeoutParam reads ?timeout_s= (def when absent); it answers 400 itself.
+func (e *Engine) timeoutParam(w http.ResponseWriter, r *http.Request, def time.Duration) (time.Duration, bool) {
+	v := r.URL.Query().Get("timeout_s")
+	if v == "" {
+		return def, true
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || math.IsNaN(f) || f < 0 || f > e.cfg.MaxIdleTimeout.Seconds() {
+		writeError(w, http.StatusBadRequest, "timeout_s must be a number of seconds from 0 to "+strconv.FormatFloat(e.cfg.MaxIdleTimeout.Seconds(), 'f', -1, 64))
+		return 0, false
+	}
+	return time.Duration(f * float64(time.Second)), true
+}
