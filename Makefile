@@ -31,6 +31,8 @@ test: vet check-generate
 vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
+	@# imports in three groups: standard library, third-party, this module's
+	$(GO) run ./tools/importgroups $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.*')
 	$(GO) vet ./...
 
 # Regenerate the committed bpf2go output (needs clang, libbpf-dev).

@@ -14,7 +14,6 @@ package bpf
 import (
 	"errors"
 	"fmt"
-	"github.com/tether-rl/tether/userspace/sysconn"
 	"net"
 	"os"
 	"path/filepath"
@@ -24,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tether-rl/tether/userspace/stats"
+	"github.com/tether-rl/tether/userspace/sysconn"
 )
 
 // ABIVersion mirrors TETHER_ABI_VERSION in headers/tether.h: it names the pin

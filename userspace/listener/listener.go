@@ -14,7 +14,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/tether-rl/tether/userspace/sysconn"
 	"log/slog"
 	"net"
 	"os"
@@ -24,6 +23,7 @@ import (
 
 	"github.com/tether-rl/tether/bpf"
 	"github.com/tether-rl/tether/userspace/stats"
+	"github.com/tether-rl/tether/userspace/sysconn"
 	"github.com/tether-rl/tether/userspace/sysd"
 )
 

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"github.com/tether-rl/tether/userspace/sysconn"
 	"io"
 	"log/slog"
 	"net"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/tether-rl/tether/bpf"
 	"github.com/tether-rl/tether/testenv"
+	"github.com/tether-rl/tether/userspace/sysconn"
 )
 
 // server stands in for the proxy: one accept loop per listener that counts

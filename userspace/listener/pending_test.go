@@ -2,7 +2,6 @@ package listener
 
 import (
 	"encoding/binary"
-	"github.com/tether-rl/tether/userspace/sysconn"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -13,6 +12,7 @@ import (
 	"github.com/tether-rl/tether/bpf"
 	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/userspace/stats"
+	"github.com/tether-rl/tether/userspace/sysconn"
 )
 
 // slotSum adds up one counter over the first k slots.

@@ -5,7 +5,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"github.com/tether-rl/tether/testenv"
 	"io"
 	"log/slog"
 	"net"
@@ -19,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/userspace/health"
 	"github.com/tether-rl/tether/userspace/registry"
 	"github.com/tether-rl/tether/userspace/route"
