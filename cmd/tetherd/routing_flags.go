@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/tether-rl/tether/userspace/daemon"
+	"github.com/tether-rl/tether/userspace/loadpoll"
 	"github.com/tether-rl/tether/userspace/route"
 )
 
@@ -70,8 +71,15 @@ func routingFlags(fs *flag.FlagSet, o *daemon.RoutingOptions) func() {
 	fs.StringVar(&o.LearnField, "learn-session-field", route.DefaultIDField, "top-level field of the create answer holding the new session id (--learn-sessions)")
 	fs.DurationVar(&o.LearnTTL, "learn-session-ttl", route.DefaultLearnTTL, "a learned session id is forgotten this long after its last request (or on DELETE /sessions/{id})")
 	fs.StringVar(&o.Keyless, "keyless", "least", "requests without a key: least (fewest in flight, rotating tie-break), p2c (less loaded of two random workers) or prefix (hash the first --peek-bytes of the body, bounded load)")
-	fs.IntVar(&o.PeekBytes, "peek-bytes", route.DefaultPrefixBytes, "body bytes read before routing (request id \"rid\", --keyless=prefix); -1: none")
+	fs.IntVar(&o.PeekBytes, "peek-bytes", route.DefaultPrefixBytes, "body bytes read before routing (request id \"rid\", --keyless=prefix, the prompt of GRPO groups), at most 16384; -1: none")
 	fs.IntVar(&o.MaxTrackedRequests, "max-tracked-requests", 1<<20, "request ids remembered for abort routing (oldest dropped beyond)")
+	fs.DurationVar(&o.EnginePoll, "engine-poll", loadpoll.DefaultInterval, "read every worker's engine load (SGLang /v1/loads, vLLM or SGLang /metrics) this often and place keyless work, new keys and sessions by it; 0: off (placement by tetherd's in-flight counts alone)")
+	fs.Float64Var(&o.KVVeto, "kv-veto", route.DefaultKVVeto, "an engine at this KV cache usage (0..1) or above takes no new keys, sessions or keyless work until it is 0.1 below (>= 1: never)")
+	waitingVeto := &count{name: "waiting-veto", n: route.DefaultWaitingVeto}
+	fs.Var(waitingVeto, "waiting-veto", "an engine with more than this many requests waiting takes no new keys, sessions or keyless work until at most half wait; 0: no bound")
+	groupMax := &count{name: "group-max", n: route.DefaultGroupMax}
+	fs.Var(groupMax, "group-max", "keyless requests with the same prompt (a GRPO group's samples) go to one engine, up to this many in flight there, then to the next best; 0: no grouping")
+	routeHeader := fs.Bool("route-header", false, "add X-Tether-Route: <slot> <reason> to every proxied response (debugging a rollout)")
 	engineEndpoints := fs.Bool("engine-endpoints", true, "serve /abort_request, /abort_requests, /abort_until_idle, /flush_cache, /get_loads and /finish_session on the data port (false: proxy them)")
 	return func() {
 		if keys.set {
@@ -82,6 +90,20 @@ func routingFlags(fs *flag.FlagSet, o *daemon.RoutingOptions) func() {
 			o.HashSpillMin = -1 // none (0 in RoutingOptions is the default)
 		}
 		o.NoLearnSessions = !*learn
+		if o.EnginePoll == 0 {
+			o.EnginePoll = -1 // off (0 in RoutingOptions is the default)
+		}
+		o.WaitingVeto = waitingVeto.n
+		if o.WaitingVeto == 0 {
+			o.WaitingVeto = -1
+		}
+		o.GroupMax = groupMax.n
+		if o.GroupMax == 0 {
+			o.GroupMax = -1
+		}
+		if *routeHeader {
+			o.RouteHeader = RouteHeaderName
+		}
 		o.NoEngineEndpoints = !*engineEndpoints
 	}
 }
@@ -92,3 +114,6 @@ func init() {
 		reloadable[f] = true
 	}
 }
+
+// RouteHeaderName is the response header of --route-header.
+const RouteHeaderName = "X-Tether-Route"

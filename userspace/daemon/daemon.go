@@ -308,6 +308,7 @@ func New(opts Options) (*Daemon, error) {
 	d.Proxy = proxy.New(proxy.Config{
 		Router:            d.routing.router,
 		PeekBody:          d.routing.peek,
+		RouteHeader:       d.routing.opts.RouteHeader,
 		Local:             d.localHook(opts),
 		Observe:           d.observe,
 		Hold:              d.Fleet,

@@ -49,6 +49,8 @@ type conn struct {
 	out  []byte // outgoing head assembly (both directions)
 	ubuf []byte // upstream read buffer, for one exchange
 
+	rt routeNote // the decision of the exchange, for Config.RouteHeader (routehdr.go)
+
 	// The parsed heads, while a request is being served: an idle
 	// connection on a loop gives them (and out) back to the loop's free
 	// lists (loop.takeBack).
@@ -339,6 +341,7 @@ func (c *conn) serveRouted(dec route.Decision, peek []byte, refused bool) (keep,
 		}
 		return keep, false
 	}
+	c.noteRoute(dec)
 	rr, _ := c.s.cfg.Router.(Rerouter)
 	if !refused {
 		keep, refused, held = c.proxy(dec.Worker, dec.Learn, rr != nil)
@@ -362,6 +365,7 @@ func (c *conn) serveRouted(dec route.Decision, peek []byte, refused bool) (keep,
 		c.writeClient(upstreamError(502, false, true))
 		return false, false
 	}
+	c.noteRoute(dec)
 	keep, _, held = c.proxy(dec.Worker, dec.Learn, false)
 	return keep, held
 }

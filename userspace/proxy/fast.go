@@ -163,6 +163,7 @@ func (l *loop) begin(c *conn) {
 	}
 	dec := s.cfg.Router.Route(req, c.buf[c.r:c.r+body])
 	w := dec.Worker
+	c.noteRoute(dec)
 	if w == nil || dec.Learn != nil {
 		l.handoff(c, handoff{decided: true, dec: dec})
 		return

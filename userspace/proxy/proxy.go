@@ -34,6 +34,10 @@ type Config struct {
 	// body bytes (or the whole body, if shorter) are buffered, so that the
 	// router can read a key from them. 0: route on the head alone.
 	PeekBody int
+	// RouteHeader, when set, names a response header added to every
+	// proxied response: "<slot> <reason>" of its routing decision
+	// (tetherd --route-header).
+	RouteHeader string
 
 	// ResponseTimeout bounds the wait for the first byte of a response
 	// head (504 after it). Agent turns are long: default 30 minutes.

@@ -116,6 +116,7 @@ func (c *conn) appendResponseHead(out []byte, closing, dropTE bool) []byte {
 	if closing {
 		out = append(out, "Connection: close\r\n"...)
 	}
+	out = c.appendRouteHeader(out)
 	return append(out, "\r\n"...)
 }
 

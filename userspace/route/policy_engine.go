@@ -56,7 +56,7 @@ const (
 type EngineConfig struct {
 	KVVeto      float64 // veto at KV usage >= this; default 0.9; >= 1: never
 	WaitingVeto int     // veto above this many waiting; 0: default 64, negative: none
-	GroupMax    int     // a prompt's samples in flight per engine; 0: default 16
+	GroupMax    int     // a prompt's samples in flight per engine; 0: default 16, negative: no grouping
 	MoveMargin  float64 // 0: default 1.5
 	MoveSlack   float64 // 0: default 4
 }
@@ -82,9 +82,6 @@ func NewEnginePlacement(cfg EngineConfig) (*EnginePlacement, error) {
 	}
 	if cfg.GroupMax == 0 {
 		cfg.GroupMax = DefaultGroupMax
-	}
-	if cfg.GroupMax < 0 {
-		return nil, errors.New("--group-max: want >= 0")
 	}
 	if cfg.MoveMargin == 0 {
 		cfg.MoveMargin = DefaultMoveMargin
