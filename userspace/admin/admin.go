@@ -54,6 +54,9 @@ type Config struct {
 	// Fleet returns what GET /fleet answers (the weight sync's phase,
 	// versions and hold: userspace/fleet); nil: 404.
 	Fleet func() any
+	// Decorate, when set, adds what other parts of tetherd know of a
+	// worker (its weight version and sync state) to GET /workers.
+	Decorate func(*registry.Info)
 	// Cluster returns what GET /cluster answers (the etcd link's state);
 	// nil (not in cluster mode): 404.
 	Cluster func() any
@@ -404,6 +407,11 @@ type List struct {
 
 func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	out := List{Workers: s.cfg.Registry.List(), Panic: s.cfg.Registry.Panic()}
+	if s.cfg.Decorate != nil {
+		for i := range out.Workers {
+			s.cfg.Decorate(&out.Workers[i])
+		}
+	}
 	for _, in := range out.Workers {
 		if in.State == registry.StatePending || in.State == registry.StateRemoved {
 			continue
@@ -425,6 +433,9 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		s.fail(w, err)
 		return
+	}
+	if s.cfg.Decorate != nil {
+		s.cfg.Decorate(&info)
 	}
 	writeJSON(w, http.StatusOK, info)
 }

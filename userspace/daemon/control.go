@@ -119,6 +119,7 @@ func (d *Daemon) newControl(opts Options) error {
 		Proxy:     d.Proxy.Counters(),
 		Listeners: func() int { return len(d.lns) },
 		Steering:  d.steering,
+		Fleet:     d.Fleet,
 		Cluster: func() (bool, uint64, uint64, bool) {
 			st := d.ClusterStatus()
 			if st == nil {
@@ -146,6 +147,7 @@ func (d *Daemon) newControl(opts Options) error {
 		Health:   http.HandlerFunc(d.serveAdminHealth),
 		Routing:  func() any { return d.RoutingCounts() },
 		Fleet:    func() any { return d.Fleet.Report() },
+		Decorate: d.decorateWorker,
 		Token:    opts.AdminToken,
 		Log:      d.log,
 	})
@@ -415,4 +417,15 @@ func (d *Daemon) Reload(opts Options) error {
 	}
 	d.log.Info("configuration reloaded", "workers_added", added, "workers_removed", removed, "bad_session", mode)
 	return nil
+}
+
+// decorateWorker adds the weight sync's view of a worker to GET /workers.
+func (d *Daemon) decorateWorker(in *registry.Info) {
+	if in.Slot < 0 {
+		return
+	}
+	if w := d.Table.Get(in.Slot); w != nil && w.URL == in.URL {
+		in.WeightVersion = d.Fleet.Version(w.URL)
+		in.SyncState = d.Fleet.WorkerState(w)
+	}
 }

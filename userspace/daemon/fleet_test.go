@@ -450,3 +450,36 @@ func TestMembershipChangeDuringFanOut(t *testing.T) {
 		t.Fatalf("phase %v", fx.d.Fleet.Phase())
 	}
 }
+
+// The sync is visible in /metrics and on the admin listener's /fleet.
+func TestFleetVisible(t *testing.T) {
+	fx := newFleetFixture(t, 2, fakeengine.SGLang, Options{Admin: "127.0.0.1:0"})
+	fx.call(t, "/update_weights_from_disk", `{"model_path":"/m","weight_version":"v9"}`)
+	fx.call(t, "/pause_generation", `{"mode":"in_place"}`)
+	admin := "http://" + fx.d.AdminAddr()
+	r, err := do(fx.client, "GET", admin+"/fleet", "")
+	if err != nil || r.status != 200 {
+		t.Fatalf("GET /fleet: %d %v", r.status, err)
+	}
+	var rep fleet.Report
+	if err := json.Unmarshal(r.body, &rep); err != nil || rep.Phase != "paused" || rep.Mode != "in_place" || rep.TargetVersion != "v9" || len(rep.Workers) != 2 || rep.Workers[1].WeightVersion != "v9" {
+		t.Fatalf("/fleet: %s (%v)", r.body, err)
+	}
+	r, err = do(fx.client, "GET", admin+"/workers", "")
+	if err != nil || !strings.Contains(string(r.body), `"weight_version":"v9","sync_state":"paused"`) {
+		t.Fatalf("GET /workers: %s %v", r.body, err)
+	}
+	r, err = do(fx.client, "GET", admin+"/metrics", "")
+	if err != nil || r.status != 200 {
+		t.Fatalf("GET /metrics: %d %v", r.status, err)
+	}
+	for _, want := range []string{`tether_fleet_phase{phase="paused"} 1`, `tether_fleet_target_version_info{version="v9"} 1`,
+		`tether_worker_sync_state{slot="0",state="paused"`, `tether_worker_weight_version_info{slot="1"`} {
+		if !strings.Contains(string(r.body), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if r, _ := do(fx.client, "GET", fx.base+"/is_paused", ""); !strings.Contains(string(r.body), `"is_paused":true`) {
+		t.Errorf("/is_paused: %s", r.body)
+	}
+}

@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/tether-rl/tether/userspace/fleet"
 	"github.com/tether-rl/tether/userspace/proxy"
 	"github.com/tether-rl/tether/userspace/registry"
 	"github.com/tether-rl/tether/userspace/route"
@@ -55,6 +56,8 @@ type Sources struct {
 	// Cluster returns the etcd link (up, changes applied, bad entries
 	// skipped); ok=false without --cluster.
 	Cluster func() (up bool, applied, skipped uint64, ok bool)
+	// Fleet is the weight sync's state (fleet.go); nil: no tether_fleet_*.
+	Fleet *fleet.Fleet
 }
 
 // Code classes passed to Observe: 0 when no response status was relayed
@@ -94,6 +97,9 @@ func New(src Sources) *Metrics {
 		Help:    "Time from routing a request to the end of its response, by worker.",
 		Buckets: DurationBuckets,
 	}, []string{"slot", "url"})
+	if src.Fleet != nil {
+		m.reg.MustRegister(fleetCollector{f: src.Fleet, tab: src.Table})
+	}
 	m.reg.MustRegister(m.responses, m.duration, &collector{src: src},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

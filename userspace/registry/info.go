@@ -37,6 +37,12 @@ type Info struct {
 	Requests    uint64 `json:"requests"`
 	Errors      uint64 `json:"errors"`
 
+	// The weight sync (userspace/fleet, filled in by the admin API):
+	// the worker's weight version as tetherd knows it, and its state in
+	// the sync (serving, paused, updating, fenced, unhealthy, draining).
+	WeightVersion string `json:"weight_version,omitempty"`
+	SyncState     string `json:"sync_state,omitempty"`
+
 	ConsecutiveFailures int        `json:"consecutive_failures"`
 	LastError           string     `json:"last_error,omitempty"`
 	LastCheck           *time.Time `json:"last_check,omitempty"`

@@ -55,8 +55,8 @@ type Worker struct {
 	// maxInFlight: at or above this many requests in flight the worker
 	// takes no new keys (0: no limit).
 	maxInFlight atomic.Uint64
-	gate        gate         // holds requests in flight to maxInFlight (gate.go)
-	engine      atomic.Int32 // EngineKind (engine.go)
+	gate        gate          // holds requests in flight to maxInFlight (gate.go)
+	engine      atomic.Int32  // EngineKind (engine.go)
 	fence       atomic.Uint32 // Fence* bits (fence.go)
 
 	load engineLoad // engine signals (engine_load.go)
