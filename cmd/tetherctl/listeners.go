@@ -9,11 +9,12 @@ import (
 )
 
 func cmdListeners(args []string, stdout io.Writer) error {
-	if len(args) == 0 || args[0] != "drain" {
+	fs, pinDir := newFlags("listeners drain")
+	i := firstArg(args, valueIn(fs))
+	if i < 0 || args[i] != "drain" {
 		return usagef("want: listeners drain N")
 	}
-	fs, pinDir := newFlags("listeners drain")
-	pos, err := parse(fs, args[1:])
+	pos, err := parse(fs, without(args, i))
 	if err != nil {
 		return err
 	}

@@ -1,9 +1,13 @@
 // Command tetherctl inspects and steers a running tetherd through the BPF
 // maps it pins in bpffs (bpf.DefaultPinDir).
 //
-//	tetherctl status [--json] [--pin-dir DIR]
+//	tetherctl status [--json] [--pin-dir DIR] [--admin HOST:PORT]
 //	tetherctl listeners drain N [--pin-dir DIR]
+//	tetherctl workers list|add|remove|drain|undrain|register ...
 //	tetherctl upgrade [--pidfile FILE]
+//
+// Flags go before or after the verb and its subcommand; an address is
+// HOST:PORT (as tetherd's own flags take it) or a URL.
 //
 // main only dispatches: each verb is a function in its own file, taking its
 // arguments and output streams, so that tests call it directly.
@@ -11,6 +15,7 @@ package main
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -22,14 +27,17 @@ type verb struct {
 	name  string
 	usage string
 	run   func(args []string, stdout io.Writer) error
+	// flags returns the verb's flags (every subcommand's): which take a
+	// value, to find the verb after flags written before it.
+	flags func() *flag.FlagSet
 }
 
 // verbs lists tetherctl's commands; add one by appending here.
 var verbs = []verb{
-	{"status", "status [--json] [--pin-dir DIR] [--admin URL]  listeners and workers (pinned maps), routing decisions (admin API)", cmdStatus},
-	{"listeners", "listeners drain N [--pin-dir DIR]   retire listener slot N without resetting a client", cmdListeners},
-	{"workers", workersUsage, cmdWorkers},
-	{"upgrade", upgradeUsage, cmdUpgrade},
+	{"status", "status [--json] [--pin-dir DIR] [--admin HOST:PORT|off]  listeners and workers (pinned maps; which slots hold a worker now and routing decisions: admin API)", cmdStatus, func() *flag.FlagSet { fs, _ := statusFlags(); return fs }},
+	{"listeners", "listeners drain N [--pin-dir DIR]   retire listener slot N without resetting a client", cmdListeners, func() *flag.FlagSet { fs, _ := newFlags("listeners"); return fs }},
+	{"workers", workersUsage, cmdWorkers, workersFlags},
+	{"upgrade", upgradeUsage, cmdUpgrade, func() *flag.FlagSet { fs, _ := upgradeFlags(); return fs }},
 }
 
 type usageError struct{ msg string }
@@ -46,11 +54,23 @@ func run(args []string, stdout, stderr io.Writer) int {
 		printUsage(stderr)
 		return 2
 	}
+	// The verb: the first word that is not a flag or a flag's value.
+	var sets []*flag.FlagSet
 	for _, v := range verbs {
-		if v.name != args[0] {
+		sets = append(sets, v.flags())
+	}
+	i := firstArg(args, valueIn(sets...))
+	if i < 0 {
+		fmt.Fprintf(stderr, "tetherctl: no command in %q\n", args)
+		printUsage(stderr)
+		return 2
+	}
+	name, rest := args[i], without(args, i)
+	for _, v := range verbs {
+		if v.name != name {
 			continue
 		}
-		err := v.run(args[1:], stdout)
+		err := v.run(rest, stdout)
 		var ue *usageError
 		switch {
 		case err == nil:
@@ -63,7 +83,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 	}
-	fmt.Fprintf(stderr, "tetherctl: unknown command %q\n", args[0])
+	fmt.Fprintf(stderr, "tetherctl: unknown command %q\n", name)
 	printUsage(stderr)
 	return 2
 }
@@ -73,4 +93,5 @@ func printUsage(w io.Writer) {
 	for _, v := range verbs {
 		fmt.Fprintf(w, "  tetherctl %s\n", v.usage)
 	}
+	fmt.Fprintln(w, "flags go before or after the command and its subcommand; addresses are HOST:PORT (as tetherd's flags) or http://HOST:PORT")
 }

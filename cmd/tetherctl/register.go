@@ -23,13 +23,25 @@ func cmdRegister(args []string, stdout io.Writer) error {
 	return register(ctx, args, stdout)
 }
 
+type registerOpts struct {
+	endpoints, name *string
+	lease           *time.Duration
+}
+
+func addRegisterFlags(fs *flag.FlagSet) registerOpts {
+	return registerOpts{
+		endpoints: fs.String("cluster", "", "etcd://HOST:PORT[,HOST:PORT...] (as tetherd's --cluster; HOST:PORT and http://HOST:PORT too)"),
+		name:      fs.String("cluster-name", "default", "the cluster's name (as tetherd's --cluster-name)"),
+		lease:     fs.Duration("lease", 10*time.Second, "lease TTL: a worker whose registrant dies leaves the table after this long"),
+	}
+}
+
 // register is cmdRegister until ctx ends.
 func register(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("workers register", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	endpoints := fs.String("cluster", "", "etcd://HOST:PORT[,HOST:PORT...] (as tetherd's --cluster)")
-	name := fs.String("cluster-name", "default", "the cluster's name (as tetherd's --cluster-name)")
-	lease := fs.Duration("lease", 10*time.Second, "lease TTL: a worker whose registrant dies leaves the table after this long")
+	o := addRegisterFlags(fs)
+	endpoints, name, lease := o.endpoints, o.name, o.lease
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -40,7 +52,11 @@ func register(ctx context.Context, args []string, stdout io.Writer) error {
 	if *endpoints == "" {
 		return usagef("workers register needs --cluster etcd://HOST:PORT")
 	}
-	eps, err := cluster.ParseEndpoints(*endpoints)
+	ep, err := etcdEndpoints(*endpoints)
+	if err != nil {
+		return err
+	}
+	eps, err := cluster.ParseEndpoints(ep)
 	if err != nil {
 		return usagef("%v", err)
 	}

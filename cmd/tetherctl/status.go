@@ -2,17 +2,15 @@ package main
 
 import (
 	"encoding/json"
+	"flag"
 	"fmt"
-	"github.com/tether-rl/tether/userspace/cluster"
 	"io"
-	"net/http"
-	"os"
 	"sort"
-	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/tether-rl/tether/bpf"
+	"github.com/tether-rl/tether/userspace/cluster"
 	"github.com/tether-rl/tether/userspace/stats"
 )
 
@@ -25,6 +23,10 @@ type Status struct {
 	Listeners []ListenerStatus `json:"listeners"`
 	Decisions bpf.Decisions    `json:"decisions"`
 	Workers   []WorkerStatus   `json:"workers"`
+	// CurrentKnown: the admin API said which slots hold a worker now
+	// (WorkerStatus.Current); CurrentError says why not.
+	CurrentKnown bool   `json:"current_known"`
+	CurrentError string `json:"current_error,omitempty"`
 	// Routing comes from the admin API (GET /routing), not the maps: the
 	// routing decisions by reason. RoutingError says why it is missing.
 	Routing      *RoutingStatus `json:"routing,omitempty"`
@@ -57,9 +59,17 @@ type ListenerStatus struct {
 	Migrated uint64 `json:"migrated"`
 }
 
-// WorkerStatus is one worker slot with a nonzero counter.
+// WorkerStatus is one worker slot with a nonzero counter, or that holds a
+// worker now.
 type WorkerStatus struct {
-	Slot      int    `json:"slot"`
+	Slot int `json:"slot"`
+	// Current: the slot holds a worker now (URL, State: from the admin
+	// API). False: its counters are left from a worker of an earlier run,
+	// or one removed since (the pinned maps outlive tetherd by design).
+	// Absent when the admin API was not asked or did not answer.
+	Current   *bool  `json:"current,omitempty"`
+	URL       string `json:"url,omitempty"`
+	State     string `json:"state,omitempty"`
 	InFlight  uint64 `json:"in_flight"`
 	Requests  uint64 `json:"requests"`
 	Errors    uint64 `json:"errors"`
@@ -69,11 +79,23 @@ type WorkerStatus struct {
 	Conns     uint64 `json:"conns"`
 }
 
-func cmdStatus(args []string, stdout io.Writer) error {
+type statusOpts struct {
+	pinDir, admin, token *string
+	asJSON               *bool
+}
+
+func statusFlags() (*flag.FlagSet, statusOpts) {
 	fs, pinDir := newFlags("status")
-	asJSON := fs.Bool("json", false, "print JSON")
-	admin := fs.String("admin", DefaultAdmin, "tetherd's admin API, for the routing decisions (\"off\": skip)")
-	token := fs.String("token", "", "admin token (default: $TETHER_ADMIN_TOKEN)")
+	return fs, statusOpts{
+		pinDir: pinDir,
+		asJSON: fs.Bool("json", false, "print JSON"),
+		admin:  fs.String("admin", DefaultAdmin, "tetherd's admin API, HOST:PORT (as tetherd's --admin) or http://HOST:PORT: which slots hold a worker now, routing decisions (\"off\": skip)"),
+		token:  fs.String("token", "", "admin token (default: $TETHER_ADMIN_TOKEN)"),
+	}
+}
+
+func cmdStatus(args []string, stdout io.Writer) error {
+	fs, o := statusFlags()
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -82,13 +104,12 @@ func cmdStatus(args []string, stdout io.Writer) error {
 		return usagef("unexpected argument %q", pos[0])
 	}
 	var ac *adminClient
-	if *admin != "off" && *admin != "" {
-		if *token == "" {
-			*token = os.Getenv("TETHER_ADMIN_TOKEN")
+	if *o.admin != "off" && *o.admin != "" {
+		if ac, err = newAdminClient(*o.admin, *o.token, 2*time.Second); err != nil {
+			return err
 		}
-		ac = &adminClient{base: strings.TrimSuffix(*admin, "/"), token: *token, http: &http.Client{Timeout: 2 * time.Second}}
 	}
-	return status(stdout, *pinDir, *asJSON, ac)
+	return status(stdout, *o.pinDir, *o.asJSON, ac)
 }
 
 // status prints tetherd's listeners and workers from the maps pinned in
@@ -100,6 +121,9 @@ func status(w io.Writer, pinDir string, asJSON bool, ac *adminClient) error {
 		return err
 	}
 	if ac != nil {
+		if err := st.readCurrent(ac); err != nil {
+			st.CurrentError = err.Error()
+		}
 		st.Routing, err = readRouting(ac)
 		if err != nil {
 			st.RoutingError = err.Error()
@@ -122,6 +146,42 @@ func status(w io.Writer, pinDir string, asJSON bool, ac *adminClient) error {
 		err = fmt.Errorf("tetherd is not running: no listener socket in %s/listener_sockets (the counters shown are from its last run)", pinDir)
 	}
 	return err
+}
+
+// readCurrent asks the admin API which slots hold a worker now: each slot
+// is marked current or not, and a current worker without a counter yet is
+// listed too.
+func (st *Status) readCurrent(ac *adminClient) error {
+	body, err := ac.do("GET", "/workers", nil)
+	if err != nil {
+		return err
+	}
+	var l struct {
+		Workers []workerJSON `json:"workers"`
+	}
+	if err := json.Unmarshal(body, &l); err != nil {
+		return fmt.Errorf("GET /workers: %w", err)
+	}
+	now := make(map[int]workerJSON, len(l.Workers))
+	for _, w := range l.Workers {
+		now[w.Slot] = w
+	}
+	for i := range st.Workers {
+		ws := &st.Workers[i]
+		w, ok := now[ws.Slot]
+		ws.Current = &ok
+		if ok {
+			ws.URL, ws.State = w.URL, w.State
+			delete(now, ws.Slot)
+		}
+	}
+	for slot, w := range now {
+		yes := true
+		st.Workers = append(st.Workers, WorkerStatus{Slot: slot, Current: &yes, URL: w.URL, State: w.State})
+	}
+	sort.Slice(st.Workers, func(i, j int) bool { return st.Workers[i].Slot < st.Workers[j].Slot })
+	st.CurrentKnown = true
+	return nil
 }
 
 // readRouting asks the admin API for the routing decision counts.
@@ -192,15 +252,41 @@ func (st *Status) print(w io.Writer) error {
 	d := st.Decisions
 	fmt.Fprintf(tw, "steering: %d migrated, %d to kernel hash (no active slot), %d to kernel hash (select failed)\n\nWORKERS\n",
 		d.Migrated, d.FallbackNoSlot, d.FallbackSelectErr)
-	fmt.Fprintln(tw, "SLOT\tIN_FLIGHT\tREQUESTS\tERRORS\tBYTES_UP\tBYTES_DOWN\tRETRIES\tCONNS")
+	header := "SLOT\tIN_FLIGHT\tREQUESTS\tERRORS\tBYTES_UP\tBYTES_DOWN\tRETRIES\tCONNS"
+	if st.CurrentKnown {
+		header += "\tWORKER NOW"
+	}
+	fmt.Fprintln(tw, header)
+	stale := 0
 	for _, x := range st.Workers {
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", x.Slot, x.InFlight, x.Requests, x.Errors, x.BytesUp, x.BytesDown, x.Retries, x.Conns)
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d", x.Slot, x.InFlight, x.Requests, x.Errors, x.BytesUp, x.BytesDown, x.Retries, x.Conns)
+		switch {
+		case !st.CurrentKnown || x.Current == nil:
+		case *x.Current:
+			fmt.Fprintf(tw, "\t%s (%s)", x.URL, x.State)
+		default:
+			stale++
+			fmt.Fprint(tw, "\t(none: stale counters)")
+		}
+		fmt.Fprintln(tw)
 	}
 	if len(st.Workers) == 0 {
 		fmt.Fprintln(tw, "(none with a nonzero counter)")
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	switch {
+	case stale > 0:
+		what := "slots hold"
+		if stale == 1 {
+			what = "slot holds"
+		}
+		fmt.Fprintf(w, "%d %s no worker now: the counters shown are from an earlier run or a removed worker (the pinned maps keep them)\n", stale, what)
+	case !st.CurrentKnown && st.CurrentError != "":
+		fmt.Fprintf(w, "which slots hold a worker now: not known, the admin API did not answer (%s); counters may be from an earlier run\n", st.CurrentError)
+	case !st.CurrentKnown && len(st.Workers) > 0:
+		fmt.Fprintln(w, "which slots hold a worker now: not asked (--admin off); counters may be from an earlier run")
 	}
 	if err := st.printRouting(w); err != nil {
 		return err

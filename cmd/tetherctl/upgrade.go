@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -21,10 +22,22 @@ const upgradeUsage = "upgrade [--pidfile FILE] [--timeout 90s]   replace tetherd
 // new tetherd took over. If the pidfile still names the old process when
 // the timeout ends, the upgrade failed and the old process serves on (its
 // log says why).
-func cmdUpgrade(args []string, stdout io.Writer) error {
+type upgradeOpts struct {
+	pidfile *string
+	timeout *time.Duration
+}
+
+func upgradeFlags() (*flag.FlagSet, upgradeOpts) {
 	fs, _ := newFlags("upgrade")
-	pidfile := fs.String("pidfile", DefaultPidfile, "tetherd's --pidfile")
-	timeout := fs.Duration("timeout", 90*time.Second, "wait this long for the new process")
+	return fs, upgradeOpts{
+		pidfile: fs.String("pidfile", DefaultPidfile, "tetherd's --pidfile"),
+		timeout: fs.Duration("timeout", 90*time.Second, "wait this long for the new process"),
+	}
+}
+
+func cmdUpgrade(args []string, stdout io.Writer) error {
+	fs, o := upgradeFlags()
+	pidfile, timeout := o.pidfile, o.timeout
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err

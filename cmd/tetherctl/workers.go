@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"strings"
 	"text/tabwriter"
 	"time"
 )
@@ -18,7 +17,47 @@ import (
 // DefaultAdmin is tetherd's default admin API (tetherd --admin).
 const DefaultAdmin = "http://127.0.0.1:8081"
 
-const workersUsage = "workers list|add URL|remove ID|drain ID [--admin URL] [--token T] [--json]\n          workers register URL --cluster etcd://HOST:PORT [--cluster-name N] [--lease 10s]  keep URL in a cluster's table while this runs"
+const workersUsage = "workers list|add URL|remove ID|drain ID|undrain ID [--admin HOST:PORT] [--token T] [--json]\n" +
+	"          workers register URL --cluster etcd://HOST:PORT [--cluster-name N] [--lease 10s]  keep URL in a cluster's table while this runs"
+
+// adminOpts are the flags of the verbs that call the admin API.
+type adminOpts struct {
+	admin, token *string
+	asJSON       *bool
+	timeout      *time.Duration
+}
+
+func addAdminFlags(fs *flag.FlagSet) adminOpts {
+	return adminOpts{
+		admin:   fs.String("admin", DefaultAdmin, "tetherd's admin API: HOST:PORT (as tetherd's --admin) or http://HOST:PORT"),
+		token:   fs.String("token", "", "admin token (default: $TETHER_ADMIN_TOKEN)"),
+		asJSON:  fs.Bool("json", false, "print the API's JSON answer"),
+		timeout: fs.Duration("timeout", 6*time.Minute, "give up after this long (add waits for the worker's health)"),
+	}
+}
+
+// workersFlags is every workers subcommand's flags on one set: it tells
+// which flags take a value, to find the subcommand among them.
+func workersFlags() *flag.FlagSet {
+	fs := flag.NewFlagSet("workers", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	addAdminFlags(fs)
+	addRegisterFlags(fs)
+	return fs
+}
+
+// newAdminClient returns the client of the admin API at addr (HOST:PORT or
+// a URL), with the token (default: $TETHER_ADMIN_TOKEN).
+func newAdminClient(addr, token string, timeout time.Duration) (*adminClient, error) {
+	base, err := adminURL(addr)
+	if err != nil {
+		return nil, err
+	}
+	if token == "" {
+		token = os.Getenv("TETHER_ADMIN_TOKEN")
+	}
+	return &adminClient{base: base, token: token, http: &http.Client{Timeout: timeout}}, nil
+}
 
 // cmdWorkers manages tetherd's workers over its admin API:
 //
@@ -26,36 +65,47 @@ const workersUsage = "workers list|add URL|remove ID|drain ID [--admin URL] [--t
 //	tetherctl workers add URL           returns once URL is healthy and routes
 //	tetherctl workers remove ID         ID: slot number or url
 //	tetherctl workers drain ID          no new sessions; existing ones go on
+//	tetherctl workers undrain ID        routable again
+//
+// Flags go before or after the subcommand.
 func cmdWorkers(args []string, stdout io.Writer) error {
-	if len(args) == 0 {
-		return usagef("want a subcommand: list, add, remove, drain or register")
+	const want = "list, add, remove, drain, undrain or register"
+	i := firstArg(args, valueIn(workersFlags()))
+	if i < 0 {
+		return usagef("want a subcommand: %s", want)
 	}
-	sub := args[0]
+	sub, rest := args[i], without(args, i)
 	if sub == "register" {
-		return cmdRegister(args[1:], stdout)
+		return cmdRegister(rest, stdout)
 	}
 	fs := flag.NewFlagSet("workers "+sub, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	admin := fs.String("admin", DefaultAdmin, "tetherd's admin API")
-	token := fs.String("token", "", "admin token (default: $TETHER_ADMIN_TOKEN)")
-	asJSON := fs.Bool("json", false, "print the API's JSON answer")
-	timeout := fs.Duration("timeout", 6*time.Minute, "give up after this long (add waits for the worker's health)")
-	pos, err := parse(fs, args[1:])
+	o := addAdminFlags(fs)
+	pos, err := parse(fs, rest)
 	if err != nil {
 		return err
 	}
-	if *token == "" {
-		*token = os.Getenv("TETHER_ADMIN_TOKEN")
-	}
-	c := &adminClient{base: strings.TrimSuffix(*admin, "/"), token: *token, http: &http.Client{Timeout: *timeout}}
-	if !strings.Contains(c.base, "://") {
-		c.base = "http://" + c.base
+	c, err := newAdminClient(*o.admin, *o.token, *o.timeout)
+	if err != nil {
+		return err
 	}
 	one := func() (string, error) {
 		if len(pos) != 1 {
 			return "", usagef("workers %s wants one argument", sub)
 		}
 		return pos[0], nil
+	}
+	// post calls a worker's action (drain, undrain) and prints its answer.
+	post := func(action, done string) error {
+		id, err := one()
+		if err != nil {
+			return err
+		}
+		body, err := c.do("POST", "/workers/"+url.PathEscape(id)+"/"+action, nil)
+		if err != nil {
+			return err
+		}
+		return printOne(stdout, body, *o.asJSON, done)
 	}
 	switch sub {
 	case "list", "ls":
@@ -66,7 +116,7 @@ func cmdWorkers(args []string, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if *asJSON {
+		if *o.asJSON {
 			_, err := stdout.Write(body)
 			return err
 		}
@@ -81,7 +131,7 @@ func cmdWorkers(args []string, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
-		return printOne(stdout, body, *asJSON, "added")
+		return printOne(stdout, body, *o.asJSON, "added")
 	case "remove", "rm":
 		id, err := one()
 		if err != nil {
@@ -91,19 +141,13 @@ func cmdWorkers(args []string, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
-		return printOne(stdout, body, *asJSON, "removed")
+		return printOne(stdout, body, *o.asJSON, "removed")
 	case "drain":
-		id, err := one()
-		if err != nil {
-			return err
-		}
-		body, err := c.do("POST", "/workers/"+url.PathEscape(id)+"/drain", nil)
-		if err != nil {
-			return err
-		}
-		return printOne(stdout, body, *asJSON, "draining")
+		return post("drain", "draining")
+	case "undrain":
+		return post("undrain", "undrained")
 	}
-	return usagef("unknown subcommand %q: want list, add, remove, drain or register", sub)
+	return usagef("unknown subcommand %q: want %s", sub, want)
 }
 
 type adminClient struct {
