@@ -18,8 +18,11 @@ import (
 
 	"github.com/tether-rl/tether/userspace/fleet"
 	"github.com/tether-rl/tether/userspace/registry"
+	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/stats"
 	"github.com/tether-rl/tether/userspace/sysd"
 	"github.com/tether-rl/tether/userspace/upgrade"
+	"github.com/tether-rl/tether/userspace/upstream"
 )
 
 // Names of the descriptors handed over.
@@ -179,6 +182,14 @@ func (d *Daemon) Ready() error { return d.opts.Inherited.Ready() }
 // descriptors without touching the pinned slots.
 func (d *Daemon) Retire(ctx context.Context) error {
 	d.retired.Store(true)
+	if d.Proxy != nil {
+		go func() {
+			// Only once this process accepts nothing more: a forwarded
+			// request must reach the successor, not come back here.
+			d.Proxy.WaitAcceptStopped()
+			d.forwardHeld()
+		}()
+	}
 	return d.ShutdownGently(ctx, RetireIdleGrace)
 }
 
@@ -210,4 +221,25 @@ func (d *Daemon) Sockets() ([]upgrade.File, error) {
 		}
 	}
 	return files, nil
+}
+
+// forwardHeld: retiring while the fleet holds requests (an upgrade during
+// a weight sync), this process sends what it holds, and what its open
+// connections still bring, to its successor through the data port: the
+// successor holds them until the resume the trainer sends it. Kept here,
+// they would wait until this process's pause timeout.
+func (d *Daemon) forwardHeld() {
+	if p, _ := d.Fleet.LocalPhase(); p == fleet.Serving && d.Fleet.HeldNow() == 0 {
+		return
+	}
+	addr := d.Addr()
+	if host, port, err := net.SplitHostPort(addr); err == nil {
+		if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+			addr = net.JoinHostPort("127.0.0.1", port)
+		}
+	}
+	ws := stats.NewHeap().Worker(0)
+	w := &route.Worker{Slot: -1, URL: "http://" + addr, Addr: addr, Stats: ws, Pool: upstream.New(addr, ws, d.opts.Pool)}
+	d.log.Info("retiring while the fleet is held: held requests go to the new tetherd", "held", d.Fleet.HeldNow(), "to", addr)
+	d.Fleet.Forward(w)
 }

@@ -101,6 +101,11 @@ type Fleet struct {
 	open bool
 
 	heldTotal, released, full, timeouts atomic.Uint64
+
+	// forward, once set (a tetherd retiring after an upgrade while the
+	// fleet is held), takes every held request: they go to the new
+	// process, which holds them until the resume it will be sent.
+	forward atomic.Pointer[route.Worker]
 }
 
 type waiter struct {
@@ -147,12 +152,31 @@ func (f *Fleet) Held(method []byte, w *route.Worker) bool {
 	if f.phase.Load() == int32(Serving) && (w == nil || w.Fenced() == 0) {
 		return false
 	}
+	if w != nil && w == f.forward.Load() {
+		return false
+	}
 	return !safe(method)
 }
 
 func (f *Fleet) clearLocked(w *route.Worker) bool {
-	return f.Phase() == Serving && (w == nil || w.Fenced() == 0)
+	return f.forward.Load() != nil || f.Phase() == Serving && (w == nil || w.Fenced() == 0)
 }
+
+// Forward hands every held request, now and from now on, to w (nil: no
+// more): a tetherd that retires after an upgrade while the fleet is held
+// sends them to its successor through the data port, where they are held
+// again until the resume, instead of keeping them until its pause timeout.
+func (f *Fleet) Forward(w *route.Worker) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.forward.Store(w)
+	if w != nil {
+		f.wakeLocked()
+	}
+}
+
+// Forwarding returns where held requests go instead (nil: they wait).
+func (f *Fleet) Forwarding() *route.Worker { return f.forward.Load() }
 
 // Wait holds a request until the fleet serves and w (nil: any) is not
 // fenced, gone closes, or until passes. Waiters are woken in arrival

@@ -27,6 +27,9 @@ type Hold interface {
 	Wait(w *route.Worker, gone <-chan struct{}, until time.Time) route.HoldResult
 	// Timeout bounds a request's whole time in the hold.
 	Timeout() time.Duration
+	// Forwarding returns the worker every released request goes to
+	// instead of being routed (a retiring tetherd's successor), or nil.
+	Forwarding() *route.Worker
 }
 
 // held reports whether c's request must wait (w nil: before routing).

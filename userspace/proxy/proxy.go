@@ -320,6 +320,10 @@ func (s *Server) Shutdown(ctx context.Context) error { return s.ShutdownGently(c
 // retried); closing only connections idle for a while makes that
 // coincidence vanishingly rare, where closing them all at once meets every
 // client that was about to send.
+// WaitAcceptStopped returns once every accept loop has returned (after
+// ShutdownGently or Close began).
+func (s *Server) WaitAcceptStopped() { s.accepting.Wait() }
+
 func (s *Server) ShutdownGently(ctx context.Context, idleGrace time.Duration) error {
 	s.idleGrace.Store(int64(idleGrace))
 	s.closing.Store(true)
