@@ -305,14 +305,15 @@ func (p *Poller) poll(ctx context.Context, w *route.Worker, st *wstate) {
 	if sig.WeightVersion == "" {
 		sig.WeightVersion = st.version
 	}
-	vetoed := false
+	vetoed, low := false, 0.0
 	if e := p.placement(); e != nil {
 		vetoed = e.Veto(w.EngineVetoed(), sig)
+		low = e.VetoLow(sig)
 	}
 	if vetoed != w.EngineVetoed() {
 		p.opts.Log.Info("engine veto", "slot", w.Slot, "vetoed", vetoed, "kv_usage", sig.KVUsage, "waiting", sig.Waiting)
 	}
-	w.SetEngineSignals(sig, vetoed, st.lastOK)
+	w.SetEngineSignals(sig, vetoed, low, st.lastOK)
 }
 
 var errNoEndpoint = errors.New("no load endpoint (neither /v1/loads nor engine metrics on /metrics)")

@@ -43,7 +43,9 @@ type EngineView struct {
 const (
 	sigKnown  = 1 << 0
 	sigVetoed = 1 << 1
-	sigKVOff  = 16 // KV usage in 1/10000, 16 bits
+	sigKVOnly = 1 << 2 // vetoed for its KV usage alone: lifts once tetherd's requests there drop it below the low mark
+	sigLowOff = 3      // the KV low mark in 1/8192, 13 bits
+	sigKVOff  = 16     // KV usage in 1/10000, 16 bits
 	sigWork   = 32 // running + waiting, 32 bits
 )
 
@@ -60,11 +62,18 @@ type engineLoad struct {
 // SetEngineSignals records a reading of the worker's engine (the poller):
 // placement uses it from now on, with the requests routed to the worker
 // since (the change of its in-flight count) credited on top. vetoed is
-// the veto the caller decided (EnginePlacement.Veto, with hysteresis).
-func (w *Worker) SetEngineSignals(s EngineSignals, vetoed bool, at time.Time) {
+// the veto the caller decided (EnginePlacement.Veto, with hysteresis);
+// kvLow, when above 0, says it is for the KV usage alone and lifts as
+// soon as the usage, scaled by the share of the reported work still in
+// flight, is below kvLow (placement moves no more keys off the engine
+// than it takes to get there before the next reading).
+func (w *Worker) SetEngineSignals(s EngineSignals, vetoed bool, kvLow float64, at time.Time) {
 	sig := uint64(sigKnown)
 	if vetoed {
 		sig |= sigVetoed
+		if kvLow > 0 && kvLow < 1 {
+			sig |= sigKVOnly | uint64(kvLow*8192)<<sigLowOff
+		}
 	}
 	kv := s.KVUsage
 	if !(kv >= 0) { // negative or NaN: unknown, no penalty
@@ -126,8 +135,19 @@ func (w *Worker) EngineState() (EngineView, bool) {
 // EngineKnown reports whether placement uses engine signals for w.
 func (w *Worker) EngineKnown() bool { return w.load.sig.Load()&sigKnown != 0 }
 
-// EngineVetoed reports whether w's engine is vetoed (KV or queue full).
+// EngineVetoed reports whether w's engine is vetoed (KV or queue full) at
+// its last reading.
 func (w *Worker) EngineVetoed() bool { return w.load.sig.Load()&sigVetoed != 0 }
+
+// engineVetoedNow is the veto with the requests that left since the
+// reading taken into account (see SetEngineSignals).
+func (w *Worker) engineVetoedNow() bool {
+	if w.load.sig.Load()&sigVetoed == 0 {
+		return false
+	}
+	_, v := w.engineScore()
+	return v
+}
 
 // SetEngineHold holds the worker's admissions at n requests in flight (0:
 // no hold): while every engine is vetoed, requests wait in tetherd's queue
@@ -171,12 +191,21 @@ func (w *Worker) engineScore() (score float64, vetoed bool) {
 	if sig&sigKnown == 0 {
 		return float64(pend + 1), false
 	}
-	est := int64(sig>>sigWork) + int64(pend) - int64(w.load.base.Load())
+	work := int64(sig >> sigWork)
+	est := work + int64(pend) - int64(w.load.base.Load())
 	if est < int64(pend) {
 		est = int64(pend)
 	}
 	u := float64((sig>>sigKVOff)&0xffff) / 10000
-	return float64(est+1) * kvPenalty(u), sig&sigVetoed != 0
+	if est < work {
+		// Requests ended or moved since the reading: their KV is free.
+		u = u * float64(est) / float64(work)
+	}
+	vetoed = sig&sigVetoed != 0
+	if vetoed && sig&sigKVOnly != 0 && u < float64((sig>>sigLowOff)&0x1fff)/8192 {
+		vetoed = false
+	}
+	return float64(est+1) * kvPenalty(u), vetoed
 }
 
 // kvPenalty is 1/(1-u²): 1 when the KV cache is empty, 1.33 at half, 2.8

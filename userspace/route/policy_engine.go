@@ -23,10 +23,12 @@ import (
 //   - new keys of --policy=sticky and new sessions (POST /sessions, which
 //     carry no key): the best engine, ties to the key's ring owner.
 //   - keys of --policy=hash stay with their ring owner unless another
-//     engine is clearly better (engine-least) or the owner is vetoed and
-//     another clearly better (veto); a moved key is remembered like a
-//     spill and stays moved: it goes back only when its owner is clearly
-//     better than where it is.
+//     engine is clearly better (engine-least: bounded load on engine
+//     state, which cannot tell a new key from a known one) or the owner
+//     is vetoed and another clearly better (veto); a moved key is
+//     remembered like a spill and stays moved until its entry expires
+//     (--hash-spill-ttl after its last request), unless its new engine
+//     is vetoed in turn.
 //
 // A vetoed engine (KV usage >= KVVeto, or more than WaitingVeto waiting;
 // the veto lifts below KVVeto-0.1 and WaitingVeto/2) takes no new keys,
@@ -117,6 +119,16 @@ func (e *EnginePlacement) Veto(prev bool, s EngineSignals) bool {
 		return true
 	}
 	return wait >= 0 && s.Waiting > wait
+}
+
+// VetoLow is the KV low mark of a veto decided by Veto for s: the usage
+// below which the veto lifts between readings (Worker.SetEngineSignals),
+// or 0 when the waiting queue vetoes it too (that lifts at a reading).
+func (e *EnginePlacement) VetoLow(s EngineSignals) float64 {
+	if wait := e.cfg.WaitingVeto; wait >= 0 && s.Waiting > wait/2 {
+		return 0
+	}
+	return max(e.cfg.KVVeto-vetoBand, 0.01)
 }
 
 // SetEnginePlacement turns engine-aware placement on (nil: off). A new
@@ -305,7 +317,7 @@ func (e *EnginePlacement) group(rt *Router, p *Policy, ws []*Worker, gh uint64) 
 			continue
 		}
 		w := ws[s]
-		if w.State() != Healthy || w.EngineVetoed() {
+		if w.State() != Healthy || w.engineVetoedNow() {
 			continue
 		}
 		if g.n[k] < max {

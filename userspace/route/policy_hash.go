@@ -314,9 +314,10 @@ func (p *Policy) routeKey(rt *Router, ws []*Worker, h uint64) Decision {
 	moved := NumReasons
 	if out == ringOwner || out == ringSpill || out == ringFailover {
 		if e := rt.engineOn(); e != nil {
-			// With engine signals: off a vetoed engine to one clearly
-			// better (policy_engine.go), remembered like a spill.
-			if nw, r, ok := e.moveKey(p, ws, h, w, true); ok {
+			// With engine signals: off an engine that is vetoed, or
+			// clearly worse than the best one (bounded load on engine
+			// state, policy_engine.go), remembered like a spill.
+			if nw, r, ok := e.moveKey(p, ws, h, w, false); ok {
 				w, out, moved = nw, ringSpill, r
 			}
 		}

@@ -1,0 +1,424 @@
+// Command tether-rlsim replays RL rollout workloads on a fleet of fake
+// inference engines (testenv/fakeengine: paged KV, prefix cache, waiting
+// queue, SGLang's load endpoints) through an in-process tetherd, once per
+// routing mode, and prints the figures of issue 21: prefix hit rate,
+// prefill tokens computed, makespan, per-engine KV spread (max/mean of the
+// engines' peak KV usage), preemptions, and for GRPO the engines a
+// prompt's samples landed on.
+//
+// Workloads (-workload):
+//
+//	grpo     keyless /generate: waves × prompts × samples, each prompt a
+//	         shared system prompt plus its own question, token ids
+//	sessions keyed (X-Session-ID) agent sessions, turns in sequence, each
+//	         turn's prompt the whole context so far
+//	skewed   sessions where one in -skew-every has -skew× the context
+//
+// Modes (-modes): before (tetherd with --engine-poll 0: placement by its
+// in-flight counts, as before engine signals), default (tetherd's default
+// flags), prefix (--keyless=prefix --engine-poll 0), sticky
+// (--policy=sticky), random (no router: a random engine per request; a
+// session keeps its engine for all turns in random mode would be sticky,
+// so every request draws again).
+//
+//	go run ./cmd/tether-rlsim            # all workloads, all modes
+//	make rlsim
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tether-rl/tether/testenv/fakeengine"
+	"github.com/tether-rl/tether/userspace/daemon"
+)
+
+type config struct {
+	engines    int
+	kvBlocks   int
+	maxRunning int
+	prefillPer time.Duration
+	decode     time.Duration
+
+	waves, prompts, samples int
+	sysTokens               int
+
+	sessions, turns int
+	skewEvery, skew int
+
+	seed uint64
+}
+
+func main() {
+	var c config
+	flag.IntVar(&c.engines, "engines", 8, "fake engines")
+	flag.IntVar(&c.kvBlocks, "kv-blocks", 2048, "KV blocks per engine (16 tokens each)")
+	flag.IntVar(&c.maxRunning, "max-running", 64, "running batch bound per engine")
+	flag.DurationVar(&c.prefillPer, "prefill-per-token", 10*time.Microsecond, "simulated prefill compute per uncached prompt token")
+	flag.DurationVar(&c.decode, "decode-step", 5*time.Millisecond, "simulated decode step")
+	flag.IntVar(&c.waves, "waves", 2, "GRPO waves")
+	flag.IntVar(&c.prompts, "prompts", 48, "GRPO prompts per wave")
+	flag.IntVar(&c.samples, "samples", 8, "GRPO samples per prompt")
+	flag.IntVar(&c.sysTokens, "system-tokens", 1024, "shared system prompt tokens (GRPO prompts, agent sessions)")
+	flag.IntVar(&c.sessions, "sessions", 96, "agent sessions")
+	flag.IntVar(&c.turns, "turns", 6, "turns per session")
+	flag.IntVar(&c.skewEvery, "skew-every", 8, "skewed workload: one session in this many is long")
+	flag.IntVar(&c.skew, "skew", 10, "skewed workload: how many times the context of a long session")
+	workloads := flag.String("workload", "grpo,sessions,skewed", "workloads, comma-separated")
+	modes := flag.String("modes", "before,default,prefix,sticky,random", "routing modes, comma-separated")
+	runs := flag.Int("runs", 1, "runs per cell (the median makespan's run is reported)")
+	seed := flag.Uint64("seed", 1, "workload seed")
+	flag.Parse()
+	c.seed = *seed
+
+	engines, err := fakeengine.StartFleet(c.engines, fakeengine.Config{
+		Kind: fakeengine.SGLang, KVBlocks: c.kvBlocks, BlockTokens: 16, MaxRunning: c.maxRunning,
+		PrefillPerToken: c.prefillPer, DecodeStep: c.decode,
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	defer func() {
+		for _, e := range engines {
+			e.Close()
+		}
+	}()
+	fmt.Printf("tether-rlsim: %d fake SGLang engines, %d KV blocks × 16 tokens, max running %d, prefill %v/token, decode step %v\n\n",
+		c.engines, c.kvBlocks, c.maxRunning, c.prefillPer, c.decode)
+	fmt.Printf("| workload | mode | makespan | hit rate | prefill tokens | KV spread (peak max/mean) | peak KV | preemptions | engines per prompt | decisions |\n")
+	fmt.Printf("|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, wl := range strings.Split(*workloads, ",") {
+		for _, mode := range strings.Split(*modes, ",") {
+			var rs []result
+			for r := 0; r < *runs; r++ {
+				res, err := runOne(c, engines, wl, mode)
+				if err != nil {
+					fmt.Fprintf(os.Stderr, "%s/%s: %v\n", wl, mode, err)
+					os.Exit(1)
+				}
+				rs = append(rs, res)
+			}
+			sort.Slice(rs, func(i, j int) bool { return rs[i].makespan < rs[j].makespan })
+			r := rs[len(rs)/2]
+			gpp := "-"
+			if r.groupEngines > 0 {
+				gpp = fmt.Sprintf("%.2f", r.groupEngines)
+			}
+			fmt.Printf("| %s | %s | %.2f s | %.3f | %d | %.2f | %.2f | %d | %s | %s |\n",
+				wl, mode, r.makespan.Seconds(), r.hit, r.prefill, r.kvSpread, r.peakKV, r.preempt, gpp, r.decisions)
+		}
+	}
+}
+
+type result struct {
+	makespan     time.Duration
+	hit          float64
+	prefill      int64
+	kvSpread     float64
+	peakKV       float64
+	preempt      int64
+	groupEngines float64
+	decisions    string
+}
+
+// runOne runs one workload in one mode on freshly reset engines.
+func runOne(c config, engines []*fakeengine.Engine, wl, mode string) (result, error) {
+	for _, e := range engines {
+		e.Reset()
+	}
+	urls := make([]string, len(engines))
+	for i, e := range engines {
+		urls[i] = e.URL()
+	}
+	target := ""
+	var d *daemon.Daemon
+	if mode != "random" {
+		ro := daemon.RoutingOptions{StickyStore: "memory", RouteHeader: "X-Tether-Route"}
+		switch mode {
+		case "before":
+			ro.EnginePoll = -1
+		case "default":
+		case "prefix":
+			ro.EnginePoll, ro.Keyless = -1, "prefix"
+		case "sticky":
+			ro.Policy = "sticky"
+		default:
+			return result{}, fmt.Errorf("unknown mode %q", mode)
+		}
+		var err error
+		d, err = daemon.New(daemon.Options{
+			Listen: "127.0.0.1:0", Workers: urls, BPF: "off", Routing: ro,
+			Log: slog.New(slog.NewTextHandler(io.Discard, nil)), MaxQueue: 4096,
+		})
+		if err != nil {
+			return result{}, err
+		}
+		d.Serve()
+		defer d.Shutdown(context.Background())
+		target = "http://" + d.Addr()
+		if ro.EnginePoll >= 0 {
+			deadline := time.Now().Add(10 * time.Second)
+			for !allKnown(d) {
+				if time.Now().After(deadline) {
+					return result{}, fmt.Errorf("engine signals not read within 10s")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+	}
+	cl := &client{http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2048, MaxConnsPerHost: 0, IdleConnTimeout: 30 * time.Second}},
+		target: target, engines: urls, rng: rand.New(rand.NewPCG(c.seed, 7))}
+	defer cl.http.CloseIdleConnections()
+	start := time.Now()
+	var err error
+	var groupEngines float64
+	switch wl {
+	case "grpo":
+		groupEngines, err = runGRPO(c, cl)
+	case "sessions":
+		err = runSessions(c, cl, 1)
+	case "skewed":
+		err = runSessions(c, cl, c.skew)
+	default:
+		err = fmt.Errorf("unknown workload %q", wl)
+	}
+	if err != nil {
+		return result{}, err
+	}
+	r := result{makespan: time.Since(start), groupEngines: groupEngines}
+	var prompt, cached int64
+	var sumPeak float64
+	for _, e := range engines {
+		s := e.Stats()
+		prompt += s.PromptTokens
+		cached += s.CachedTokens
+		r.prefill += s.PrefillTokens
+		r.preempt += s.Preemptions
+		sumPeak += s.PeakKVUsage
+		r.peakKV = max(r.peakKV, s.PeakKVUsage)
+	}
+	if prompt > 0 {
+		r.hit = float64(cached) / float64(prompt)
+	}
+	if sumPeak > 0 {
+		r.kvSpread = r.peakKV / (sumPeak / float64(len(engines)))
+	}
+	if d != nil {
+		rc := d.RoutingCounts()
+		var parts []string
+		for k, v := range rc.Decisions {
+			if v > 0 {
+				parts = append(parts, k+"="+strconv.FormatUint(v, 10))
+			}
+		}
+		sort.Strings(parts)
+		r.decisions = strings.Join(parts, " ")
+	} else {
+		r.decisions = "-"
+	}
+	return r, nil
+}
+
+func allKnown(d *daemon.Daemon) bool {
+	for _, w := range d.Table.Snapshot() {
+		if w != nil && !w.EngineKnown() {
+			return false
+		}
+	}
+	return true
+}
+
+type client struct {
+	http    *http.Client
+	target  string // tetherd; "": a random engine per request
+	engines []string
+	mu      sync.Mutex
+	rng     *rand.Rand
+}
+
+// generate sends one /generate and returns its output ids and the engine
+// slot that served it (the route header, or the engine drawn).
+func (c *client) generate(key string, ids []int, maxNew int, rid string) ([]int, int, error) {
+	var b bytes.Buffer
+	b.WriteString(`{"rid":"`)
+	b.WriteString(rid)
+	b.WriteString(`","input_ids":[`)
+	for i, t := range ids {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(t))
+	}
+	fmt.Fprintf(&b, `],"sampling_params":{"max_new_tokens":%d,"temperature":1.0}}`, maxNew)
+	url, slot := c.target, -1
+	if url == "" {
+		c.mu.Lock()
+		slot = c.rng.IntN(len(c.engines))
+		c.mu.Unlock()
+		url = c.engines[slot]
+	}
+	req, err := http.NewRequest("POST", url+"/generate", &b)
+	if err != nil {
+		return nil, 0, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("X-Session-ID", key)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, 0, err
+	}
+	if resp.StatusCode != 200 {
+		return nil, 0, fmt.Errorf("/generate: %d %s", resp.StatusCode, body)
+	}
+	if h := resp.Header.Get("X-Tether-Route"); h != "" {
+		slot, _ = strconv.Atoi(strings.Fields(h)[0])
+	}
+	var out struct {
+		OutputIDs []int `json:"output_ids"`
+	}
+	if err := json.Unmarshal(body, &out); err != nil {
+		return nil, 0, err
+	}
+	return out.OutputIDs, slot, nil
+}
+
+// runGRPO: waves of prompts × samples sent at once; it returns the mean
+// number of engines a prompt's samples went to.
+func runGRPO(c config, cl *client) (float64, error) {
+	rng := rand.New(rand.NewPCG(c.seed, 1))
+	sys := make([]int, c.sysTokens)
+	for i := range sys {
+		sys[i] = 1000 + rng.IntN(30000)
+	}
+	var sumEngines float64
+	for wave := 0; wave < c.waves; wave++ {
+		type job struct {
+			prompt []int
+			maxNew int
+			p, s   int
+		}
+		var jobs []job
+		for p := 0; p < c.prompts; p++ {
+			q := make([]int, 64+rng.IntN(192))
+			for i := range q {
+				q[i] = 1000 + rng.IntN(30000)
+			}
+			prompt := append(append([]int(nil), sys...), q...)
+			for s := 0; s < c.samples; s++ {
+				jobs = append(jobs, job{prompt: prompt, maxNew: 64 + rng.IntN(448), p: p, s: s})
+			}
+		}
+		slots := make([][]int, c.prompts)
+		for p := range slots {
+			slots[p] = make([]int, c.samples)
+		}
+		var wg sync.WaitGroup
+		errs := make(chan error, len(jobs))
+		for _, j := range jobs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, slot, err := cl.generate("", j.prompt, j.maxNew, fmt.Sprintf("w%d-p%d-s%d", wave, j.p, j.s))
+				if err != nil {
+					errs <- err
+					return
+				}
+				slots[j.p][j.s] = slot
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		if err := <-errs; err != nil {
+			return 0, err
+		}
+		for _, ss := range slots {
+			seen := map[int]bool{}
+			for _, s := range ss {
+				seen[s] = true
+			}
+			sumEngines += float64(len(seen))
+		}
+	}
+	return sumEngines / float64(c.waves*c.prompts), nil
+}
+
+// runSessions: agent sessions, all at once, turns in sequence; each turn
+// sends the whole context (shared system prompt, task, earlier turns'
+// outputs and tool results). One session in skewEvery has skew× the
+// context: a task (document, repository) that long; its turns add what
+// the others' do.
+func runSessions(c config, cl *client, skew int) error {
+	rng := rand.New(rand.NewPCG(c.seed, 2))
+	sys := make([]int, c.sysTokens)
+	for i := range sys {
+		sys[i] = 1000 + rng.IntN(30000)
+	}
+	type plan struct {
+		task   []int
+		tools  [][]int
+		maxNew []int
+	}
+	toks := func(n int) []int {
+		s := make([]int, n)
+		for i := range s {
+			s[i] = 1000 + rng.IntN(30000)
+		}
+		return s
+	}
+	plans := make([]plan, c.sessions)
+	for s := range plans {
+		mult := 1
+		if skew > 1 && s%c.skewEvery == 0 {
+			mult = skew
+		}
+		p := plan{task: toks(mult * (200 + rng.IntN(200)))}
+		for t := 0; t < c.turns; t++ {
+			p.tools = append(p.tools, toks(50+rng.IntN(150)))
+			p.maxNew = append(p.maxNew, 32+rng.IntN(96))
+		}
+		plans[s] = p
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, c.sessions)
+	for s := range plans {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p := plans[s]
+			key := fmt.Sprintf("agent-%d", s)
+			ctx := append(append([]int(nil), sys...), p.task...)
+			for t := 0; t < c.turns; t++ {
+				out, _, err := cl.generate(key, ctx, p.maxNew[t], fmt.Sprintf("%s-t%d", key, t))
+				if err != nil {
+					errs <- err
+					return
+				}
+				ctx = append(append(ctx, out...), p.tools[t]...)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
