@@ -46,7 +46,7 @@ const (
 	sigKVOnly = 1 << 2 // vetoed for its KV usage alone: lifts once tetherd's requests there drop it below the low mark
 	sigLowOff = 3      // the KV low mark in 1/8192, 13 bits
 	sigKVOff  = 16     // KV usage in 1/10000, 16 bits
-	sigWork   = 32 // running + waiting, 32 bits
+	sigWork   = 32     // running + waiting, 32 bits
 )
 
 // engineLoad is a worker's part of the engine signals (Worker.load).
