@@ -97,6 +97,9 @@ func New(src Sources) *Metrics {
 		Help:    "Time from routing a request to the end of its response, by worker.",
 		Buckets: DurationBuckets,
 	}, []string{"slot", "url"})
+	if src.Table != nil {
+		m.reg.MustRegister(engineCollector{tab: src.Table}) // engine.go
+	}
 	if src.Fleet != nil {
 		m.reg.MustRegister(fleetCollector{f: src.Fleet, tab: src.Table})
 	}
@@ -186,7 +189,7 @@ var (
 	dPanicEntered = prometheus.NewDesc("tether_panic_entered_total",
 		"Times every routable worker became unhealthy.", nil, nil)
 	dDecisions = prometheus.NewDesc("tether_route_decisions_total",
-		"Routing decisions by reason: session (w<idx>- id), learned (bare session id), spread, hash (ring owner), hash_spill / hash_spilled / hash_return (overload spills: new, kept, back to the owner), hash_failover, sticky, sticky_new, sticky_failover, prefix, rid, target, reroute (the first worker refused the connection: another one), and the fallbacks bad_session_spread, bad_session_reject, bad_target, no_worker, panic.", []string{"reason"}, nil)
+		"Routing decisions by reason: session (w<idx>- id), learned (bare session id), spread, hash (ring owner), hash_spill / hash_spilled / hash_return (overload spills: new, kept, back to the owner), hash_failover, sticky, sticky_new, sticky_failover, prefix, rid, target, reroute (the first worker refused the connection: another one), veto (a key moved off an engine whose KV cache or queue is full), group (a GRPO sample to where its prompt's samples are), engine-least (placed by engine load), and the fallbacks bad_session_spread, bad_session_reject, bad_target, no_worker, panic.", []string{"reason"}, nil)
 	dLearned = prometheus.NewDesc("tether_learned_sessions_total",
 		"Learned bare session ids by event: learned (stored from a create answer), no_id (2xx create answer without an id in the bytes read), forgotten (DELETE /sessions/{id}).", []string{"event"}, nil)
 	dListenerActive = prometheus.NewDesc("tether_listener_connections_active",

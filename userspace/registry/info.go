@@ -43,6 +43,10 @@ type Info struct {
 	WeightVersion string `json:"weight_version,omitempty"`
 	SyncState     string `json:"sync_state,omitempty"`
 
+	// Engine: what the worker's engine last reported to the load poller
+	// (engine.go); absent for a worker whose load was never read.
+	Engine *EngineInfo `json:"engine,omitempty"`
+
 	ConsecutiveFailures int        `json:"consecutive_failures"`
 	LastError           string     `json:"last_error,omitempty"`
 	LastCheck           *time.Time `json:"last_check,omitempty"`
@@ -88,6 +92,7 @@ func (r *Registry) infoLocked(e *entry) Info {
 	if e.w != nil {
 		s := e.w.Stats.Load()
 		in.InFlight, in.Requests, in.Errors = s.InFlight, s.Requests, s.Errors
+		in.Engine = engineInfo(e.w)
 	}
 	return in
 }
