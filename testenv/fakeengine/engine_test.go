@@ -2,7 +2,6 @@ package fakeengine
 
 import (
 	"bufio"
-
 	"context"
 	"encoding/json"
 	"fmt"

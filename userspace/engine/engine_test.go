@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/tether-rl/tether/testenv"
 	"io"
 	"log/slog"
 	"net"
@@ -16,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/userspace/demo"
 	"github.com/tether-rl/tether/userspace/engine"
 	"github.com/tether-rl/tether/userspace/proxy"

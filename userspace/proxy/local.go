@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"golang.org/x/sys/unix"
-
 	"bytes"
 	"context"
 	"encoding/json"
@@ -14,13 +12,17 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/route"
 )
 
-// MaxLocalBody bounds the body of a request tetherd answers itself (control
-// endpoints take small JSON).
-const MaxLocalBody = 1 << 20
+// MaxLocalBody bounds the body of a request tetherd answers itself: control
+// endpoints take small JSON, but a weight update fanned out to every
+// engine may carry serialized tensors (SGLang update_weights_from_tensor);
+// LocalBodyBudget bounds what all of them hold at once.
+const MaxLocalBody = 16 << 20
 
 // localHandler returns the handler for a request tetherd answers itself.
 // A percent-encoded path (/abort%5Frequest) is matched in its decoded
