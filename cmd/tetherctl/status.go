@@ -11,6 +11,7 @@ import (
 
 	"github.com/tether-rl/tether/bpf"
 	"github.com/tether-rl/tether/userspace/cluster"
+	"github.com/tether-rl/tether/userspace/fleet"
 	"github.com/tether-rl/tether/userspace/stats"
 )
 
@@ -33,6 +34,8 @@ type Status struct {
 	RoutingError string         `json:"routing_error,omitempty"`
 	// Cluster is the admin API's GET /cluster (cluster mode only).
 	Cluster *cluster.Status `json:"cluster,omitempty"`
+	// Fleet is the admin API's GET /fleet: the weight sync (fleet.go).
+	Fleet *fleet.Report `json:"fleet,omitempty"`
 }
 
 // RoutingStatus is the admin API's GET /routing.
@@ -128,6 +131,7 @@ func status(w io.Writer, pinDir string, asJSON bool, ac *adminClient) error {
 		if err != nil {
 			st.RoutingError = err.Error()
 		}
+		st.Fleet, _ = readFleet(ac) // absent from a tetherd without it
 		if body, err := ac.do("GET", "/cluster", nil); err == nil {
 			var cs cluster.Status
 			if json.Unmarshal(body, &cs) == nil {
@@ -289,6 +293,9 @@ func (st *Status) print(w io.Writer) error {
 		fmt.Fprintln(w, "which slots hold a worker now: not asked (--admin off); counters may be from an earlier run")
 	}
 	if err := st.printRouting(w); err != nil {
+		return err
+	}
+	if err := st.printFleet(w); err != nil {
 		return err
 	}
 	return st.printCluster(w)
