@@ -149,19 +149,28 @@ type entry struct {
 }
 
 // Registry is the worker registry. All methods are safe for concurrent use.
+//
+// One mutex guards every field below it: a worker's slot, its pending add,
+// its retirement and its health are one state, changed together (a removal
+// ends a pending add, a retirement frees a slot, a state change recomputes
+// panic mode). Each concern's code is in a file of its own: urls.go
+// (canonical URLs, aliases, tetherd itself), slots.go (placing workers,
+// counters, capacity), adds.go (pending adds), retire.go (removal and
+// retirement), health.go (hysteresis, draining, panic mode), info.go (what
+// the admin API lists, SIGHUP's reconcile).
 type Registry struct {
 	opts Options
 	log  *slog.Logger
 
 	mu       sync.Mutex
 	entries  map[int]*entry   // by slot, pending ones included
-	retiring map[int]*retiree // by slot
-	lastURL  map[int]string   // last worker url that held each slot in this process
+	retiring map[int]*retiree // by slot (retire.go)
+	lastURL  map[int]string   // last worker url that held each slot in this process (slots.go)
 	// pendingSeq files pending adds under keys below 0 in entries (they
-	// hold no slot until their first good health check).
+	// hold no slot until their first good health check; adds.go).
 	pendingSeq int
-	capacity   map[string]uint64 // max_in_flight by worker url (SetCapacity)
-	panic      bool              // every routable worker unhealthy
+	capacity   map[string]uint64 // max_in_flight by worker url (SetCapacity, slots.go)
+	panic      bool              // every routable worker unhealthy (health.go)
 	closed     bool
 	stop       chan struct{}
 	wg         sync.WaitGroup
@@ -195,8 +204,9 @@ func (r *Registry) Table() *route.Table { return r.opts.Table }
 // Changes returns the number of state changes so far.
 func (r *Registry) Changes() uint64 { return r.changes.Load() }
 
-// Close stops the registry's goroutines and closes the pools of retired
-// and pending workers (the table's own workers are closed by their owner).
+// Close cancels pending adds, stops the registry's goroutines (a
+// retirement cut short closes its worker's pool) and closes the pools of
+// the workers in slots, which the registry made.
 func (r *Registry) Close() {
 	r.mu.Lock()
 	if r.closed {
