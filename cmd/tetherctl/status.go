@@ -80,6 +80,21 @@ type WorkerStatus struct {
 	BytesDown uint64 `json:"bytes_down"`
 	Retries   uint64 `json:"retries"`
 	Conns     uint64 `json:"conns"`
+	// Engine: what the worker's engine last reported (GET /workers
+	// "engine"; the load poller).
+	Engine *EngineStatus `json:"engine,omitempty"`
+}
+
+// EngineStatus is a worker's engine as GET /workers shows it.
+type EngineStatus struct {
+	Kind          string   `json:"kind"`
+	Signals       bool     `json:"signals"`
+	Running       int      `json:"running"`
+	Waiting       int      `json:"waiting"`
+	KVUsage       *float64 `json:"kv_usage"`
+	PrefixHitRate *float64 `json:"prefix_hit_rate"`
+	WeightVersion string   `json:"weight_version,omitempty"`
+	Vetoed        bool     `json:"vetoed"`
 }
 
 type statusOpts struct {
@@ -184,6 +199,21 @@ func (st *Status) readCurrent(ac *adminClient) error {
 		st.Workers = append(st.Workers, WorkerStatus{Slot: slot, Current: &yes, URL: w.URL, State: w.State})
 	}
 	sort.Slice(st.Workers, func(i, j int) bool { return st.Workers[i].Slot < st.Workers[j].Slot })
+	var le struct {
+		Workers []struct {
+			Slot   int           `json:"slot"`
+			Engine *EngineStatus `json:"engine"`
+		} `json:"workers"`
+	}
+	if json.Unmarshal(body, &le) == nil {
+		for _, e := range le.Workers {
+			for i := range st.Workers {
+				if st.Workers[i].Slot == e.Slot && e.Engine != nil {
+					st.Workers[i].Engine = e.Engine
+				}
+			}
+		}
+	}
 	st.CurrentKnown = true
 	return nil
 }
@@ -292,6 +322,9 @@ func (st *Status) print(w io.Writer) error {
 	case !st.CurrentKnown && len(st.Workers) > 0:
 		fmt.Fprintln(w, "which slots hold a worker now: not asked (--admin off); counters may be from an earlier run")
 	}
+	if err := st.printEngines(w); err != nil {
+		return err
+	}
 	if err := st.printRouting(w); err != nil {
 		return err
 	}
@@ -357,4 +390,39 @@ func (st *Status) printRouting(w io.Writer) error {
 		fmt.Fprintf(w, "learned sessions: off; sticky table %s\n", where)
 	}
 	return nil
+}
+
+// printEngines shows each worker's engine as the load poller read it.
+func (st *Status) printEngines(w io.Writer) error {
+	has := false
+	for _, x := range st.Workers {
+		has = has || x.Engine != nil
+	}
+	if !has {
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "\nENGINES\nSLOT\tKIND\tRUNNING\tWAITING\tKV\tPREFIX_HIT\tVETOED\tWEIGHTS")
+	pct := func(p *float64) string {
+		if p == nil {
+			return "-"
+		}
+		return fmt.Sprintf("%.2f", *p)
+	}
+	for _, x := range st.Workers {
+		e := x.Engine
+		if e == nil {
+			continue
+		}
+		if !e.Signals {
+			fmt.Fprintf(tw, "%d\t%s\t(no load signals: placed by in-flight count)\n", x.Slot, e.Kind)
+			continue
+		}
+		ver := e.WeightVersion
+		if ver == "" {
+			ver = "-"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%s\t%s\t%t\t%s\n", x.Slot, e.Kind, e.Running, e.Waiting, pct(e.KVUsage), pct(e.PrefixHitRate), e.Vetoed, ver)
+	}
+	return tw.Flush()
 }
