@@ -186,17 +186,23 @@ func (w *Worker) admitLimit() int64 {
 // KV cache. Without signals it is the in-flight count plus one. vetoed
 // reports the engine's veto.
 func (w *Worker) engineScore() (score float64, vetoed bool) {
+	score, vetoed, _ = w.engineState()
+	return score, vetoed
+}
+
+// engineState is engineScore with the KV usage it used.
+func (w *Worker) engineState() (score float64, vetoed bool, u float64) {
 	pend := w.Stats.Pending()
 	sig := w.load.sig.Load()
 	if sig&sigKnown == 0 {
-		return float64(pend + 1), false
+		return float64(pend + 1), false, 0
 	}
 	work := int64(sig >> sigWork)
 	est := work + int64(pend) - int64(w.load.base.Load())
 	if est < int64(pend) {
 		est = int64(pend)
 	}
-	u := float64((sig>>sigKVOff)&0xffff) / 10000
+	u = float64((sig>>sigKVOff)&0xffff) / 10000
 	if est < work {
 		// Requests ended or moved since the reading: their KV is free.
 		u = u * float64(est) / float64(work)
@@ -205,7 +211,7 @@ func (w *Worker) engineScore() (score float64, vetoed bool) {
 	if vetoed && sig&sigKVOnly != 0 && u < float64((sig>>sigLowOff)&0x1fff)/8192 {
 		vetoed = false
 	}
-	return float64(est+1) * kvPenalty(u), vetoed
+	return float64(est+1) * kvPenalty(u), vetoed, u
 }
 
 // kvPenalty is 1/(1-u²): 1 when the KV cache is empty, 1.33 at half, 2.8

@@ -22,10 +22,11 @@ import (
 //     ring owner (or rotating, without a prompt).
 //   - new keys of --policy=sticky and new sessions (POST /sessions, which
 //     carry no key): the best engine, ties to the key's ring owner.
-//   - keys of --policy=hash stay with their ring owner unless another
-//     engine is clearly better (engine-least: bounded load on engine
-//     state, which cannot tell a new key from a known one) or the owner
-//     is vetoed and another clearly better (veto); a moved key is
+//   - keys of --policy=hash stay with their ring owner unless its KV
+//     cache nears full and another engine is clearly better
+//     (engine-least: bounded load on engine state, which cannot tell a
+//     new key from a known one) or the owner is vetoed and another
+//     clearly better (veto); a moved key is
 //     remembered like a spill and stays moved until its entry expires
 //     (--hash-spill-ttl after its last request), unless its new engine
 //     is vetoed in turn.
@@ -272,11 +273,12 @@ func (e *EnginePlacement) newKey(p *Policy, ws []*Worker, h uint64) *Worker {
 
 // moveKey decides whether a key on cur moves: to the best engine when it
 // is clearly better than cur and cur is vetoed (reason veto) or, with
-// anyVeto false, clearly better whatever cur's veto (engine-least). ok
-// false: the key stays.
+// onlyVetoed false, when cur's KV cache is nearing full (usage at least
+// KVVeto-0.2: the load of one hot key alone never moves it)
+// (engine-least). ok false: the key stays.
 func (e *EnginePlacement) moveKey(p *Policy, ws []*Worker, h uint64, cur *Worker, onlyVetoed bool) (*Worker, Reason, bool) {
-	cs, vetoed := cur.engineScore()
-	if onlyVetoed && !vetoed {
+	cs, vetoed, u := cur.engineState()
+	if !vetoed && (onlyVetoed || u < e.cfg.KVVeto-2*vetoBand) {
 		return nil, 0, false
 	}
 	b, bs := e.best(p, ws, h, true, cur)

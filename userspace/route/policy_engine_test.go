@@ -407,3 +407,36 @@ func BenchmarkRouteEngineKeyed(b *testing.B) {
 		rt.Route(req, nil)
 	}
 }
+
+// TestHotKeyOneNeighbour: many concurrent requests of one key stay on its
+// engine until that is vetoed, then all go to one other engine, never
+// spread; the key stays there once the veto lifts.
+func TestHotKeyOneNeighbour(t *testing.T) {
+	rt, ws := engineRouter(t, 6, PolicyHash, EngineConfig{})
+	req := keyReq(t, "num-samples-64")
+	first := rt.Route(req, nil).Worker
+	for i := 0; i < 63; i++ {
+		d := rt.Route(req, nil)
+		if d.Worker != first {
+			t.Fatalf("request %d of the hot key on slot %d, not %d (%s)", i, d.Worker.Slot, first.Slot, d.Reason)
+		}
+		d.Worker.Stats.Begin()
+	}
+	setLoad(first, 64, 20, 0.95, true)
+	seen := map[int]int{}
+	for i := 0; i < 64; i++ {
+		d := rt.Route(req, nil)
+		seen[d.Worker.Slot]++
+		d.Worker.Stats.Begin()
+	}
+	if len(seen) != 1 || seen[first.Slot] != 0 {
+		t.Fatalf("overflow spread over %v (vetoed slot %d)", seen, first.Slot)
+	}
+	setLoad(first, 0, 0, 0.1, false)
+	for i := 0; i < 8; i++ {
+		if d := rt.Route(req, nil); seen[d.Worker.Slot] == 0 {
+			t.Fatalf("the moved hot key bounced to slot %d (%s)", d.Worker.Slot, d.Reason)
+		}
+	}
+	_ = ws
+}
