@@ -65,10 +65,13 @@ type config struct {
 func main() {
 	var c config
 	flag.IntVar(&c.engines, "engines", 8, "fake engines")
-	flag.IntVar(&c.kvBlocks, "kv-blocks", 2048, "KV blocks per engine (16 tokens each)")
+	flag.IntVar(&c.kvBlocks, "kv-blocks", 1280, "KV blocks per engine (16 tokens each)")
 	flag.IntVar(&c.maxRunning, "max-running", 64, "running batch bound per engine")
-	flag.DurationVar(&c.prefillPer, "prefill-per-token", 10*time.Microsecond, "simulated prefill compute per uncached prompt token")
-	flag.DurationVar(&c.decode, "decode-step", 5*time.Millisecond, "simulated decode step")
+	// An engine's time scale: a decode step of a batch (20 ms) and the
+	// prefill of 500 uncached tokens (20 ms) are close to a 7B model's on
+	// one GPU; tetherd's --engine-poll (1s) is 50 decode steps.
+	flag.DurationVar(&c.prefillPer, "prefill-per-token", 40*time.Microsecond, "simulated prefill compute per uncached prompt token")
+	flag.DurationVar(&c.decode, "decode-step", 20*time.Millisecond, "simulated decode step")
 	flag.IntVar(&c.waves, "waves", 2, "GRPO waves")
 	flag.IntVar(&c.prompts, "prompts", 48, "GRPO prompts per wave")
 	flag.IntVar(&c.samples, "samples", 8, "GRPO samples per prompt")
