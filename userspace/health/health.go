@@ -26,12 +26,13 @@ import (
 	"github.com/tether-rl/tether/userspace/upstream"
 )
 
-// Defaults of the --health-* flags.
+// Defaults of the --health-* flags. The hysteresis (failures, successes)
+// is the registry's: its defaults are written there.
 const (
 	DefaultInterval  = 5 * time.Second
 	DefaultTimeout   = 2 * time.Second
-	DefaultFailures  = 3
-	DefaultSuccesses = 2
+	DefaultFailures  = registry.DefaultFailures
+	DefaultSuccesses = registry.DefaultSuccesses
 )
 
 // Path is the endpoint checked on every worker.

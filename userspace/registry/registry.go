@@ -62,6 +62,17 @@ var (
 	ErrClosed         = errors.New("registry closed")
 )
 
+// Defaults of Options, and of the flags that set them (cmd/tetherd:
+// --health-failures, --health-successes, --worker-startup-timeout,
+// --remove-grace).
+const (
+	DefaultFailures       = 3
+	DefaultSuccesses      = 2
+	DefaultStartupTimeout = 5 * time.Minute
+	DefaultRemoveGrace    = time.Minute
+	DefaultMaxPending     = 64
+)
+
 // Prober checks a worker's health (GET url/health); nil means healthy.
 type Prober func(ctx context.Context, url string) error
 
@@ -73,14 +84,15 @@ type Options struct {
 	// MaxWorkers bounds the slots; default and maximum stats.MaxWorkers.
 	MaxWorkers int
 	// Failures: consecutive failed checks that make a healthy worker
-	// unhealthy (default 3). Successes: consecutive good checks that make
-	// an unhealthy worker healthy again (default 2).
+	// unhealthy (DefaultFailures). Successes: consecutive good checks that
+	// make an unhealthy worker healthy again (DefaultSuccesses).
 	Failures, Successes int
 	// StartupTimeout bounds Add's wait for a new worker's first successful
-	// health check; default 5 minutes.
+	// health check; DefaultStartupTimeout.
 	StartupTimeout time.Duration
 	// RemoveGrace bounds the wait for a removed worker's requests in flight
-	// before its pool is closed and its slot becomes free; default 60s.
+	// before its pool is closed and its slot becomes free;
+	// DefaultRemoveGrace.
 	RemoveGrace time.Duration
 	// Probe checks a pending worker; required for Add.
 	Probe Prober
@@ -91,7 +103,7 @@ type Options struct {
 	// MaxPending bounds the adds waiting for their first good health check
 	// at once (each holds a slot for up to StartupTimeout): beyond it an
 	// add is refused (ErrTooManyPending), so that adds of unreachable URLs
-	// cannot fill the slots; default 64.
+	// cannot fill the slots; DefaultMaxPending.
 	MaxPending int
 	// MaxInFlight is every worker's capacity unless SetCapacity gave it its
 	// own: at or above it in flight a worker takes no new keys (0: none).
@@ -107,19 +119,19 @@ func (o *Options) setDefaults() {
 		o.MaxWorkers = stats.MaxWorkers
 	}
 	if o.Failures <= 0 {
-		o.Failures = 3
+		o.Failures = DefaultFailures
 	}
 	if o.Successes <= 0 {
-		o.Successes = 2
+		o.Successes = DefaultSuccesses
 	}
 	if o.StartupTimeout <= 0 {
-		o.StartupTimeout = 5 * time.Minute
+		o.StartupTimeout = DefaultStartupTimeout
 	}
 	if o.RemoveGrace <= 0 {
-		o.RemoveGrace = 60 * time.Second
+		o.RemoveGrace = DefaultRemoveGrace
 	}
 	if o.MaxPending <= 0 {
-		o.MaxPending = 64
+		o.MaxPending = DefaultMaxPending
 	}
 	if o.Log == nil {
 		o.Log = slog.Default()

@@ -42,12 +42,15 @@ import (
 	"github.com/tether-rl/tether/userspace/registry"
 )
 
+// DefaultGrace is Options.Grace's default (--spawn-grace).
+const DefaultGrace = 10 * time.Second
+
 // Options configure a Supervisor. Zero values take the defaults.
 type Options struct {
 	N       int      // processes; slots 0..N-1
 	Command []string // program and arguments, with placeholders
 	Host    string   // where the workers listen; default 127.0.0.1
-	// Grace between SIGTERM and SIGKILL on Stop; default 10s.
+	// Grace between SIGTERM and SIGKILL on Stop; DefaultGrace.
 	Grace time.Duration
 	// StartupTimeout bounds the wait for a started process's /health;
 	// default 5 minutes. A process that misses it is killed and restarted.
@@ -122,7 +125,7 @@ func New(opts Options) (*Supervisor, error) {
 		opts.Host = "127.0.0.1"
 	}
 	if opts.Grace <= 0 {
-		opts.Grace = 10 * time.Second
+		opts.Grace = DefaultGrace
 	}
 	if opts.StartupTimeout <= 0 {
 		opts.StartupTimeout = 5 * time.Minute
