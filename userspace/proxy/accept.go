@@ -4,15 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/netip"
 	"sync"
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/tether-rl/tether/userspace/stats"
-	"github.com/tether-rl/tether/userspace/sysconn"
 )
 
 // Accepting: the connection cap and accept failures.
@@ -340,81 +336,4 @@ func (s *Server) forget(c *conn) {
 	}
 	s.mu.Unlock()
 	s.wg.Done()
-}
-
-// accept takes connections until the queue is empty, the server is at
-// MaxConns (paused until a place frees), or accept fails for want of
-// descriptors (backing off, 5 ms doubling to 500 ms, or until a place
-// frees). Each is logged once per episode.
-func (l *loop) accept() {
-	s := l.s
-	for l.lfd >= 0 {
-		if l.retryAt != 0 && l.now < l.retryAt {
-			return
-		}
-		if !s.tryAdmit(l) {
-			return
-		}
-		fd, ip, err := sysconn.Accept(l.lfd)
-		if err != nil {
-			s.unadmit()
-			s.wg.Done()
-			switch {
-			case err == unix.EAGAIN:
-				return
-			case err == unix.EINTR || err == unix.ECONNABORTED:
-				continue
-			}
-			if s.acceptFailing.begin() {
-				s.counters.AcceptPauses.Add(1)
-				s.cfg.Log.Error("accept failing, backing off (too many open files? raise LimitNOFILE / ulimit -n, or lower --max-conns)",
-					"err", err, "open", s.counters.Open.Load())
-			}
-			if l.backoff == 0 {
-				l.backoff = 5 * time.Millisecond
-			} else if l.backoff < 500*time.Millisecond {
-				l.backoff *= 2
-			}
-			l.retryAt = l.now + int64(l.backoff)
-			s.waitForDescriptor(l)
-			l.setDue(l.retryAt)
-			return
-		}
-		if l.backoff != 0 {
-			l.backoff, l.retryAt = 0, 0
-			s.acceptFailing.over(func(n int, d time.Duration) {
-				s.cfg.Log.Warn("accept resumed", "failures", n, "after", d.Round(time.Millisecond))
-			})
-		}
-		l.opened(fd, ip)
-	}
-}
-
-// opened starts serving an accepted socket.
-func (l *loop) opened(fd int, ip netip.Addr) {
-	s := l.s
-	if l.nodelay == 0 {
-		l.nodelay = -1
-		if v, err := unix.GetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY); err == nil && v != 0 {
-			l.nodelay = 1
-		}
-	}
-	if l.nodelay < 0 {
-		unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
-	}
-	c := &conn{s: s, fd: fd, lp: l, slot: l.slot, ip: ip}
-	s.counters.Accepted.Add(1)
-	s.counters.Open.Add(1)
-	l.slot.Opened()
-	if !l.hold(c) {
-		return
-	}
-	c.idleSince.Store(l.now)
-	l.setDeadline(c, s.cfg.IdleTimeout)
-	// The request usually came with the handshake's last packet or just
-	// after: read now rather than after one more epoll_wait (an EAGAIN
-	// costs one read; the edge of a later arrival still comes).
-	c.readable = true
-	l.lost = nil
-	l.next(c)
 }

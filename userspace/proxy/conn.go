@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"net"
@@ -28,7 +27,7 @@ type conn struct {
 	c  *net.TCPConn // while a goroutine serves it (under s.mu): a duplicate of fd lent to the net package
 	ip netip.Addr   // client address for X-Forwarded-For
 
-	// In an event loop (loop.go, fast.go): the socket, the loop, its
+	// In an event loop (loop*.go): the socket, the loop, its
 	// registration, the one deadline (UnixNano, 0: none), and the
 	// exchange the loop runs (x, while busy).
 	fd        int // -1: a goroutine-only connection (a listener that is not TCP)
@@ -39,7 +38,7 @@ type conn struct {
 	peekWait  bool  // a whole head waits for the body bytes the router reads (Config.PeekBody)
 	hup       bool  // the peer's FIN (or an error) was signalled: read to it
 	busy      bool  // x is running
-	ioq       bool  // an operation of its is queued for the loop's ring (ring.go)
+	ioq       bool  // an operation of its is queued for the loop's ring (loop_ring.go)
 	deadline  int64
 	headSince int64 // when the head now being read began (0: none)
 	x         *lx   // the loop's exchange, while busy (from the loop's free list)
@@ -48,8 +47,6 @@ type conn struct {
 	r, w int
 	out  []byte // outgoing head assembly (both directions)
 	ubuf []byte // upstream read buffer, for one exchange
-
-	rt routeNote // the decision of the exchange, for Config.RouteHeader (routehdr.go)
 
 	// The parsed heads, while a request is being served: an idle
 	// connection on a loop gives them (and out) back to the loop's free
@@ -86,6 +83,8 @@ type gor struct {
 	watchFn    func(uintptr) bool
 
 	lr io.LimitedReader // the splice source of conn.move, reused
+
+	rt routeNote // the decision of the exchange, for Config.RouteHeader (routehdr.go)
 
 	// learn is shown the response body bytes that conn.move copies to the
 	// client while the exchange's route.Learner still wants them (see
@@ -130,37 +129,6 @@ func (c *conn) wakeIfIdle(grace time.Duration) {
 	if c.c != nil && c.idle.Load() && (grace <= 0 || time.Since(time.Unix(0, c.idleSince.Load())) >= grace) {
 		c.c.SetReadDeadline(aLongTimeAgo)
 	}
-}
-
-// serve runs the connection on a goroutine until it ends, or until it is
-// idle again and goes back to its event loop (Config.ParkAfter).
-func (c *conn) serve() {
-	if c.c == nil && !c.attach() {
-		c.finish()
-		return
-	}
-	for {
-		ok := c.serveOne()
-		if c.wantPark {
-			c.wantPark = false
-			if c.detach() {
-				return // c belongs to its loop now: not one more access
-			}
-			if c.c == nil {
-				break
-			}
-			c.noPark = true // could not: wait here, to the idle timeout
-			continue
-		}
-		// A response that went out before the server began closing
-		// promised keep-alive: with an idle grace (ShutdownGently) the
-		// next request is still read and answered (with Connection:
-		// close).
-		if !ok || c.s.closing.Load() && c.s.idleGrace.Load() == 0 {
-			break
-		}
-	}
-	c.finish()
 }
 
 // attach lends the loop's socket to the net package for this goroutine;
@@ -234,224 +202,6 @@ func (c *conn) finish() {
 	c.s.forget(c)
 }
 
-// serveOne handles one request; it reports whether the connection may
-// carry another. A connection handed over by its loop starts where the
-// loop left it (c.hand).
-func (c *conn) serveOne() bool {
-	h := c.hand
-	c.hand = handoff{}
-	switch {
-	case h.reject != 0:
-		c.rejectAndClose(h.reject)
-		return false
-	case h.decided:
-		return c.serveDecision(h.dec, c.bufferedBody(), h.refused, true)
-	case h.held:
-		return c.serveDecision(route.Decision{}, c.bufferedBody(), false, false)
-	}
-	if err := c.readHead(); err != nil {
-		if e, ok := err.(*httphead.Error); ok {
-			c.s.counters.Rejected.Add(1)
-			if bytes.HasPrefix(c.buf[c.r:c.w], h2Preface) {
-				c.refuseHTTP2()
-				return false
-			}
-			c.rejectAndClose(e.Status)
-		}
-		return false
-	}
-	c.s.counters.Requests.Add(1)
-	req := c.req
-	c.r += req.HeadLen
-
-	if h := c.localHandler(); h != nil {
-		c.s.counters.Local.Add(1)
-		return c.serveLocal(h)
-	}
-	var peek []byte
-	if req.HasBody() {
-		peek = c.peekBody()
-	}
-	if lim := c.s.cfg.MaxBodyBytes; lim > 0 && req.ContentLength > lim {
-		// Too large by its own account: 413 before anything is forwarded.
-		c.s.counters.Rejected.Add(1)
-		c.rejectAndClose(413)
-		return false
-	}
-	return c.serveDecision(route.Decision{}, peek, false, false)
-}
-
-// bufferedBody returns the body bytes buffered behind the consumed head.
-func (c *conn) bufferedBody() []byte {
-	end := c.w
-	if !c.req.HasBody() {
-		end = c.r
-	} else if cl := c.req.ContentLength; cl >= 0 && int64(end-c.r) > cl {
-		end = c.r + int(cl)
-	}
-	return c.buf[c.r:end]
-}
-
-// serveDecision routes the request unless routed (peek: its buffered body
-// bytes, as the router sees them) and proxies it; refused: the decision's
-// worker already refused the connect, nothing sent (the loop tried it), so
-// place it again. A request the fleet holds (a weight sync: hold.go) waits
-// before it is routed, and is placed again when the hold lifts.
-func (c *conn) serveDecision(dec route.Decision, peek []byte, refused, routed bool) bool {
-	var until time.Time
-	for {
-		if !routed {
-			if c.held(nil) {
-				if ok, keep := c.holdWait(nil, &until); !ok {
-					return keep
-				}
-			}
-			dec = c.s.cfg.Router.Route(c.req, peek)
-			if h := c.s.cfg.Hold; h != nil && c.held(dec.Worker) {
-				if fw := h.Forwarding(); fw != nil {
-					// Retiring while the fleet is held: to the successor.
-					dec = route.Decision{Worker: fw, Reason: route.ReasonReroute}
-				}
-			}
-		}
-		keep, held := c.serveRouted(dec, peek, refused)
-		if !held {
-			return keep
-		}
-		if ok, keep := c.holdWait(dec.Worker, &until); !ok {
-			return keep
-		}
-		routed, refused = false, false
-	}
-}
-
-// serveRouted proxies a routed request; held: nothing was sent, the
-// fleet holds it (serveDecision waits and places it again).
-func (c *conn) serveRouted(dec route.Decision, peek []byte, refused bool) (keep, held bool) {
-	req := c.req
-	defer func() {
-		if dec.Done != nil {
-			dec.Done()
-		}
-	}()
-	if dec.Worker == nil {
-		c.s.counters.Rejected.Add(1)
-		// The body was not read: the connection cannot go on after it.
-		keep := req.KeepAlive && !req.HasBody()
-		resp := errorResponse(dec.Status, !keep)
-		if dec.Reason == route.ReasonBadTarget {
-			resp = pick(badTargetResponse, !keep)
-		}
-		if c.writeClient(resp) == nil && req.HasBody() {
-			c.lingerClose()
-		}
-		return keep, false
-	}
-	c.noteRoute(dec)
-	rr, _ := c.s.cfg.Router.(Rerouter)
-	if !refused {
-		keep, refused, held = c.proxy(dec.Worker, dec.Learn, rr != nil)
-		if !refused {
-			return keep, held
-		}
-	}
-	if rr == nil {
-		c.s.counters.BadGateway.Add(1)
-		c.writeClient(upstreamError(502, false, true))
-		return false, false
-	}
-	// The worker refused the connection: nothing was sent, so another
-	// worker may take the request (once).
-	if dec.Done != nil {
-		dec.Done()
-	}
-	dec = rr.Reroute(req, peek, dec)
-	if dec.Worker == nil {
-		c.s.counters.BadGateway.Add(1)
-		c.writeClient(upstreamError(502, false, true))
-		return false, false
-	}
-	c.noteRoute(dec)
-	keep, _, held = c.proxy(dec.Worker, dec.Learn, false)
-	return keep, held
-}
-
-// exchange is the state of one proxied request.
-type exchange struct {
-	w        *route.Worker
-	up       *upstream.Conn
-	failed   bool // counts as a worker error
-	sentHead bool // response head written to the client
-	sentUp   bool // some request byte was written to the worker
-	reuse    bool // upstream connection may go back to the pool
-	keep     bool // client connection may carry another request
-	sent100  bool // a 100 Continue went to the client (never a second)
-	status   int  // status tether answered itself (fail), for Config.Observe
-	// isHead: the request's method was HEAD. Taken before the body is
-	// relayed: a chunked body is read into the buffer the head was parsed
-	// from, so the head's slices no longer hold the head after it.
-	isHead bool
-	// reroutable: a refused connect is reported (refused), not answered.
-	reroutable, refused bool
-	// learn, when the router set one, is shown the final status and the
-	// first body bytes before they go to the client (learned session ids:
-	// route/learn.go); lsc frames its view of a chunked body.
-	learn *route.Learner
-	lsc   httphead.Chunked
-	// closeDelimited: the client's copy of the response body ends at the
-	// connection's close (the worker's did, or an HTTP/1.0 client gets a
-	// chunked body dechunked).
-	closeDelimited bool
-}
-
-// proxy forwards the parsed request to w and relays the response. With
-// reroutable set, a worker that refuses the connection gets no answer
-// written: proxy reports refused instead, and the caller may place the
-// request again.
-func (c *conn) proxy(w *route.Worker, learn *route.Learner, reroutable bool) (keep, refused, held bool) {
-	x := exchange{w: w, isHead: c.req.IsMethod("HEAD"), learn: learn, reroutable: reroutable}
-	if adm := c.admit(w); adm != route.Admitted {
-		return c.notAdmitted(adm), false, false
-	}
-	if c.held(w) {
-		// A sync began, or w is fenced: nothing was sent; the caller
-		// holds the request and places it again.
-		w.Leave()
-		return true, false, true
-	}
-	var start time.Time
-	if c.s.cfg.Observe != nil {
-		start = time.Now()
-	}
-	w.Stats.Begin()
-	keep = c.proxyExchange(&x)
-	w.Stats.End(x.failed)
-	w.Leave()
-	if x.learn != nil && !x.refused {
-		c.learn = nil
-		x.learn.End()
-	}
-	if obs := c.s.cfg.Observe; obs != nil && !x.refused {
-		st := x.status
-		if x.sentHead {
-			st = c.resp.Status
-		}
-		obs(w.Slot, st/100, time.Since(start))
-	}
-	if x.up != nil {
-		if x.reuse {
-			w.Pool.Put(x.up)
-		} else {
-			x.up.Discard()
-		}
-	}
-	if c.ubuf != nil {
-		c.s.putBuf(c.ubuf)
-		c.ubuf = nil
-	}
-	return keep, x.refused, false
-}
-
 // appendUpstreamHead appends the rewritten request head: origin-form
 // target, HTTP/1.1, hop-by-hop fields removed, everything else
 // byte-identical, X-Forwarded-For appended.
@@ -484,153 +234,4 @@ func (c *conn) appendUpstreamHead(out []byte, w *route.Worker) []byte {
 		out = c.ip.AppendTo(out)
 	}
 	return append(out, "\r\n\r\n"...)
-}
-
-// admit takes a place among w's requests in flight (route.Worker.Admit):
-// at once under its max_in_flight, else after a wait in its queue while
-// the client is watched, so a client that leaves frees its place in line.
-func (c *conn) admit(w *route.Worker) route.Admission {
-	cfg := &c.s.cfg
-	if w.MaxInFlight() == 0 && w.Queued() == 0 {
-		return w.Admit(cfg.QueueSize, cfg.QueueTimeout, nil)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	c.s.counters.Queued.Add(1)
-	c.watchLocal(cancel)
-	adm := w.Admit(cfg.QueueSize, cfg.QueueTimeout, ctx.Done())
-	c.stopWatch()
-	cancel()
-	c.s.counters.Queued.Add(-1)
-	c.c.SetReadDeadline(time.Time{})
-	return adm
-}
-
-// notAdmitted answers a request that got no place with its worker: 503
-// with Retry-After (nothing was sent: safe to retry), or nothing if the
-// client left. It reports whether the connection may go on.
-func (c *conn) notAdmitted(adm route.Admission) bool {
-	switch adm {
-	case route.QueueLeft:
-		c.s.counters.ClientAborted.Add(1)
-		return false
-	case route.QueueFull:
-		c.s.counters.QueueFull.Add(1)
-	case route.QueueTimeout:
-		c.s.counters.QueueTimeouts.Add(1)
-	}
-	return c.answerBusy()
-}
-
-// answerBusy answers 503 with Retry-After to a request that was not sent
-// (safe to retry); it reports whether the connection may go on.
-func (c *conn) answerBusy() bool {
-	// The body was not read: the connection cannot go on after it.
-	keep := c.req.KeepAlive && !c.req.HasBody()
-	if c.writeClient(pick(busyResponse, !keep)) == nil && c.req.HasBody() {
-		c.lingerClose()
-	}
-	return keep
-}
-
-func (c *conn) proxyExchange(x *exchange) bool {
-	req := c.req
-	cfg := &c.s.cfg
-	up, err := x.w.Pool.Get(context.Background())
-	if err != nil {
-		return c.refusedOrFail(x, err)
-	}
-	x.up = up
-
-	out := c.appendUpstreamHead(c.out[:0], x.w)
-
-	// Body bytes already buffered behind the head go in the same write,
-	// unless the client waits for 100 Continue.
-	waitContinue := req.Expect100 && req.HasBody()
-	sc := httphead.Chunked{ExtLimit: cfg.Limits.ChunkExt}
-	var sent int64 // Content-Length body bytes sent
-	if !waitContinue {
-		out, sent, err = c.appendBuffered(out, &sc, 0)
-		if err != nil {
-			c.out = out[:0]
-			return c.sendFailed(x, err, 0)
-		}
-	}
-	c.out = out[:0]
-	up.SetWriteDeadline(time.Now().Add(cfg.IOTimeout))
-	n, err := up.Write(out)
-	if err != nil && n == 0 && up.Reused() {
-		// The pooled connection died between the liveness check and the
-		// write, and not one request byte went out: the one retry allowed.
-		up.Discard()
-		x.up = nil
-		if up, err = x.w.Pool.Dial(context.Background()); err != nil {
-			return c.refusedOrFail(x, err)
-		}
-		x.up = up
-		up.SetWriteDeadline(time.Now().Add(cfg.IOTimeout))
-		n, err = up.Write(out)
-	}
-	x.sentUp = n > 0
-	x.w.Stats.AddUp(int64(n))
-	if err != nil {
-		return c.fail(x, 502)
-	}
-
-	c.ubuf = c.s.getBuf()
-	var uw int // bytes in ubuf
-	if waitContinue {
-		// Wait briefly for the backend's 100 (or a final answer); a backend
-		// that ignores Expect gets the body anyway, as curl does.
-		up.SetReadDeadline(time.Now().Add(c.s.cfg.Waits.Continue))
-		status, nw, err := c.readResponseHead(x, uw)
-		uw = nw
-		switch {
-		case err == nil && status == 100:
-			// Relayed to the client (once) by readResponseHead.
-		case err == nil:
-			// A final answer before the body: relay it, then close (the
-			// client's body was never read).
-			c.relayResponse(x, uw, false)
-			c.lingerClose()
-			return false
-		case !isTimeout(err):
-			return c.answerFailed(x, err)
-		case req.Minor == 1:
-			// The backend is silent: tell the client to send (RFC 9110
-			// §10.1.1 lets a proxy do so) rather than leave a client that
-			// waits for the 100 stalled until a timeout. A late 100 from
-			// the backend is then dropped: the client sees exactly one.
-			if err := c.writeClient(continue100); err != nil {
-				c.s.counters.ClientAborted.Add(1)
-				return false
-			}
-			x.sent100 = true
-		}
-		var nout []byte
-		nout, sent, err = c.appendBuffered(c.out[:0], &sc, 0)
-		if err == nil && len(nout) > 0 {
-			_, err = up.Write(nout)
-			x.w.Stats.AddUp(int64(len(nout)))
-		}
-		c.out = nout[:0]
-		if err != nil {
-			return c.sendFailed(x, err, uw)
-		}
-	}
-
-	// The rest of the request body.
-	if err := c.relayRequestBody(x, &sc, sent); err != nil {
-		return c.sendFailed(x, err, uw)
-	}
-
-	// Watch the client while the backend works: if it leaves, close the
-	// upstream connection at once so the engine cancels the generation.
-	c.watchClient(up)
-	keep := c.awaitAndRelay(x, uw)
-	if c.stopWatch() {
-		c.s.counters.ClientAborted.Add(1)
-		keep = false
-		x.reuse = false // the watch closed it
-	}
-	return keep
 }

@@ -4,7 +4,7 @@ package proxy
 // thread around one epoll set, holding its connections as plain
 // non-blocking descriptors (outside the Go runtime's poller), with no
 // goroutine per connection. The loop accepts, reads request heads, and
-// runs the common exchange itself (fast.go): a request without a body or
+// runs the common exchange itself (loop_exchange.go): a request without a body or
 // with a Content-Length one (spliced past the buffered bytes), to a worker
 // with a free place, relayed back whatever the response's framing.
 // Everything else (a chunked body, Expect: 100-continue, tetherd's own
@@ -22,7 +22,7 @@ package proxy
 //  2. the eventfd: connections given back by goroutines (inbox), a freed
 //     place under --max-conns, shutdown;
 //  3. the reads and writes those queued for the ring, submitted together
-//     and completed, until their completions queue nothing more (ring.go;
+//     and completed, until their completions queue nothing more (loop_ring.go;
 //     without a ring each was its system call, made where it was asked
 //     for; events of a connection with an operation queued wait for it);
 //  4. the sweep of deadlines, when one is due: one deadline per
@@ -30,9 +30,9 @@ package proxy
 //     (then the ring again).
 
 import (
-	"errors"
 	"net"
 	"net/http"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -90,15 +90,15 @@ type loop struct {
 
 	events []unix.EpollEvent
 
-	// The batch of socket operations (ring.go); ring nil: system calls.
+	// The batch of socket operations (loop_ring.go); ring nil: system calls.
 	ring  *uring.Ring
 	q     []ioOp   // queued since the last submit
 	batch []ioOp   // being completed
 	res   ioResult // the completion being replayed
-	pipes []*pipe  // free splice pipes (fast.go)
-	xs    []*lx    // free exchange states (fast.go)
+	pipes []*pipe  // free splice pipes (loop_splice.go)
+	xs    []*lx    // free exchange states (loop_lend.go)
 	// Free heads and head-assembly buffers, lent to busy connections
-	// (fast.go, lendReq).
+	// (loop_lend.go).
 	reqs  []*httphead.Request
 	resps []*httphead.Response
 	outs  [][]byte
@@ -422,7 +422,7 @@ func (l *loop) clientEvent(c *conn, ev uint32) {
 		if ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
 			// The client left (or half-closed) while its exchange ran:
 			// close the upstream at once, so the engine cancels the
-			// generation (the watch of the goroutine path, watch.go).
+			// generation (the watch of the goroutine path, gor_watch.go).
 			l.s.counters.ClientAborted.Add(1)
 			l.abandon(c)
 			l.closeConn(c)
@@ -446,130 +446,29 @@ func (l *loop) clientEvent(c *conn, ev uint32) {
 	}
 }
 
-// read reads once from the client into its buffer (taken if it has
-// none); false if the connection ended, or if the read was queued for the
-// ring (ring.go: its completion runs next(c) again, and this read is
-// handed the result).
-func (l *loop) read(c *conn) bool {
-	if c.buf == nil {
-		c.buf, c.r, c.w = l.s.getBuf(), 0, 0
-	} else if c.r > 0 {
-		c.w = copy(c.buf, c.buf[c.r:c.w])
-		c.r = 0
+// ProcsForLoops raises GOMAXPROCS to one more than the event loops (unless
+// the GOMAXPROCS variable fixes it), and returns the value in force. A
+// loop blocks in epoll_wait on its own thread, its P held in a syscall;
+// with no P idle, the runtime's sysmon takes that P away after 20 µs, and
+// the loop must win one back each time it wakes: futex wake-ups and
+// context switches on every pass. One P more keeps one idle (measured on
+// 2 cores, 2 loops, keep-alive load: futex calls per request 0.16 → 0.02,
+// context switches 0.58 → 0.37, req/s +16%; docs/ARCHITECTURE.md).
+func ProcsForLoops(loops int) int {
+	n := runtime.GOMAXPROCS(0)
+	if os.Getenv("GOMAXPROCS") != "" || n > loops {
+		return n
 	}
-	space := len(c.buf) - c.w
-	if space == 0 {
-		return true
-	}
-	for {
-		n, err := l.recv(c, opRead, c.fd, c.buf[c.w:])
-		switch {
-		case err == errQueued:
-			return false // its completion runs next(c) again
-		case n > 0:
-			c.w += n
-			c.readable = n == space || c.hup // a full read may have left more; a FIN is still to read
-			return true
-		case err == unix.EINTR:
-			continue
-		case err == unix.EAGAIN:
-			c.readable = false
-			return true
-		}
-		l.closeConn(c) // EOF or reset
-		return false
-	}
+	runtime.GOMAXPROCS(loops + 1)
+	return loops + 1
 }
 
-// next serves what c holds: a complete head starts its exchange; an
-// incomplete one waits (head timeout); nothing: c idles without a buffer.
-func (l *loop) next(c *conn) {
-	s := l.s
-	for !c.busy {
-		if c.r == c.w && c.readable {
-			if !l.read(c) {
-				return
-			}
-		}
-		if c.r == c.w {
-			if c.buf != nil {
-				s.putBuf(c.buf)
-				c.buf, c.r, c.w = nil, 0, 0
-			}
-			l.takeBack(c)
-			if s.closing.Load() && s.idleGrace.Load() == 0 {
-				l.closeConn(c)
-				return
-			}
-			if c.headSince != 0 || c.deadline == 0 {
-				c.headSince = 0
-				c.idleSince.Store(l.now)
-				l.setDeadline(c, s.cfg.IdleTimeout)
-			}
-			return
-		}
-		err := l.parse(c)
-		if err == errIncomplete {
-			// (A head that reaches the buffer's end behind a served
-			// one: read compacts it first.)
-			if c.readable && (c.w < len(c.buf) || c.r > 0) {
-				if !l.read(c) {
-					return
-				}
-				continue
-			}
-			if c.w == len(c.buf) && c.r == 0 {
-				l.handoff(c, handoff{}) // a head past the pooled buffer: grown (or 431) there
-				return
-			}
-			if c.headSince == 0 {
-				c.headSince = l.now
-				l.setDeadline(c, s.cfg.HeadTimeout)
-			}
-			return
-		}
-		c.headSince = 0
-		var local http.Handler
-		if err == nil {
-			var probe bool
-			if local, probe = c.local(); probe {
-				l.lost = nil
-				if l.probeInLoop(c, local) {
-					if l.lost == c {
-						return // answered and closed
-					}
-					continue // the next request, or idle
-				}
-			}
-		}
-		if err != nil || local != nil || !l.fast(c) {
-			l.handoff(c, handoff{}) // parsed again there: answered or served
-			return
-		}
-		if l.peekShort(c) {
-			// The router may read a key from the first body bytes
-			// (Config.PeekBody): wait for them as the goroutine path's
-			// peekBody does (past --io-timeout, a goroutine takes over).
-			if c.readable {
-				if !l.read(c) {
-					return
-				}
-				continue
-			}
-			if !c.peekWait {
-				c.peekWait = true
-				l.setDeadline(c, s.cfg.IOTimeout)
-			}
-			return
-		}
-		c.peekWait = false
-		l.lost = nil
-		l.begin(c)
-		if l.lost == c {
-			return // handed to a goroutine, or closed
-		}
-	}
-}
-
-// errIncomplete: the head is not all there yet.
-var errIncomplete = errors.New("incomplete head")
+// yieldEvery: a busy loop goes through the scheduler this often. The
+// runtime's sysmon preempts a goroutine that has not been scheduled for
+// 10 ms, and takes the P of one in a system call with it; every such take
+// resets sysmon to waking each 20 µs. The loop goroutine, always running
+// or in epoll_wait, was taken from every 10 ms, so sysmon never slept
+// long. Yielding first (measured, 2 loops, keep-alive load, per 2 s):
+// nanosleep 5,500 → 200, futex 1,000 → 2,600, context switches 22,000 →
+// 14,800.
+const yieldEvery = int64(8 * time.Millisecond)

@@ -1,10 +1,16 @@
-// Package proxy is tether's HTTP/1.1 data plane. A connection's goroutine
-// reads a request head into its buffer, parses it (httphead), asks the
-// router for a worker, writes the rewritten head to a pooled upstream
-// connection, and moves the bodies with splice(2) (TCPConn.ReadFrom on a
-// LimitedReader) once the bytes already buffered behind the head are
-// written. Chunked bodies are validated as they stream and forwarded
-// unchanged. Nothing ever holds a whole body.
+// Package proxy is tether's HTTP/1.1 data plane. Each listener has an
+// event loop (loop*.go): one goroutine locked to its OS thread around an
+// epoll set, holding its connections as raw non-blocking sockets. The loop
+// reads and parses request heads (httphead), routes, and runs the common
+// exchange itself: the rewritten head up a loop-owned upstream socket, a
+// Content-Length body and long response bodies moved by splice(2), the
+// response relayed by its framing. Whatever it does not run (chunked or
+// Expect bodies, tetherd's own endpoints, queued or learned requests,
+// malformed heads) it hands to a goroutine (gor_*.go), which serves the
+// connection until it is idle and then gives it back. Both paths take
+// their decisions from the same functions: response framing and the 1xx
+// policy (framing.go), the failure ladder (outcome.go), admission and the
+// accept back-off (accept.go). Nothing ever holds a whole body.
 package proxy
 
 import (
@@ -86,7 +92,7 @@ type Config struct {
 	ParkAfter time.Duration
 	// NoRing: the event loops make each socket read and write as its own
 	// system call instead of batching a wake-up's through an io_uring
-	// (ring.go). Without io_uring (kernel.io_uring_disabled, a seccomp
+	// (loop_ring.go). Without io_uring (kernel.io_uring_disabled, a seccomp
 	// filter) they do so anyway.
 	NoRing bool
 	// Waits are the data plane's internal waits; tests shorten them to
@@ -277,7 +283,7 @@ type Counters struct {
 	Handoffs atomic.Uint64
 	// RingOps counts the socket reads and writes the event loops batched
 	// through their io_uring, RingSubmits the io_uring_enter calls that
-	// carried them (ring.go).
+	// carried them (loop_ring.go).
 	RingOps     atomic.Uint64
 	RingSubmits atomic.Uint64
 }

@@ -14,29 +14,31 @@ type routeNote struct {
 	set    bool
 }
 
-// noteRoute records the decision the response head will name.
+// noteRoute records the decision the response head will name (the
+// goroutine path: gor.rt; the loop's exchange keeps its own, lx.rt).
 func (c *conn) noteRoute(d route.Decision) {
-	if c.s.cfg.RouteHeader == "" {
-		return
+	c.rt = c.s.routeNote(d)
+}
+
+// routeNote is what Config.RouteHeader will say of decision d.
+func (s *Server) routeNote(d route.Decision) routeNote {
+	if s.cfg.RouteHeader == "" || d.Worker == nil {
+		return routeNote{}
 	}
-	if d.Worker == nil {
-		c.rt = routeNote{}
-		return
-	}
-	c.rt = routeNote{slot: int32(d.Worker.Slot), reason: d.Reason, set: true}
+	return routeNote{slot: int32(d.Worker.Slot), reason: d.Reason, set: true}
 }
 
 // appendRouteHeader appends "<RouteHeader>: <slot> <reason>" (no
 // allocation: out is the connection's head buffer).
-func (c *conn) appendRouteHeader(out []byte) []byte {
+func (c *conn) appendRouteHeader(out []byte, rt routeNote) []byte {
 	name := c.s.cfg.RouteHeader
-	if name == "" || !c.rt.set {
+	if name == "" || !rt.set {
 		return out
 	}
 	out = append(out, name...)
 	out = append(out, ": "...)
-	out = strconv.AppendInt(out, int64(c.rt.slot), 10)
+	out = strconv.AppendInt(out, int64(rt.slot), 10)
 	out = append(out, ' ')
-	out = append(out, c.rt.reason.String()...)
+	out = append(out, rt.reason.String()...)
 	return append(out, "\r\n"...)
 }

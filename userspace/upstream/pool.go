@@ -253,7 +253,7 @@ func (c *Conn) peek(fd uintptr) bool {
 }
 
 // Retried counts a retry made outside the pool (an event loop's own
-// connections, userspace/proxy/fast.go).
+// connections, userspace/proxy/loop_upstream.go).
 func (p *Pool) Retried(reason int) {
 	p.retries[reason].Add(1)
 	p.stats.Retried()

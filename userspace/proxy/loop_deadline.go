@@ -5,8 +5,6 @@ package proxy
 // thread needs from the Go runtime (GOMAXPROCS, the yield).
 
 import (
-	"os"
-	"runtime"
 	"time"
 )
 
@@ -88,7 +86,7 @@ func (l *loop) expire(c *conn) {
 	case c.linger > 0:
 		l.closeConn(c) // lingered long enough
 	case c.busy:
-		l.expireExchange(c) // fast.go
+		l.expireExchange(c) // loop_finish.go
 	case c.peekWait:
 		// The first body bytes the router wants did not come: a
 		// goroutine parses the head again and routes on what it gets
@@ -104,30 +102,3 @@ func (l *loop) expire(c *conn) {
 		l.closeConn(c) // idle timeout
 	}
 }
-
-// ProcsForLoops raises GOMAXPROCS to one more than the event loops (unless
-// the GOMAXPROCS variable fixes it), and returns the value in force. A
-// loop blocks in epoll_wait on its own thread, its P held in a syscall;
-// with no P idle, the runtime's sysmon takes that P away after 20 µs, and
-// the loop must win one back each time it wakes: futex wake-ups and
-// context switches on every pass. One P more keeps one idle (measured on
-// 2 cores, 2 loops, keep-alive load: futex calls per request 0.16 → 0.02,
-// context switches 0.58 → 0.37, req/s +16%; docs/ARCHITECTURE.md).
-func ProcsForLoops(loops int) int {
-	n := runtime.GOMAXPROCS(0)
-	if os.Getenv("GOMAXPROCS") != "" || n > loops {
-		return n
-	}
-	runtime.GOMAXPROCS(loops + 1)
-	return loops + 1
-}
-
-// yieldEvery: a busy loop goes through the scheduler this often. The
-// runtime's sysmon preempts a goroutine that has not been scheduled for
-// 10 ms, and takes the P of one in a system call with it; every such take
-// resets sysmon to waking each 20 µs. The loop goroutine, always running
-// or in epoll_wait, was taken from every 10 ms, so sysmon never slept
-// long. Yielding first (measured, 2 loops, keep-alive load, per 2 s):
-// nanosleep 5,500 → 200, futex 1,000 → 2,600, context switches 22,000 →
-// 14,800.
-const yieldEvery = int64(8 * time.Millisecond)

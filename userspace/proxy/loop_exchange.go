@@ -61,7 +61,7 @@ const (
 
 // lx is the state of an exchange on the loop.
 type lx struct {
-	id     uint32 // which exchange (lx structs are reused): ring.go's deferred events
+	id     uint32 // which exchange (lx structs are reused): loop_ring.go's deferred events
 	w      *route.Worker
 	dec    route.Decision
 	up     *upconn
@@ -70,12 +70,13 @@ type lx struct {
 	send   []byte // request bytes not yet written up (in conn.out)
 	bodyAt int    // where the request body starts in conn.buf (a fallback rewinds to it)
 	uw     int    // response head bytes in conn.ubuf
-	pend   []byte // response bytes the client has not taken yet (relay.go, writeClient)
+	pend   []byte // response bytes the client has not taken yet (loop_relay.go, writeClient)
 	kind   httphead.BodyKind
 	left   int64 // Content-Length bytes still to come
 	sc     httphead.Chunked
 	dsc    httphead.Chunked // the de-chunker's own view (dechunk)
 	status int              // for Config.Observe: relayed, or tetherd's own
+	rt     routeNote        // for Config.RouteHeader
 
 	connected bool  // a connect of this exchange succeeded (no second try after)
 	redialed  bool  // the one connect retry was made
@@ -103,47 +104,6 @@ type lx struct {
 	closeCut  bool // a close-delimited body: a cut must be a reset
 }
 
-// fast reports whether the loop can run the exchange of c's parsed head
-// itself (no Expect, no chunked body, within MaxBodyBytes; the caller has
-// ruled out local endpoints); else a goroutine does.
-func (l *loop) fast(c *conn) bool {
-	req := c.req
-	cfg := &l.s.cfg
-	if req.Expect100 || req.Chunked {
-		return false
-	}
-	if req.HasBody() && cfg.MaxBodyBytes > 0 && req.ContentLength > cfg.MaxBodyBytes {
-		return false // 413, answered (and lingered) the goroutine way
-	}
-	return true
-}
-
-// peekShort reports whether fewer body bytes than Config.PeekBody (or the
-// whole body, if shorter) are buffered behind c's parsed head, and the
-// buffer has room for more (as conn.peekBody counts them).
-func (l *loop) peekShort(c *conn) bool {
-	req := c.req
-	want := l.s.cfg.PeekBody
-	if want == 0 || !req.HasBody() {
-		return false
-	}
-	start := c.r + req.HeadLen
-	if req.ContentLength >= 0 && int64(want) > req.ContentLength {
-		want = int(req.ContentLength)
-	}
-	want = min(want, len(c.buf)-start)
-	return c.w-start < want
-}
-
-// parse parses the head at the start of c's buffered bytes.
-func (l *loop) parse(c *conn) error {
-	err := httphead.ParseRequest(c.buf[c.r:c.w], l.s.cfg.Limits, l.lendReq(c))
-	if err == httphead.ErrIncomplete {
-		return errIncomplete
-	}
-	return err
-}
-
 // begin routes c's request and sends it up.
 func (l *loop) begin(c *conn) {
 	s := l.s
@@ -163,7 +123,6 @@ func (l *loop) begin(c *conn) {
 	}
 	dec := s.cfg.Router.Route(req, c.buf[c.r:c.r+body])
 	w := dec.Worker
-	c.noteRoute(dec)
 	if w == nil || dec.Learn != nil {
 		l.handoff(c, handoff{decided: true, dec: dec})
 		return
@@ -209,7 +168,7 @@ func (l *loop) begin(c *conn) {
 	x := l.newX()
 	c.x = x
 	*x = lx{id: l.nextSeq(), w: w, dec: dec, up: u, start: l.now, bodyAt: c.r, isHead: req.IsMethod("HEAD"), keep: req.KeepAlive, http10: req.Minor == 0,
-		reqLeft: left, pipe: up}
+		reqLeft: left, pipe: up, rt: s.routeNote(dec)}
 	c.busy = true
 	u.cl = c
 	out := c.appendUpstreamHead(l.lendOut(c), w)
@@ -284,7 +243,7 @@ func (l *loop) send(c *conn) {
 		}
 		switch {
 		case err == errQueued:
-			return // its completion runs send again (ring.go)
+			return // its completion runs send again (loop_ring.go)
 		case err == unix.EINTR:
 			continue
 		case err == unix.EAGAIN:
@@ -419,44 +378,6 @@ func (l *loop) earlyAnswer(c *conn, wait time.Duration) {
 	l.pump(c)
 }
 
-// lingerClose half-closes the client connection and reads what it still
-// sends (at most 256 KiB, Waits.Linger) before the close: closing with
-// unread bytes would send a reset that can destroy the answer before the
-// client reads it (head.go's lingerClose, in the loop).
-func (l *loop) lingerClose(c *conn) {
-	unix.Shutdown(c.fd, unix.SHUT_WR)
-	c.linger = 256 << 10
-	c.readable = true
-	c.deadline = 0
-	l.setDeadline(c, l.s.cfg.Waits.Linger)
-	l.drain(c)
-}
-
-// drain reads and drops what a lingering client sends; at its end (or the
-// limit) the connection closes.
-func (l *loop) drain(c *conn) {
-	var scratch [4096]byte
-	for c.readable {
-		n, err := unix.Read(c.fd, scratch[:])
-		switch {
-		case n > 0:
-			c.linger -= int32(n)
-			if c.linger <= 0 {
-				l.closeConn(c)
-				return
-			}
-			continue
-		case err == unix.EINTR:
-			continue
-		case err == unix.EAGAIN:
-			c.readable = false
-			return
-		}
-		l.closeConn(c)
-		return
-	}
-}
-
 // interimAhead reports whether the bytes a worker sent during an upload
 // start an interim (1xx) head: some send a 100 unasked; it is dropped
 // later, and the upload goes on (a final answer would stop it).
@@ -464,88 +385,4 @@ func interimAhead(fd int) bool {
 	var b [10]byte
 	n, _, err := unix.Recvfrom(fd, b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
 	return err == nil && n == len(b) && string(b[:5]) == "HTTP/" && b[9] == '1'
-}
-
-// newX returns a cleared exchange (the loop's free list: a connection
-// holds one only while busy).
-func (l *loop) newX() *lx {
-	if n := len(l.xs); n > 0 {
-		x := l.xs[n-1]
-		l.xs = l.xs[:n-1]
-		return x
-	}
-	return new(lx)
-}
-
-// freeX clears c's exchange and keeps it for the next one.
-func (l *loop) freeX(c *conn) {
-	*c.x = lx{}
-	if len(l.xs) < 1024 {
-		l.xs = append(l.xs, c.x)
-	}
-	c.x = nil
-}
-
-// The parsed heads and the head-assembly buffer are the loop's, lent to a
-// connection while it is served (lendReq, lendResp, lendOut) and taken
-// back when it idles (takeBack): an idle connection holds none of them,
-// and a busy one allocates none. keepFree bounds each free list.
-const keepFree = 256
-
-// lendReq gives c a request head to parse into.
-func (l *loop) lendReq(c *conn) *httphead.Request {
-	if c.req == nil {
-		c.req = pop(&l.reqs)
-	}
-	return c.req
-}
-
-// lendResp gives c a response head to parse into.
-func (l *loop) lendResp(c *conn) *httphead.Response {
-	if c.resp == nil {
-		c.resp = pop(&l.resps)
-	}
-	return c.resp
-}
-
-// pop takes a value from a free list, or makes one.
-func pop[T any](free *[]*T) *T {
-	n := len(*free)
-	if n == 0 {
-		return new(T)
-	}
-	v := (*free)[n-1]
-	(*free)[n-1] = nil
-	*free = (*free)[:n-1]
-	return v
-}
-
-// lendOut gives c an empty head-assembly buffer.
-func (l *loop) lendOut(c *conn) []byte {
-	if c.out == nil {
-		if n := len(l.outs); n > 0 {
-			c.out, l.outs = l.outs[n-1], l.outs[:n-1]
-		} else {
-			c.out = make([]byte, 0, 1<<10)
-		}
-	}
-	return c.out[:0]
-}
-
-// takeBack takes back what an idle connection was lent (a buffer that grew
-// past 4 KiB, a request assembled with its body, is left to the GC).
-func (l *loop) takeBack(c *conn) {
-	push(&l.reqs, c.req)
-	push(&l.resps, c.resp)
-	if c.out != nil && cap(c.out) <= 4<<10 && len(l.outs) < keepFree {
-		l.outs = append(l.outs, c.out[:0])
-	}
-	c.req, c.resp, c.out = nil, nil, nil
-}
-
-// push keeps v (if any) in a free list of at most keepFree values.
-func push[T any](free *[]*T, v *T) {
-	if v != nil && len(*free) < keepFree {
-		*free = append(*free, v)
-	}
 }

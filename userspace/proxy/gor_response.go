@@ -93,7 +93,7 @@ var errBadResponse = &httphead.Error{Status: 502, Reason: "unexpected 101"}
 
 // writeInterim relays a 1xx head (hop-by-hop fields removed).
 func (c *conn) writeInterim(x *exchange) error {
-	out := c.appendResponseHead(c.out[:0], false, false)
+	out := c.appendResponseHead(c.out[:0], false, false, c.rt)
 	c.out = out[:0]
 	return c.writeClient(out)
 }
@@ -101,7 +101,7 @@ func (c *conn) writeInterim(x *exchange) error {
 // appendResponseHead writes the response head for the client: HTTP/1.1,
 // status and reason as received, fields as received minus hop-by-hop ones,
 // Connection: close when the client connection will close.
-func (c *conn) appendResponseHead(out []byte, closing, dropTE bool) []byte {
+func (c *conn) appendResponseHead(out []byte, closing, dropTE bool, rt routeNote) []byte {
 	head := c.ubuf[:c.resp.HeadLen]
 	line := head[:bytes.IndexByte(head, '\n')+1]
 	out = append(out, "HTTP/1.1"...)
@@ -116,7 +116,7 @@ func (c *conn) appendResponseHead(out []byte, closing, dropTE bool) []byte {
 	if closing {
 		out = append(out, "Connection: close\r\n"...)
 	}
-	out = c.appendRouteHeader(out)
+	out = c.appendRouteHeader(out, rt)
 	return append(out, "\r\n"...)
 }
 
@@ -136,7 +136,7 @@ func (c *conn) relayResponse(x *exchange, uw int, bodyRead bool) bool {
 	x.reuse = bodyRead && !resp.Close && kind != httphead.BodyClose
 
 	// An HTTP/1.0 client never sees Transfer-Encoding, HEAD included.
-	out := c.appendResponseHead(c.out[:0], !keep, req.Minor == 0 && resp.Chunked)
+	out := c.appendResponseHead(c.out[:0], !keep, req.Minor == 0 && resp.Chunked, c.rt)
 	body := c.ubuf[resp.HeadLen:uw]
 	var sc httphead.Chunked
 	var left int64 // Content-Length bytes still to come

@@ -1,0 +1,184 @@
+package proxy
+
+// How a loop's exchange ends: at its framing (end), failed before or after
+// the response head (fail, bodyFailed), abandoned (clientLost, abandon),
+// past its deadline (expireExchange), or with the client lingering
+// (lingerClose, drain).
+
+import (
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// end finishes an exchange whose response ended at its framing.
+func (l *loop) end(c *conn) {
+	keep, cut := c.x.keep, c.x.bodyCut
+	l.finishExchange(c)
+	if cut {
+		l.lingerClose(c) // its body was not all read: no reset over the answer
+		return
+	}
+	if !keep {
+		l.closeConn(c)
+		return
+	}
+	c.deadline = 0
+	l.next(c)
+}
+
+// finishExchange counts the exchange's end and releases what it held.
+func (l *loop) finishExchange(c *conn) {
+	l.cancelIO(c)
+	x := c.x
+	x.w.Stats.End(x.failed)
+	x.w.Leave()
+	if x.dec.Done != nil {
+		x.dec.Done()
+	}
+	if obs := l.s.cfg.Observe; obs != nil {
+		obs(x.w.Slot, x.status/100, time.Duration(l.now-x.start))
+	}
+	if x.pipe != nil {
+		l.putPipe(x.pipe, x.inPipe == 0)
+	}
+	if x.clLowat {
+		unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, 1)
+	}
+	if x.lowat && x.up != nil && x.up.fd >= 0 {
+		l.lowerLowat(x) // never back to the idle list with a raised mark
+	}
+	if u := x.up; u != nil {
+		u.cl = nil
+		if x.reuse && x.done && !x.upHup {
+			l.putIdle(u)
+		} else {
+			l.closeUp(u)
+		}
+	}
+	if c.ubuf != nil {
+		l.s.putBuf(c.ubuf)
+		c.ubuf = nil
+	}
+	c.busy = false
+	l.freeX(c)
+}
+
+// fail answers status (502 or 504) if no response head went out, and
+// closes the client connection.
+func (l *loop) fail(c *conn, status int) {
+	s := l.s
+	x := c.x
+	x.failed, x.reuse = true, false
+	if !x.sentHead {
+		x.status = status
+		switch status {
+		case 502:
+			s.counters.BadGateway.Add(1)
+		case 504:
+			s.counters.Timeouts.Add(1)
+		}
+		unix.Write(c.fd, upstreamError(status, x.sentUp, true)) // best effort: the connection closes
+	}
+	l.finishExchange(c)
+	l.closeConn(c)
+}
+
+// bodyFailed: the response was cut after its head went out; the client
+// must see it, so its connection closes (a reset for a close-delimited
+// body, which a FIN would make look complete).
+func (l *loop) bodyFailed(c *conn) {
+	x := c.x
+	x.failed, x.reuse = true, false
+	l.s.counters.Truncated.Add(1)
+	if x.closeCut {
+		unix.SetsockoptLinger(c.fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
+	}
+	l.finishExchange(c)
+	l.closeConn(c)
+}
+
+// clientLost: the client went away mid-exchange (a write failed).
+func (l *loop) clientLost(c *conn) {
+	l.s.counters.ClientAborted.Add(1)
+	l.abandon(c)
+	l.closeConn(c)
+}
+
+// abandon ends c's exchange without an answer (the client left, or the
+// server closes): the upstream connection closes, so the worker sees it.
+func (l *loop) abandon(c *conn) {
+	if !c.busy {
+		return
+	}
+	c.x.reuse = false
+	l.finishExchange(c)
+}
+
+// expireExchange handles an exchange whose deadline passed.
+func (l *loop) expireExchange(c *conn) {
+	x := c.x
+	switch {
+	case x.up != nil && x.up.connecting:
+		l.connectFailed(c) // the worker did not answer the connect: nothing sent
+	case len(x.pend) > 0 || x.blocked:
+		l.bodyFailed(c) // the client stopped reading
+	case x.phase == phaseSend:
+		l.fail(c, 502)
+	case x.phase == phaseUpload:
+		// The body made no progress for --io-timeout: the client stopped
+		// sending (or the worker stopped taking it): 408, as outcome.go
+		// rule 4; the half-sent request dies with its upstream.
+		l.s.counters.Rejected.Add(1)
+		x.failed = false
+		x.reuse = false
+		x.status = 408
+		unix.Write(c.fd, errorResponse(408, true))
+		l.finishExchange(c)
+		l.lingerClose(c)
+	case x.phase == phaseHead && x.early:
+		l.fail(c, 502) // the body failed to go up and no answer came
+	case x.phase == phaseHead:
+		l.fail(c, 504)
+	default:
+		l.bodyFailed(c) // the worker went silent mid-body
+	}
+}
+
+// lingerClose half-closes the client connection and reads what it still
+// sends (at most 256 KiB, Waits.Linger) before the close: closing with
+// unread bytes would send a reset that can destroy the answer before the
+// client reads it (gor_head.go's lingerClose, in the loop).
+func (l *loop) lingerClose(c *conn) {
+	unix.Shutdown(c.fd, unix.SHUT_WR)
+	c.linger = 256 << 10
+	c.readable = true
+	c.deadline = 0
+	l.setDeadline(c, l.s.cfg.Waits.Linger)
+	l.drain(c)
+}
+
+// drain reads and drops what a lingering client sends; at its end (or the
+// limit) the connection closes.
+func (l *loop) drain(c *conn) {
+	var scratch [4096]byte
+	for c.readable {
+		n, err := unix.Read(c.fd, scratch[:])
+		switch {
+		case n > 0:
+			c.linger -= int32(n)
+			if c.linger <= 0 {
+				l.closeConn(c)
+				return
+			}
+			continue
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			c.readable = false
+			return
+		}
+		l.closeConn(c)
+		return
+	}
+}

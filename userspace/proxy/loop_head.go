@@ -1,0 +1,183 @@
+package proxy
+
+// Phase 1 of a loop's exchange: reading and parsing the request head
+// (next), and deciding whether the loop runs the exchange itself (fast)
+// or hands it to a goroutine.
+
+import (
+	"errors"
+	"net/http"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tether-rl/tether/userspace/httphead"
+)
+
+// read reads once from the client into its buffer (taken if it has
+// none); false if the connection ended, or if the read was queued for the
+// ring (loop_ring.go: its completion runs next(c) again, and this read is
+// handed the result).
+func (l *loop) read(c *conn) bool {
+	if c.buf == nil {
+		c.buf, c.r, c.w = l.s.getBuf(), 0, 0
+	} else if c.r > 0 {
+		c.w = copy(c.buf, c.buf[c.r:c.w])
+		c.r = 0
+	}
+	space := len(c.buf) - c.w
+	if space == 0 {
+		return true
+	}
+	for {
+		n, err := l.recv(c, opRead, c.fd, c.buf[c.w:])
+		switch {
+		case err == errQueued:
+			return false // its completion runs next(c) again
+		case n > 0:
+			c.w += n
+			c.readable = n == space || c.hup // a full read may have left more; a FIN is still to read
+			return true
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			c.readable = false
+			return true
+		}
+		l.closeConn(c) // EOF or reset
+		return false
+	}
+}
+
+// next serves what c holds: a complete head starts its exchange; an
+// incomplete one waits (head timeout); nothing: c idles without a buffer.
+func (l *loop) next(c *conn) {
+	s := l.s
+	for !c.busy {
+		if c.r == c.w && c.readable {
+			if !l.read(c) {
+				return
+			}
+		}
+		if c.r == c.w {
+			if c.buf != nil {
+				s.putBuf(c.buf)
+				c.buf, c.r, c.w = nil, 0, 0
+			}
+			l.takeBack(c)
+			if s.closing.Load() && s.idleGrace.Load() == 0 {
+				l.closeConn(c)
+				return
+			}
+			if c.headSince != 0 || c.deadline == 0 {
+				c.headSince = 0
+				c.idleSince.Store(l.now)
+				l.setDeadline(c, s.cfg.IdleTimeout)
+			}
+			return
+		}
+		err := l.parse(c)
+		if err == errIncomplete {
+			// (A head that reaches the buffer's end behind a served
+			// one: read compacts it first.)
+			if c.readable && (c.w < len(c.buf) || c.r > 0) {
+				if !l.read(c) {
+					return
+				}
+				continue
+			}
+			if c.w == len(c.buf) && c.r == 0 {
+				l.handoff(c, handoff{}) // a head past the pooled buffer: grown (or 431) there
+				return
+			}
+			if c.headSince == 0 {
+				c.headSince = l.now
+				l.setDeadline(c, s.cfg.HeadTimeout)
+			}
+			return
+		}
+		c.headSince = 0
+		var local http.Handler
+		if err == nil {
+			var probe bool
+			if local, probe = c.local(); probe {
+				l.lost = nil
+				if l.probeInLoop(c, local) {
+					if l.lost == c {
+						return // answered and closed
+					}
+					continue // the next request, or idle
+				}
+			}
+		}
+		if err != nil || local != nil || !l.fast(c) {
+			l.handoff(c, handoff{}) // parsed again there: answered or served
+			return
+		}
+		if l.peekShort(c) {
+			// The router may read a key from the first body bytes
+			// (Config.PeekBody): wait for them as the goroutine path's
+			// peekBody does (past --io-timeout, a goroutine takes over).
+			if c.readable {
+				if !l.read(c) {
+					return
+				}
+				continue
+			}
+			if !c.peekWait {
+				c.peekWait = true
+				l.setDeadline(c, s.cfg.IOTimeout)
+			}
+			return
+		}
+		c.peekWait = false
+		l.lost = nil
+		l.begin(c)
+		if l.lost == c {
+			return // handed to a goroutine, or closed
+		}
+	}
+}
+
+// errIncomplete: the head is not all there yet.
+var errIncomplete = errors.New("incomplete head")
+
+// fast reports whether the loop can run the exchange of c's parsed head
+// itself (no Expect, no chunked body, within MaxBodyBytes; the caller has
+// ruled out local endpoints); else a goroutine does.
+func (l *loop) fast(c *conn) bool {
+	req := c.req
+	cfg := &l.s.cfg
+	if req.Expect100 || req.Chunked {
+		return false
+	}
+	if req.HasBody() && cfg.MaxBodyBytes > 0 && req.ContentLength > cfg.MaxBodyBytes {
+		return false // 413, answered (and lingered) the goroutine way
+	}
+	return true
+}
+
+// peekShort reports whether fewer body bytes than Config.PeekBody (or the
+// whole body, if shorter) are buffered behind c's parsed head, and the
+// buffer has room for more (as conn.peekBody counts them).
+func (l *loop) peekShort(c *conn) bool {
+	req := c.req
+	want := l.s.cfg.PeekBody
+	if want == 0 || !req.HasBody() {
+		return false
+	}
+	start := c.r + req.HeadLen
+	if req.ContentLength >= 0 && int64(want) > req.ContentLength {
+		want = int(req.ContentLength)
+	}
+	want = min(want, len(c.buf)-start)
+	return c.w-start < want
+}
+
+// parse parses the head at the start of c's buffered bytes.
+func (l *loop) parse(c *conn) error {
+	err := httphead.ParseRequest(c.buf[c.r:c.w], l.s.cfg.Limits, l.lendReq(c))
+	if err == httphead.ErrIncomplete {
+		return errIncomplete
+	}
+	return err
+}
