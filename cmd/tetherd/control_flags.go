@@ -5,10 +5,11 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"time"
 
 	"github.com/tether-rl/tether/userspace/daemon"
 	"github.com/tether-rl/tether/userspace/health"
+	"github.com/tether-rl/tether/userspace/registry"
+	"github.com/tether-rl/tether/userspace/supervisor"
 )
 
 // controlFlags registers the control-plane flags (admin API, health checks,
@@ -26,11 +27,11 @@ func controlFlags(fs *flag.FlagSet, o *daemon.Options) func(args []string) error
 	fs.StringVar(&o.InstanceID, "instance-id", "", "the id /health reports as instance_id and session_server_instance_id (miles' launcher passes one; default: random per process)")
 	fs.StringVar(&o.HealthPath, "health-path", health.Path, "the endpoint the health checks GET on every worker (e.g. /health_generate)")
 	fs.StringVar(&o.WorkerAPIKey, "worker-api-key", "", "the workers' API key (engines started with --api-key): sent as a Bearer token on health checks and on the fan-outs of clients that send no Authorization (default: $TETHER_WORKER_API_KEY)")
-	fs.DurationVar(&o.WorkerStartupTimeout, "worker-startup-timeout", 5*time.Minute, "wait this long for an added or spawned worker's first good /health")
-	fs.DurationVar(&o.RemoveGrace, "remove-grace", time.Minute, "a removed worker's requests in flight get this long before its connections are closed and its slot reused")
+	fs.DurationVar(&o.WorkerStartupTimeout, "worker-startup-timeout", registry.DefaultStartupTimeout, "wait this long for an added or spawned worker's first good /health")
+	fs.DurationVar(&o.RemoveGrace, "remove-grace", registry.DefaultRemoveGrace, "a removed worker's requests in flight get this long before its connections are closed and its slot reused")
 	fs.Uint64Var(&o.MaxInFlight, "max-in-flight", 0, "every worker's capacity: at or above this many requests in flight a worker takes no new keys (0: none; per worker: PATCH /workers/{id} {\"max_in_flight\":N} or max_in_flight in POST /workers)")
 	fs.IntVar(&o.Spawn, "spawn", 0, "start N worker processes in slots 0..N-1: tetherd --spawn N -- CMD ARGS ({index} {count} {port} {host} {fd} replaced)")
-	fs.DurationVar(&o.SpawnGrace, "spawn-grace", 10*time.Second, "on stop, time between SIGTERM and SIGKILL to the --spawn processes")
+	fs.DurationVar(&o.SpawnGrace, "spawn-grace", supervisor.DefaultGrace, "on stop, time between SIGTERM and SIGKILL to the --spawn processes")
 	return func(args []string) error {
 		if o.Admin == "off" {
 			o.Admin = ""
@@ -54,7 +55,7 @@ func controlFlags(fs *flag.FlagSet, o *daemon.Options) func(args []string) error
 			{"health-failures", o.HealthFailures < 1, "at least 1"},
 			{"health-successes", o.HealthSuccesses < 1, "at least 1"},
 			{"worker-startup-timeout", o.WorkerStartupTimeout <= 0, "a duration > 0"},
-			{"remove-grace", o.RemoveGrace < 0, "a duration >= 0"},
+			{"remove-grace", o.RemoveGrace <= 0, "a duration > 0"}, // 0 would be the registry's default, not none
 			{"spawn", o.Spawn < 0, "0 or more"},
 			{"spawn-grace", o.SpawnGrace <= 0, "a duration > 0"},
 		} {

@@ -38,10 +38,11 @@ func main() {
 	}
 }
 
-// defaultListeners is one listener per CPU, as many as the steering maps
-// have slots: a host with more CPUs than that starts with default flags
-// (each listener's accept loop is a goroutine, not a thread: the Go
-// runtime spreads them over every CPU anyway).
+// defaultListeners is one listener per CPU, at most as many as the
+// steering maps have slots (a host with more CPUs starts with that many).
+// Each listener's event loop holds an OS thread of its own (a goroutine
+// locked to it around one epoll set: proxy.Server.Serve), and GOMAXPROCS
+// is raised to one above the loops (proxy.ProcsForLoops).
 func defaultListeners(cpus int) int { return max(1, min(cpus, stats.MaxSlots)) }
 
 // cli is what the command line and the config file say.

@@ -226,6 +226,7 @@ func TestBadValuesRefused(t *testing.T) {
 		{[]string{"--listeners=0"}, "listeners"},
 		{[]string{"--config", cfg}, "listeners"},
 		{[]string{"--health-interval=-1s"}, "health-interval"},
+		{[]string{"--remove-grace=0"}, "remove-grace"}, // the registry would take 0 as its default, a minute
 		{[]string{"--shutdown-grace=-1s"}, "shutdown-grace"},
 		{[]string{"--hash-load-factor=0.5"}, "hash-load-factor"},
 		{[]string{"--sticky-ttl=-1s"}, "sticky-ttl"},

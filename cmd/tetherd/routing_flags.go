@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/tether-rl/tether/userspace/daemon"
+	"github.com/tether-rl/tether/userspace/engine"
 	"github.com/tether-rl/tether/userspace/loadpoll"
 	"github.com/tether-rl/tether/userspace/route"
 )
@@ -72,7 +73,7 @@ func routingFlags(fs *flag.FlagSet, o *daemon.RoutingOptions) func() {
 	fs.DurationVar(&o.LearnTTL, "learn-session-ttl", route.DefaultLearnTTL, "a learned session id is forgotten this long after its last request (or on DELETE /sessions/{id})")
 	fs.StringVar(&o.Keyless, "keyless", "least", "requests without a key: least (fewest in flight, rotating tie-break), p2c (less loaded of two random workers) or prefix (hash the first --peek-bytes of the body, bounded load)")
 	fs.IntVar(&o.PeekBytes, "peek-bytes", route.DefaultPrefixBytes, "body bytes read before routing (request id \"rid\", --keyless=prefix, the prompt of GRPO groups), at most 16384; -1: none")
-	fs.IntVar(&o.MaxTrackedRequests, "max-tracked-requests", 1<<20, "request ids remembered for abort routing (oldest dropped beyond)")
+	fs.IntVar(&o.MaxTrackedRequests, "max-tracked-requests", engine.DefaultMaxOwners, "request ids remembered for abort routing (oldest dropped beyond)")
 	fs.DurationVar(&o.EnginePoll, "engine-poll", loadpoll.DefaultInterval, "read every worker's engine load (SGLang /v1/loads, vLLM or SGLang /metrics) this often and place keyless work, new keys and sessions by it; 0: off (placement by tetherd's in-flight counts alone)")
 	fs.Float64Var(&o.KVVeto, "kv-veto", route.DefaultKVVeto, "an engine at this KV cache usage (0..1) or above takes no new keys, sessions or keyless work until it is 0.1 below (>= 1: never)")
 	waitingVeto := &count{name: "waiting-veto", n: route.DefaultWaitingVeto}
