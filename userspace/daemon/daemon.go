@@ -35,7 +35,7 @@ import (
 // Options are tetherd's settings.
 type Options struct {
 	Listen     string   // data-plane address, e.g. 127.0.0.1:8080
-	Listeners  int      // sockets in the SO_REUSEPORT group; default 1
+	Listeners  int      // sockets in the SO_REUSEPORT group, an event loop each; 0: 1 (tetherd's --listeners: one per CPU)
 	BPF        string   // steering: auto (default), required or off
 	PinDir     string   // bpffs directory of the maps; default bpf.DefaultPinDir
 	Workers    []string // backend URLs, slot = index
