@@ -111,6 +111,50 @@ func (e *episode) over(done func(n int, d time.Duration)) {
 	})
 }
 
+// The decisions of both accept loops (Serve's, a loop's accept): the
+// back-off after a failing accept and the episodes' log lines.
+
+// acceptFailed records a failing accept (logged when its episode begins)
+// and returns the next back-off after last: 5 ms, doubling while under
+// 500 ms (so at most 640 ms).
+func (s *Server) acceptFailed(err error, last time.Duration) time.Duration {
+	if s.acceptFailing.begin() {
+		s.counters.AcceptPauses.Add(1)
+		s.cfg.Log.Error("accept failing, backing off (too many open files? raise LimitNOFILE / ulimit -n, or lower --max-conns)",
+			"err", err, "open", s.counters.Open.Load())
+	}
+	if last == 0 {
+		return 5 * time.Millisecond
+	}
+	if last < 500*time.Millisecond {
+		return 2 * last
+	}
+	return last
+}
+
+// acceptResumed: an accept succeeded after failures.
+func (s *Server) acceptResumed() {
+	s.acceptFailing.over(func(n int, d time.Duration) {
+		s.cfg.Log.Warn("accept resumed", "failures", n, "after", d.Round(time.Millisecond))
+	})
+}
+
+// capPaused: accepting pauses at MaxConns (logged when its episode begins).
+func (s *Server) capPaused(max int) {
+	if s.capped.begin() {
+		s.counters.AcceptPauses.Add(1)
+		s.cfg.Log.Warn("connection limit reached: accepting paused, new connections wait in the kernel's queue",
+			"max_conns", max)
+	}
+}
+
+// capResumed: a place freed under MaxConns after a pause.
+func (s *Server) capResumed(max int) {
+	s.capped.over(func(n int, d time.Duration) {
+		s.cfg.Log.Info("accepting resumed", "max_conns", max, "pauses", n, "over", d.Round(time.Millisecond))
+	})
+}
+
 var noSlot = new(stats.Slot)
 
 // Serve serves ln until the server closes, counting its connections in
@@ -171,24 +215,13 @@ func (s *Server) Serve(ln net.Listener, slot *stats.Slot) error {
 			if errors.Is(err, net.ErrClosed) || s.closing.Load() {
 				return nil
 			}
-			if s.acceptFailing.begin() {
-				s.counters.AcceptPauses.Add(1)
-				s.cfg.Log.Error("accept failing, backing off (too many open files? raise LimitNOFILE / ulimit -n, or lower --max-conns)",
-					"err", err, "open", s.counters.Open.Load())
-			}
-			if backoff == 0 {
-				backoff = 5 * time.Millisecond
-			} else if backoff < 500*time.Millisecond {
-				backoff *= 2
-			}
+			backoff = s.acceptFailed(err, backoff)
 			s.waitFreed(backoff)
 			continue
 		}
 		if backoff != 0 {
 			backoff = 0
-			s.acceptFailing.over(func(n int, d time.Duration) {
-				s.cfg.Log.Warn("accept resumed", "failures", n, "after", d.Round(time.Millisecond))
-			})
+			s.acceptResumed()
 		}
 		tc, ok := nc.(*net.TCPConn)
 		if !ok {
@@ -217,10 +250,8 @@ func (s *Server) admit() bool {
 	defer s.mu.Unlock()
 	paused := false
 	for max > 0 && s.open >= max && !s.closing.Load() {
-		if !paused && s.capped.begin() {
-			s.counters.AcceptPauses.Add(1)
-			s.cfg.Log.Warn("connection limit reached: accepting paused, new connections wait in the kernel's queue",
-				"max_conns", max)
+		if !paused {
+			s.capPaused(max)
 		}
 		paused = true
 		s.freed.Wait()
@@ -229,9 +260,7 @@ func (s *Server) admit() bool {
 		return false
 	}
 	if paused {
-		s.capped.over(func(n int, d time.Duration) {
-			s.cfg.Log.Info("accepting resumed", "max_conns", max, "pauses", n, "over", d.Round(time.Millisecond))
-		})
+		s.capResumed(max)
 	}
 	s.open++ // a place reserved for the connection Accept will return
 	return true
@@ -249,20 +278,14 @@ func (s *Server) tryAdmit(l *loop) bool {
 	if max > 0 && s.open >= max {
 		if !l.paused {
 			l.paused = true
-			if s.capped.begin() {
-				s.counters.AcceptPauses.Add(1)
-				s.cfg.Log.Warn("connection limit reached: accepting paused, new connections wait in the kernel's queue",
-					"max_conns", max)
-			}
+			s.capPaused(max)
 		}
 		s.placeWaiters[l] = false
 		return false
 	}
 	if l.paused {
 		l.paused = false
-		s.capped.over(func(n int, d time.Duration) {
-			s.cfg.Log.Info("accepting resumed", "max_conns", max, "pauses", n, "over", d.Round(time.Millisecond))
-		})
+		s.capResumed(max)
 	}
 	s.open++    // a place reserved for the connection accept will return,
 	s.wg.Add(1) // and its count (forget, or unadmit after a failed accept)

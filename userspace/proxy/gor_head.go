@@ -215,13 +215,13 @@ func (c *conn) rejectAndClose(status int) {
 }
 
 // lingerClose half-closes and reads what the client still sends (at most
-// 256 KiB, 500 ms): closing with unread bytes would send a reset that can
+// lingerBytes, Waits.Linger): closing with unread bytes would send a reset that can
 // destroy the answer before the client reads it. The caller then closes.
 func (c *conn) lingerClose() {
 	c.c.CloseWrite()
 	c.c.SetReadDeadline(time.Now().Add(c.s.cfg.Waits.Linger))
 	var b [4096]byte
-	for i := 0; i < 64; i++ {
+	for i := 0; i < lingerBytes/len(b); i++ {
 		if _, err := c.c.Read(b[:]); err != nil {
 			return
 		}

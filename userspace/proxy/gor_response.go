@@ -4,7 +4,6 @@ package proxy
 // relaying its body by its framing.
 
 import (
-	"bytes"
 	"time"
 
 	"github.com/tether-rl/tether/userspace/httphead"
@@ -42,33 +41,24 @@ func (c *conn) readResponseHead(x *exchange, uw int) (int, int, error) {
 			err := httphead.ParseResponse(c.ubuf[:uw], c.s.cfg.Limits, c.respp())
 			if err == nil {
 				st := c.resp.Status
-				switch {
-				case st == 101:
-					// tether asked for no upgrade: a 101 is a broken backend.
-					return 0, uw, errBadResponse
-				case st >= 200:
+				if st >= 200 {
 					return st, uw, nil
-				case st == 100:
-					if c.req.Expect100 && !x.sent100 {
-						if err := c.writeInterim(x); err != nil {
-							return 0, uw, err
-						}
+				}
+				switch interimPolicy(st, c.req.Minor == 0, c.req.Expect100, x.sent100) {
+				case interimBroken:
+					return 0, uw, errBadResponse
+				case interimRelay:
+					if err := c.writeInterim(x); err != nil {
+						return 0, uw, err
+					}
+					if st == 100 {
 						x.sent100 = true
 						c.dropHead(&uw)
 						return 100, uw, nil
 					}
-					// Unsolicited or repeated 100: not for the client.
-					c.dropHead(&uw)
-					continue
-				default:
-					if c.req.Minor == 1 {
-						if err := c.writeInterim(x); err != nil {
-							return 0, uw, err
-						}
-					}
-					c.dropHead(&uw)
-					continue
 				}
+				c.dropHead(&uw)
+				continue
 			}
 			if err != httphead.ErrIncomplete {
 				return 0, uw, err
@@ -98,83 +88,32 @@ func (c *conn) writeInterim(x *exchange) error {
 	return c.writeClient(out)
 }
 
-// appendResponseHead writes the response head for the client: HTTP/1.1,
-// status and reason as received, fields as received minus hop-by-hop ones,
-// Connection: close when the client connection will close.
-func (c *conn) appendResponseHead(out []byte, closing, dropTE bool, rt routeNote) []byte {
-	head := c.ubuf[:c.resp.HeadLen]
-	line := head[:bytes.IndexByte(head, '\n')+1]
-	out = append(out, "HTTP/1.1"...)
-	out = append(out, line[8:]...)
-	for i := range c.resp.Fields {
-		f := &c.resp.Fields[i]
-		if f.Drop || dropTE && (httphead.EqualFold(f.Name, "Transfer-Encoding") || httphead.EqualFold(f.Name, "Trailer")) {
-			continue // de-chunked for HTTP/1.0: no framing, no trailers
-		}
-		out = append(out, f.Line...)
-	}
-	if closing {
-		out = append(out, "Connection: close\r\n"...)
-	}
-	out = c.appendRouteHeader(out, rt)
-	return append(out, "\r\n"...)
-}
-
 // relayResponse writes the response head and relays its body. bodyRead
 // says whether the request body was consumed (false after a final answer
 // to Expect: 100-continue, which forces the client connection closed).
 func (c *conn) relayResponse(x *exchange, uw int, bodyRead bool) bool {
 	req, resp := c.req, c.resp
 	cfg := &c.s.cfg
-	kind := resp.Body(x.isHead)
-	dechunk := kind == httphead.BodyChunked && req.Minor == 0
-	// The client's body ends at the close: a cut one must end in a reset.
-	x.closeDelimited = kind == httphead.BodyClose || dechunk
-	keep := req.KeepAlive && bodyRead && kind != httphead.BodyClose && !c.s.closing.Load()
-	// An unread request body (early answer to Expect) leaves the upstream
-	// connection mid-message: never reuse it.
-	x.reuse = bodyRead && !resp.Close && kind != httphead.BodyClose
+	f := frameResponse(resp, x.isHead, req.Minor == 0, req.KeepAlive, bodyRead, c.s.closing.Load())
+	kind, dechunk, keep := f.kind, f.dechunk, f.keep
+	x.closeDelimited = f.closeCut
+	x.reuse = f.reuse
 
-	// An HTTP/1.0 client never sees Transfer-Encoding, HEAD included.
-	out := c.appendResponseHead(c.out[:0], !keep, req.Minor == 0 && resp.Chunked, c.rt)
-	body := c.ubuf[resp.HeadLen:uw]
+	out := c.appendResponseHead(c.out[:0], !keep, f.dropTE, c.rt)
+	hl := len(out)
 	var sc httphead.Chunked
-	var left int64 // Content-Length bytes still to come
-	switch kind {
-	case httphead.BodyNone:
-		if len(body) > 0 {
-			x.reuse = false // a body where none may be: never reuse
-		}
-		body = nil
-	case httphead.BodyLength:
-		left = resp.ContentLength
-		if int64(len(body)) > left {
-			body = body[:left]
-			x.reuse = false // more than Content-Length
-		}
-		left -= int64(len(body))
-	case httphead.BodyChunked:
-		n, err := sc.Scan(body)
-		if err != nil {
-			x.reuse = false
-			c.s.counters.Truncated.Add(1)
-			return c.fail(x, 502)
-		}
-		if n < len(body) {
-			x.reuse = false
-		}
-		body = body[:n]
-		if dechunk {
-			// Re-scan from the start, emitting data only (rare: 1.0 clients).
-			sc = httphead.Chunked{}
-			out, _, _ = appendDechunked(out, &sc, body)
-			body = nil
-		}
+	out, left, extra, err := frameFirst(&f, resp, c.ubuf[resp.HeadLen:uw], &sc, out)
+	if extra {
+		x.reuse = false
 	}
-	out = append(out, body...)
+	if err != nil {
+		x.reuse = false
+		c.s.counters.Truncated.Add(1)
+		return c.fail(x, 502)
+	}
 	c.out = out[:0]
 	if x.learn != nil && x.learn.Status(resp.Status) {
-		c.learnBody(x, body, kind == httphead.BodyChunked && !dechunk)
+		c.learnBody(x, out[hl:], kind == httphead.BodyChunked && !dechunk)
 	}
 	if err := c.writeClient(out); err != nil {
 		x.reuse = false
@@ -186,7 +125,7 @@ func (c *conn) relayResponse(x *exchange, uw int, bodyRead bool) bool {
 	switch kind {
 	case httphead.BodyLength:
 		if left > 0 {
-			n, err := c.move(c.c, x.up.TCPConn, left, c.ubuf, cfg.IOTimeout)
+			n, err := c.move(c.c, x.up.TCPConn, left, c.ubuf, cfg.bodyIdle(kind))
 			x.w.Stats.AddDown(n)
 			if err != nil {
 				return c.bodyFailed(x, err)
@@ -198,7 +137,7 @@ func (c *conn) relayResponse(x *exchange, uw int, bodyRead bool) bool {
 		}
 	case httphead.BodyClose:
 		// Until the backend closes: the move ends with errSrcEOF.
-		n, err := c.move(c.c, x.up.TCPConn, 1<<62, c.ubuf, cfg.StreamIdleTimeout)
+		n, err := c.move(c.c, x.up.TCPConn, 1<<62, c.ubuf, cfg.bodyIdle(kind))
 		x.w.Stats.AddDown(n)
 		if err != errSrcEOF {
 			return c.bodyFailed(x, err)
@@ -227,18 +166,11 @@ func (c *conn) relayChunkedResponse(x *exchange, sc *httphead.Chunked, dechunk b
 		n, rerr := x.up.Read(c.ubuf)
 		if n > 0 {
 			x.w.Stats.AddDown(int64(n))
-			p := c.ubuf[:n]
-			var out []byte
-			var m int
-			var serr error
+			out, extra, serr := frameChunk(sc, c.ubuf[:n], dechunk, c.out[:0])
 			if dechunk {
-				out, m, serr = appendDechunked(c.out[:0], sc, p)
 				c.out = out[:0]
-			} else {
-				m, serr = sc.Scan(p)
-				out = p[:m]
 			}
-			if m < n && sc.Done() {
+			if extra {
 				x.reuse = false
 			}
 			if c.learn != nil {
@@ -274,27 +206,4 @@ func (c *conn) learnBody(x *exchange, p []byte, chunked bool) {
 	if len(p) > 0 && !x.learn.Body(p) {
 		c.learn = nil
 	}
-}
-
-// appendDechunked appends only the chunk data of p to out, validating the
-// framing (for HTTP/1.0 clients, which cannot read chunked).
-func appendDechunked(out []byte, sc *httphead.Chunked, p []byte) ([]byte, int, error) {
-	used := 0
-	for used < len(p) && !sc.Done() {
-		if d := sc.Data(); d > 0 {
-			k := int64(len(p) - used)
-			if k > d {
-				k = d
-			}
-			out = append(out, p[used:used+int(k)]...)
-			sc.Skip(k)
-			used += int(k)
-			continue
-		}
-		if _, err := sc.Scan(p[used : used+1]); err != nil {
-			return out, used, err
-		}
-		used++
-	}
-	return out, used, nil
 }

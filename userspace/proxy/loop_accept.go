@@ -6,7 +6,6 @@ package proxy
 
 import (
 	"net/netip"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -36,16 +35,7 @@ func (l *loop) accept() {
 			case err == unix.EINTR || err == unix.ECONNABORTED:
 				continue
 			}
-			if s.acceptFailing.begin() {
-				s.counters.AcceptPauses.Add(1)
-				s.cfg.Log.Error("accept failing, backing off (too many open files? raise LimitNOFILE / ulimit -n, or lower --max-conns)",
-					"err", err, "open", s.counters.Open.Load())
-			}
-			if l.backoff == 0 {
-				l.backoff = 5 * time.Millisecond
-			} else if l.backoff < 500*time.Millisecond {
-				l.backoff *= 2
-			}
+			l.backoff = s.acceptFailed(err, l.backoff)
 			l.retryAt = l.now + int64(l.backoff)
 			s.waitForDescriptor(l)
 			l.setDue(l.retryAt)
@@ -53,9 +43,7 @@ func (l *loop) accept() {
 		}
 		if l.backoff != 0 {
 			l.backoff, l.retryAt = 0, 0
-			s.acceptFailing.over(func(n int, d time.Duration) {
-				s.cfg.Log.Warn("accept resumed", "failures", n, "after", d.Round(time.Millisecond))
-			})
+			s.acceptResumed()
 		}
 		l.opened(fd, ip)
 	}

@@ -72,9 +72,8 @@ type lx struct {
 	uw     int    // response head bytes in conn.ubuf
 	pend   []byte // response bytes the client has not taken yet (loop_relay.go, writeClient)
 	kind   httphead.BodyKind
-	left   int64 // Content-Length bytes still to come
-	sc     httphead.Chunked
-	dsc    httphead.Chunked // the de-chunker's own view (dechunk)
+	left   int64            // Content-Length bytes still to come
+	sc     httphead.Chunked // a chunked body's framing (de-chunked: framing.go)
 	status int              // for Config.Observe: relayed, or tetherd's own
 	rt     routeNote        // for Config.RouteHeader
 

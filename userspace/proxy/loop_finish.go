@@ -118,40 +118,57 @@ func (l *loop) abandon(c *conn) {
 // expireExchange handles an exchange whose deadline passed.
 func (l *loop) expireExchange(c *conn) {
 	x := c.x
-	switch {
-	case x.up != nil && x.up.connecting:
+	if x.up != nil && x.up.connecting {
 		l.connectFailed(c) // the worker did not answer the connect: nothing sent
+		return
+	}
+	f := fault{timeout: true}
+	switch {
 	case len(x.pend) > 0 || x.blocked:
-		l.bodyFailed(c) // the client stopped reading
+		f.stage = stageRelay // the client stopped reading
 	case x.phase == phaseSend:
-		l.fail(c, 502)
+		f.stage = stageHeadUp
 	case x.phase == phaseUpload:
-		// The body made no progress for --io-timeout: the client stopped
-		// sending (or the worker stopped taking it): 408, as outcome.go
-		// rule 4; the half-sent request dies with its upstream.
+		f.stage = stageBodyUp // the client stopped sending (or the worker taking)
+	case x.phase == phaseHead:
+		f.stage, f.early = stageWait, x.early
+	default:
+		f.stage = stageRelay // the worker went silent mid-body
+	}
+	l.conclude(c, f)
+}
+
+// conclude carries out decide's verdict on c's failed exchange (outcome.go).
+func (l *loop) conclude(c *conn, f fault) {
+	e, status := decide(f)
+	switch e {
+	case endAbort:
+		l.clientLost(c)
+	case endReject:
+		// The client's fault (a body stalled for --io-timeout: 408); the
+		// half-sent request dies with its upstream.
+		x := c.x
 		l.s.counters.Rejected.Add(1)
-		x.failed = false
-		x.reuse = false
-		x.status = 408
-		unix.Write(c.fd, errorResponse(408, true))
+		x.failed, x.reuse, x.status = false, false, status
+		unix.Write(c.fd, errorResponse(status, true))
 		l.finishExchange(c)
 		l.lingerClose(c)
-	case x.phase == phaseHead && x.early:
-		l.fail(c, 502) // the body failed to go up and no answer came
-	case x.phase == phaseHead:
-		l.fail(c, 504)
-	default:
-		l.bodyFailed(c) // the worker went silent mid-body
+	case endGateway:
+		l.fail(c, status)
+	case endCut:
+		l.bodyFailed(c)
+	default: // endEarly: the loop relays an early answer as any response (end)
+		l.end(c)
 	}
 }
 
 // lingerClose half-closes the client connection and reads what it still
-// sends (at most 256 KiB, Waits.Linger) before the close: closing with
+// sends (at most lingerBytes, Waits.Linger) before the close: closing with
 // unread bytes would send a reset that can destroy the answer before the
 // client reads it (gor_head.go's lingerClose, in the loop).
 func (l *loop) lingerClose(c *conn) {
 	unix.Shutdown(c.fd, unix.SHUT_WR)
-	c.linger = 256 << 10
+	c.linger = lingerBytes
 	c.readable = true
 	c.deadline = 0
 	l.setDeadline(c, l.s.cfg.Waits.Linger)

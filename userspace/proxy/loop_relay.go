@@ -78,12 +78,12 @@ func (l *loop) pump(c *conn) {
 		if n <= 0 {
 			// The worker closed (or reset) the connection.
 			if x.phase == phaseHead {
-				l.fail(c, 502)
+				l.conclude(c, fault{stage: stageWait})
 			} else if x.kind == httphead.BodyClose && err == nil {
 				x.done, x.reuse, x.keep = true, false, false
 				continue
 			} else {
-				l.bodyFailed(c)
+				l.conclude(c, fault{stage: stageRelay})
 			}
 			return
 		}
@@ -116,14 +116,19 @@ func (l *loop) head(c *conn) bool {
 		if err == httphead.ErrIncomplete {
 			return true
 		}
-		if err != nil || resp.Status == 101 {
-			l.fail(c, 502) // a broken head, or an upgrade tether never asked for
+		if err != nil {
+			l.fail(c, 502) // a broken head
 			return false
 		}
 		if resp.Status >= 200 {
 			return l.relayHead(c)
 		}
-		if resp.Status != 100 && !x.http10 {
+		// (The loop never forwards Expect: a 100 is never the client's.)
+		switch interimPolicy(resp.Status, x.http10, false, false) {
+		case interimBroken:
+			l.fail(c, 502) // an upgrade tether never asked for
+			return false
+		case interimRelay:
 			out := c.appendResponseHead(c.out[:0], false, false, x.rt)
 			c.out = out[:0]
 			ok := l.writeClient(c, out)
@@ -148,52 +153,29 @@ func (l *loop) relayHead(c *conn) bool {
 	s := l.s
 	x := c.x
 	resp := c.resp
-	kind := resp.Body(x.isHead)
-	x.kind = kind
-	x.dechunk = kind == httphead.BodyChunked && x.http10
-	x.closeCut = kind == httphead.BodyClose || x.dechunk
-	x.keep = x.keep && !x.closeCut && !s.closing.Load()
-	x.reuse = !resp.Close && kind != httphead.BodyClose
+	f := frameResponse(resp, x.isHead, x.http10, x.keep, !x.bodyCut, s.closing.Load())
+	x.kind, x.dechunk, x.closeCut, x.keep, x.reuse = f.kind, f.dechunk, f.closeCut, f.keep, f.reuse
 	x.status = resp.Status
-	// An HTTP/1.0 client never sees Transfer-Encoding, HEAD included.
-	out := c.appendResponseHead(c.out[:0], !x.keep, x.http10 && resp.Chunked, x.rt)
-	body := c.ubuf[resp.HeadLen:x.uw]
-	switch kind {
+	out := c.appendResponseHead(c.out[:0], !x.keep, f.dropTE, x.rt)
+	out, left, extra, err := frameFirst(&f, resp, c.ubuf[resp.HeadLen:x.uw], &x.sc, out)
+	if extra {
+		x.reuse = false
+	}
+	if err != nil {
+		x.reuse = false
+		s.counters.Truncated.Add(1)
+		l.fail(c, 502)
+		return false
+	}
+	x.left = left
+	switch f.kind {
 	case httphead.BodyNone:
-		if len(body) > 0 {
-			x.reuse = false // a body where none may be: never reuse
-		}
-		body = nil
 		x.done = true
 	case httphead.BodyLength:
-		x.left = resp.ContentLength
-		if int64(len(body)) > x.left {
-			body = body[:x.left]
-			x.reuse = false
-		}
-		x.left -= int64(len(body))
 		x.done = x.left == 0
 	case httphead.BodyChunked:
-		n, err := x.sc.Scan(body)
-		if err != nil {
-			x.reuse = false
-			s.counters.Truncated.Add(1)
-			l.fail(c, 502)
-			return false
-		}
-		if n < len(body) {
-			x.reuse = false
-		}
-		body = body[:n]
 		x.done = x.sc.Done()
-		if x.dechunk {
-			var dc httphead.Chunked // the data only, framing checked again
-			out, _, _ = appendDechunked(out, &dc, body)
-			body = nil
-			x.dsc = dc
-		}
 	}
-	out = append(out, body...)
 	c.out = out[:0]
 	x.uw = 0
 	if !l.writeClient(c, out) {
@@ -206,12 +188,7 @@ func (l *loop) relayHead(c *conn) bool {
 	return true
 }
 
-func (l *loop) bodyTimeout(x *lx) time.Duration {
-	if x.kind == httphead.BodyLength {
-		return l.s.cfg.IOTimeout
-	}
-	return l.s.cfg.StreamIdleTimeout
-}
+func (l *loop) bodyTimeout(x *lx) time.Duration { return l.s.cfg.bodyIdle(x.kind) }
 
 // body relays response body bytes p by the framing.
 func (l *loop) body(c *conn, p []byte) bool {
@@ -223,16 +200,15 @@ func (l *loop) body(c *conn, p []byte) bool {
 		x.left -= int64(len(p))
 		x.done = x.left == 0
 	case httphead.BodyChunked:
-		m, err := x.sc.Scan(p)
-		if m < len(p) && x.sc.Done() {
+		var extra bool
+		out, extra, serr = frameChunk(&x.sc, p, x.dechunk, c.out[:0])
+		if extra {
 			x.reuse = false // bytes past the last chunk
 		}
-		out, serr = p[:m], err
-		x.done = x.sc.Done()
 		if x.dechunk {
-			out, _, _ = appendDechunked(c.out[:0], &x.dsc, out)
 			c.out = out[:0]
 		}
+		x.done = x.sc.Done()
 	}
 	if serr != nil {
 		// The valid bytes before the broken framing go out now (not

@@ -1,120 +1,79 @@
 package proxy
 
-import (
-	"errors"
-
-	"github.com/tether-rl/tether/userspace/httphead"
-	"github.com/tether-rl/tether/userspace/upstream"
-)
-
 // Outcomes: every way an exchange can fail is decided here, in one order,
 // so the data path never writes its own ladder (caddy's reverse proxy does
 // the same with statusError). Before the response head went out, the
 // client gets an answer; after, only a visible cut.
 //
-// While the request goes up (sendFailed), in this order:
+// decide is that order, a pure function of where the exchange was (its
+// stage) and what happened; the goroutine path (gor_outcome.go) and the
+// loop (loop_finish.go) each carry its verdict out on their sockets.
+//
+// While the request goes up (stageHeadUp, stageBodyUp), in this order:
 //  1. the client's own framing or a limit (*httphead.Error: 400, 413, ...):
 //     that status, nothing more goes up;
 //  2. the client left: nothing to answer (client_aborted);
 //  3. the worker answered early (it stopped reading: 413, 401 + close):
 //     that answer, then the client connection closes;
-//  4. a body that made no progress for --io-timeout: 408 (the client
+//  4. a body (stageBodyUp) that made no progress for --io-timeout: 408 (the client
 //     stopped sending; the half-sent request dies with its upstream);
 //  5. anything else: 502 (X-Tether-Upstream-State says whether bytes went).
 //
-// While waiting for the response head (answerFailed): the client left →
-// nothing; a timeout → 504; anything else → 502.
+// While waiting for the response head (stageWait): the client left →
+// nothing; a timeout → 504 (502 while waiting for an early answer after
+// the body failed to go up); anything else → 502.
 //
-// After the head (bodyFailed): the client left → nothing; else the cut is
-// made visible (close; a reset for a close-delimited body).
+// After the head (stageRelay, or a client that stopped reading): the
+// client left → nothing; else the cut is made visible (close; a reset for
+// a close-delimited body).
 
-// sendFailed decides a failure while the request was being sent; uw bytes
-// of an answer may already be in the upstream buffer.
-func (c *conn) sendFailed(x *exchange, err error, uw int) bool {
-	var herr *httphead.Error
+// stage is where an exchange was when it failed.
+type stage uint8
+
+const (
+	stageHeadUp stage = iota // the request head (and buffered body bytes) going up
+	stageBodyUp              // the rest of the request body going up
+	stageWait                // waiting for the response head
+	stageRelay               // the response head went out: relaying the body
+)
+
+// fault is what happened to a failed exchange.
+type fault struct {
+	stage    stage
+	gone     bool // the client left
+	reject   int  // the client's own framing or a limit (*httphead.Error's status)
+	answered bool // the worker answered early, and that answer went to the client
+	timeout  bool // no progress within its deadline
+	early    bool // stageWait: the wait was for an early answer, the body having failed to go up
+}
+
+// ending is how a failed exchange ends.
+type ending uint8
+
+const (
+	endAbort   ending = iota // the client left: nothing to answer (client_aborted)
+	endEarly                 // the worker's early answer went out: the client connection lingers and closes
+	endReject                // tetherd answers the status (the client's fault: rejected), lingers, closes
+	endGateway               // the status (502/504, a worker error) unless a head went out; then the close
+	endCut                   // after the head: a visible cut (truncated)
+)
+
+// decide is the ladder: how the exchange of f ends, and the status that
+// tetherd answers (endReject, endGateway).
+func decide(f fault) (ending, int) {
 	switch {
-	case errors.As(err, &herr):
-		c.s.counters.Rejected.Add(1)
-		c.rejectAndClose(herr.Status)
-	case c.clientGone():
-		c.s.counters.ClientAborted.Add(1)
-	case c.earlyAnswer(x, uw):
-	case isTimeout(err):
-		c.s.counters.Rejected.Add(1)
-		c.rejectAndClose(408)
-	default:
-		return c.fail(x, 502)
+	case f.gone:
+		return endAbort, 0
+	case f.stage == stageRelay:
+		return endCut, 0
+	case f.reject != 0:
+		return endReject, f.reject
+	case f.answered:
+		return endEarly, 0
+	case f.stage == stageBodyUp && f.timeout:
+		return endReject, 408
+	case f.stage == stageWait && f.timeout && !f.early:
+		return endGateway, 504
 	}
-	return false
-}
-
-// answerFailed decides a failure while waiting for the response head.
-func (c *conn) answerFailed(x *exchange, err error) bool {
-	if c.clientGone() {
-		c.s.counters.ClientAborted.Add(1) // the watch may have closed up: not the worker's fault
-		return false
-	}
-	return c.fail(x, statusOf(err))
-}
-
-// statusOf is tetherd's answer to an upstream failure: 504 for a timeout,
-// else 502.
-func statusOf(err error) int {
-	if isTimeout(err) {
-		return 504
-	}
-	return 502
-}
-
-// refusedOrFail ends an exchange whose worker could not be connected to
-// (nothing was sent): reported as refused when the request may be placed
-// again, else a 502 not-sent. When the connect failed for want of this
-// host's descriptors or ports (upstream.ErrLocal), no other worker would
-// fare better: 502 at once, and the log says so (once per episode).
-func (c *conn) refusedOrFail(x *exchange, err error) bool {
-	if errors.Is(err, upstream.ErrLocal) {
-		c.s.logLocalShortage(err)
-		return c.fail(x, 502)
-	}
-	if x.reroutable {
-		x.refused, x.failed = true, true
-		return false
-	}
-	return c.fail(x, 502)
-}
-
-// fail answers status if no response head went out yet; either way the
-// client connection closes.
-func (c *conn) fail(x *exchange, status int) bool {
-	x.failed = true
-	if !x.sentHead {
-		x.status = status
-		switch status {
-		case 502:
-			c.s.counters.BadGateway.Add(1)
-		case 504:
-			c.s.counters.Timeouts.Add(1)
-		}
-		c.writeClient(upstreamError(status, x.sentUp, true))
-	}
-	return false
-}
-
-// bodyFailed handles a relay error after the response head went out: the
-// client must see the truncation, so its connection closes.
-func (c *conn) bodyFailed(x *exchange, err error) bool {
-	x.reuse = false
-	if c.clientGone() {
-		c.s.counters.ClientAborted.Add(1)
-		return false
-	}
-	x.failed = true
-	c.s.counters.Truncated.Add(1)
-	if x.closeDelimited {
-		// A body framed by the close would look complete after a FIN:
-		// a reset (SO_LINGER 0) is the only way to show the cut. Bytes
-		// already queued to the client arrive before the error.
-		c.c.SetLinger(0)
-	}
-	return false
+	return endGateway, 502
 }

@@ -16,9 +16,13 @@ import (
 	"github.com/tether-rl/tether/testenv"
 )
 
-// The response relay exists twice: in the event loop (fast.go), for a
-// request whose head and body came whole, and on a goroutine (response.go)
-// for the rest. FuzzRelayPaths checks one against the other: whatever a
+// The response is relayed by two drivers: the event loop's
+// (loop_relay.go, loop_splice.go), for a request whose head and body came
+// whole, and a goroutine's (gor_response.go) for the rest. They take the
+// same decisions (framing.go: interimPolicy, frameResponse, frameFirst,
+// frameChunk; outcome.go: decide) but move the bytes differently (epoll
+// edges, the ring and splice pipes against blocking reads and
+// ReadFrom), so FuzzRelayPaths checks one against the other: whatever a
 // worker answers, however its bytes are cut up in time, the client must
 // see the same bytes, ended the same way (EOF or reset), whether the loop
 // ran the exchange (a GET) or a goroutine did (a POST with a chunked body,
