@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/userspace/registry"
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/stats"
@@ -145,23 +146,27 @@ func TestPassive(t *testing.T) {
 	defer reg.Close()
 	reg.Put(0, dead, registry.OriginConfig)
 	w := reg.Table().Get(0)
-	var probes atomic.Int32
-	real := NewProber(time.Second)
-	c := New(reg, Options{Interval: time.Hour, PassiveInterval: 10 * time.Millisecond, Log: quiet,
-		Probe: func(ctx context.Context, url string) error { probes.Add(1); return real(ctx, url) }})
+	c := New(reg, Options{Interval: time.Hour, PassiveInterval: 10 * time.Millisecond, Log: quiet, Probe: NewProber(time.Second)})
 	c.Start()
 	defer c.Stop()
-	deadline := time.Now().Add(5 * time.Second)
-	for probes.Load() < 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("no initial check")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	time.Sleep(50 * time.Millisecond)
+	// The initial active check fails: once the registry counted it, one
+	// failure of the three.
+	testenv.WaitFor(t, "the initial check's failure counted", func() bool {
+		in, err := reg.Get("0")
+		return err == nil && in.ConsecutiveFailures >= 1
+	})
 	if w.State() != route.Healthy {
 		t.Fatal("unhealthy after one failed check (want 3)")
 	}
+	// Passive checks count the connect failures after their first look at
+	// a worker (its baseline): wait for it (a fixed sleep here was a race
+	// with the first passive tick).
+	testenv.WaitFor(t, "the passive checks' baseline", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		_, ok := c.seen[w]
+		return ok
+	})
 	// The data plane fails to connect (and retries once).
 	if _, err := w.Pool.Get(context.Background()); err == nil {
 		t.Fatal("connected to a closed port")

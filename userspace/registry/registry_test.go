@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/stats"
 )
@@ -225,13 +226,7 @@ func TestAddWaitsForHealth(t *testing.T) {
 
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met in 5s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testenv.WaitFor(t, "the registry's state", cond)
 }
 
 func TestHealthHysteresisAndPanic(t *testing.T) {
@@ -495,15 +490,11 @@ func TestDrainWhilePending(t *testing.T) {
 		done <- err
 	}()
 	var in Info
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+	testenv.WaitFor(t, "the add to be pending", func() bool {
 		var err error
-		if in, err = r.Get(wurl(3)); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the add never became pending")
-		}
-	}
+		in, err = r.Get(wurl(3))
+		return err == nil
+	})
 	if in.State != StatePending {
 		t.Fatalf("state %q, want pending", in.State)
 	}
@@ -538,11 +529,7 @@ func TestPendingAddsBounded(t *testing.T) {
 	for i := 10; i < 12; i++ {
 		go func() { _, err := r.Add(c, wurl(i), OriginAdmin); errs <- err }()
 	}
-	for deadline := time.Now().Add(5 * time.Second); r.Counts()[StatePending] < 2; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("adds not pending")
-		}
-	}
+	testenv.WaitFor(t, "two adds pending", func() bool { return r.Counts()[StatePending] >= 2 })
 	start := time.Now()
 	if _, err := r.Add(ctx(t), wurl(12), OriginAdmin); !errors.Is(err, ErrTooManyPending) || time.Since(start) > time.Second {
 		t.Fatalf("third pending add: %v after %v, want ErrTooManyPending at once", err, time.Since(start))
@@ -571,11 +558,7 @@ func TestPendingHoldsNoSlot(t *testing.T) {
 	for i := 20; i < 22; i++ {
 		go func() { _, err := r.Add(c, wurl(i), OriginAdmin); errs <- err }()
 	}
-	for deadline := time.Now().Add(5 * time.Second); r.Counts()[StatePending] < 2; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("adds not pending")
-		}
-	}
+	testenv.WaitFor(t, "two adds pending", func() bool { return r.Counts()[StatePending] >= 2 })
 	for _, in := range r.List() {
 		if in.State == StatePending && (in.Slot != -1 || in.WorkerID != "") {
 			t.Fatalf("a pending worker shows a slot: %+v", in)
