@@ -254,7 +254,8 @@ func upgradeUnderLoad(t *testing.T, bin string, extra []string, upgrades int) {
 		}()
 	}
 
-	time.Sleep(300 * time.Millisecond)
+	// The first upgrade comes under load: wait until some went through.
+	testenv.WaitFor(t, "load through the first tetherd", func() bool { return st.ok.Load() >= 20 || st.failed.Load() > 0 })
 	for u := 0; u < upgrades; u++ {
 		old := pids[len(pids)-1]
 		syscall.Kill(old, syscall.SIGUSR2)
@@ -271,7 +272,12 @@ func upgradeUnderLoad(t *testing.T, bin string, extra []string, upgrades int) {
 		}
 		time.Sleep(150 * time.Millisecond) // load on the new process
 	}
-	time.Sleep(300 * time.Millisecond)
+	// Load through the newest process, and enough in all, a stream
+	// included (a slow machine gets there later, not never).
+	after := st.ok.Load()
+	testenv.WaitForWithin(t, "load through the newest tetherd", time.Minute, func() bool {
+		return st.ok.Load() >= max(after+20, 100) && st.streams.Load() >= 1 || st.failed.Load() > 0
+	})
 	close(stop)
 	wg.Wait()
 
