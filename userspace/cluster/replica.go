@@ -74,6 +74,8 @@ type Status struct {
 	Workers   int    `json:"workers"`
 	Applied   uint64 `json:"applied"`
 	Skipped   uint64 `json:"skipped"`
+	// Fleet is the fleet key's link (the weight sync's phase, fleet.go).
+	Fleet *FleetStatus `json:"fleet,omitempty"`
 }
 
 // DefaultLinkWait bounds how long an admin write that comes before the

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tether-rl/tether/userspace/cluster"
+	"github.com/tether-rl/tether/userspace/fleet"
 	"github.com/tether-rl/tether/userspace/registry"
 	"github.com/tether-rl/tether/userspace/sticky"
 )
@@ -85,7 +86,24 @@ func (d *Daemon) shareSessions(opts Options) func(sticky.Table) sticky.Table {
 	}
 }
 
+// fleetSync starts sharing the fleet's weight-sync state through etcd
+// (cluster.FleetSync) and returns the engine's hook that writes this
+// replica's changes (nil without --cluster). Called once the fleet holds
+// what an upgrade handed over: until its first read of the fleet key, the
+// fleet holds generation requests.
+func (d *Daemon) fleetSync() func(fleet.State, bool) error {
+	if d.ctl.store == nil {
+		return nil
+	}
+	d.ctl.fleet = cluster.NewFleetSync(d.ctl.store, d.Fleet, d.InstanceID, d.log)
+	d.ctl.fleet.Start()
+	return d.ctl.fleet.Publish
+}
+
 func (d *Daemon) stopCluster() {
+	if d.ctl.fleet != nil {
+		d.ctl.fleet.Close()
+	}
 	if d.ctl.claimStop != nil {
 		d.ctl.claimStop()
 		d.ctl.claims.Wait()
@@ -104,6 +122,10 @@ func (d *Daemon) ClusterStatus() *cluster.Status {
 		return nil
 	}
 	st := d.ctl.replica.Status()
+	if d.ctl.fleet != nil {
+		fs := d.ctl.fleet.Status()
+		st.Fleet = &fs
+	}
 	return &st
 }
 

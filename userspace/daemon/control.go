@@ -35,6 +35,7 @@ type control struct {
 	store     *cluster.Store
 	replica   *cluster.Replica
 	shared    *cluster.SharedSessions // --cluster-share-sessions; closed with the routing's sticky table
+	fleet     *cluster.FleetSync      // the fleet's weight-sync state in etcd
 	claimStop context.CancelFunc
 	claims    sync.WaitGroup
 

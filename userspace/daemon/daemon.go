@@ -301,7 +301,7 @@ func New(opts Options) (*Daemon, error) {
 	}
 	d.Router = &route.Router{Table: d.Table}
 	d.Router.SetBadSession(bad)
-	if d.routing, err = setupRouting(opts, d.Group, d.Router, d.shareSessions(opts), d.Fleet); err != nil {
+	if d.routing, err = setupRouting(opts, d.Group, d.Router, d.shareSessions(opts), d.Fleet, d.fleetSync()); err != nil {
 		return nil, err
 	}
 	d.OnReload(d.routing.reload)

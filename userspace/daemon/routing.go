@@ -105,8 +105,9 @@ type routing struct {
 
 // setupRouting builds the policy, the sticky table, the request id table
 // and the engine endpoints around rt. With BPF steering loaded (g), the
-// sticky table is its sticky_sessions map.
-func setupRouting(opts Options, g *listener.Group, rt *route.Router, share func(sticky.Table) sticky.Table, fl *fleet.Fleet) (*routing, error) {
+// sticky table is its sticky_sessions map. onPhase (cluster mode) is told
+// the fleet's sync changes (engine.Config.OnPhase).
+func setupRouting(opts Options, g *listener.Group, rt *route.Router, share func(sticky.Table) sticky.Table, fl *fleet.Fleet, onPhase func(fleet.State, bool) error) (*routing, error) {
 	o := opts.Routing
 	if o.StickyMap == nil && g != nil && g.Steering() != nil {
 		o.StickyMap = g.Steering().StickyMap()
@@ -174,6 +175,7 @@ func setupRouting(opts Options, g *listener.Group, rt *route.Router, share func(
 			FinishSession: func(key string) bool { return rt.CurrentPolicy().FinishSession(key) },
 			WorkerAPIKey:  opts.WorkerAPIKey,
 			Fleet:         fl,
+			OnPhase:       onPhase,
 			UpdateTimeout: opts.UpdateTimeout,
 			Log:           opts.Log,
 		})

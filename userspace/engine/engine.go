@@ -75,9 +75,12 @@ type Config struct {
 	// Fleet, when set, serves the weight-sync endpoints (fleet.go):
 	// pause, update and resume fanned out, and the hold.
 	Fleet *fleet.Fleet
-	// OnPhase, when set, is told this replica's sync state after each
-	// phase change (cluster mode: the store).
-	OnPhase func(fleet.State)
+	// OnPhase, when set, is told this replica's sync state (cluster mode:
+	// it writes the store): phase true after each phase change of a pause
+	// or resume through this replica, false after a weight update changed
+	// the target or versions. An error (the store was not written) is
+	// reported in the call's answer; the change holds here regardless.
+	OnPhase func(st fleet.State, phase bool) error
 	// UpdateTimeout bounds each worker's weight-update call; default 30m.
 	UpdateTimeout time.Duration
 	Log           *slog.Logger

@@ -179,6 +179,7 @@ type PauseAnswer struct {
 	Successful   []Result  `json:"successful"`
 	Failed       []Result  `json:"failed"`
 	Message      string    `json:"message"`
+	ClusterError string    `json:"cluster_error,omitempty"` // the cluster store was not written
 }
 
 func (e *Engine) pause(w http.ResponseWriter, r *http.Request, client route.EngineKind) {
@@ -228,7 +229,7 @@ func (e *Engine) pause(w http.ResponseWriter, r *http.Request, client route.Engi
 	// From here on nothing new is admitted to any engine.
 	f.SetPhase(fleet.Pausing, mode)
 	heldSince := time.Now()
-	e.phaseChanged()
+	cerr := e.phaseChanged()
 	ctx, cancel := context.WithDeadline(r.Context(), start.Add(timeout))
 	defer cancel()
 	auth := e.auth(r)
@@ -257,7 +258,9 @@ func (e *Engine) pause(w http.ResponseWriter, r *http.Request, client route.Engi
 		return []call{c}
 	})
 	f.SetPhase(fleet.Paused, mode)
-	e.phaseChanged()
+	if err := e.phaseChanged(); cerr == nil {
+		cerr = err
+	}
 	ans.Successful, ans.Failed = res.Successful, res.Failed
 	ans.Phase = f.Phase().String()
 	ans.Held = f.HeldNow()
@@ -275,6 +278,7 @@ func (e *Engine) pause(w http.ResponseWriter, r *http.Request, client route.Engi
 	default:
 		ans.Message = "fleet paused and quiet: " + strconv.Itoa(len(ws)) + " workers; new requests are held"
 	}
+	code = clusterFailed(cerr, code, &ans.ClusterError, &ans.Message)
 	writeJSON(w, code, ans)
 }
 
@@ -340,6 +344,9 @@ type ResumeAnswer struct {
 	Successful []Result `json:"successful"`
 	Failed     []Result `json:"failed"`
 	Message    string   `json:"message"`
+	// ClusterError: the cluster store was not written (other replicas
+	// still hold).
+	ClusterError string `json:"cluster_error,omitempty"`
 }
 
 func (e *Engine) resume(w http.ResponseWriter, r *http.Request, client route.EngineKind) {
@@ -371,7 +378,7 @@ func (e *Engine) resume(w http.ResponseWriter, r *http.Request, client route.Eng
 	// Released whatever the engines said: a dead engine never keeps the
 	// fleet held (it is reported, and health checks take it out).
 	f.SetPhase(fleet.Serving, "")
-	e.phaseChanged()
+	cerr := e.phaseChanged()
 	ans := ResumeAnswer{Phase: f.Phase().String(), Released: held, Epoch: e.cfg.Table.Epoch(), Fenced: e.fenced(),
 		Successful: res.Successful, Failed: res.Failed}
 	code := http.StatusOK
@@ -384,6 +391,7 @@ func (e *Engine) resume(w http.ResponseWriter, r *http.Request, client route.Eng
 	if ans.Phase != fleet.Serving.String() {
 		ans.Message += "; still holding: another replica's pause or the cluster store is out of sight"
 	}
+	code = clusterFailed(cerr, code, &ans.ClusterError, &ans.Message)
 	writeJSON(w, code, ans)
 }
 
@@ -407,6 +415,7 @@ type ControlAnswer struct {
 	Fenced        []int    `json:"fenced"`
 	Successful    []Result `json:"successful"`
 	Failed        []Result `json:"failed"`
+	ClusterError  string   `json:"cluster_error,omitempty"` // the cluster store was not written
 }
 
 // updateSeq numbers the weight versions tetherd names itself.
@@ -474,6 +483,10 @@ func (e *Engine) control(w http.ResponseWriter, r *http.Request, kind updateKind
 		}
 		f.SetTarget(version)
 	}
+	var cerr error
+	if newVersion && len(res.Successful) > 0 {
+		cerr = e.syncChanged(false)
+	}
 	switch kind {
 	case openUpdate:
 		f.SetUpdateOpen(true)
@@ -512,6 +525,9 @@ func (e *Engine) control(w http.ResponseWriter, r *http.Request, kind updateKind
 	default:
 		ans.Success = true
 		ans.Message = "done on all " + strconv.Itoa(len(ws)) + " workers"
+	}
+	if code = clusterFailed(cerr, code, &ans.ClusterError, &ans.Message); cerr != nil {
+		ans.Success = false
 	}
 	writeJSON(w, code, ans)
 }
@@ -561,10 +577,30 @@ func (e *Engine) getWeightVersion(w http.ResponseWriter, r *http.Request) {
 }
 
 // phaseChanged tells the cluster (if any) this replica's phase.
-func (e *Engine) phaseChanged() {
-	if e.cfg.OnPhase != nil {
-		e.cfg.OnPhase(e.cfg.Fleet.Export())
+func (e *Engine) phaseChanged() error { return e.syncChanged(true) }
+
+// syncChanged tells the cluster (if any) this replica's sync state: after
+// a phase change (phase) or a change of target or versions.
+func (e *Engine) syncChanged(phase bool) error {
+	if e.cfg.OnPhase == nil {
+		return nil
 	}
+	return e.cfg.OnPhase(e.cfg.Fleet.Export(), phase)
+}
+
+// clusterFailed reports a cluster store that was not written (err) in an
+// answer: its message and cluster_error say so, and a 200 becomes a 503
+// (the other replicas do not know).
+func clusterFailed(err error, code int, field, msg *string) int {
+	if err == nil {
+		return code
+	}
+	*field = err.Error()
+	*msg += "; the cluster store was not written: the other replicas do not know (" + err.Error() + ")"
+	if code == http.StatusOK {
+		code = http.StatusServiceUnavailable
+	}
+	return code
 }
 
 // timeoutParam reads ?timeout_s= (def when absent); it answers 400 itself.
