@@ -3,6 +3,7 @@ package daemon
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -68,13 +69,19 @@ func newFleetFixtureCfg(t *testing.T, n int, cfg fakeengine.Config, opts Options
 // generate sends one generation request in the engine's own API; key, if
 // set, is the X-Session-ID routing key.
 func (fx *fleetFixture) generate(kind fakeengine.Kind, key string, prompt string, tokens int) syncOut {
+	return fx.generateStream(kind, key, prompt, tokens, false)
+}
+
+// generateStream is generate, streamed (server-sent events) if stream:
+// the outcome is the last event's, and the stream must end with [DONE].
+func (fx *fleetFixture) generateStream(kind fakeengine.Kind, key string, prompt string, tokens int, stream bool) syncOut {
 	var path, body string
 	if kind == fakeengine.SGLang {
 		path = "/generate"
-		body = fmt.Sprintf(`{"text":%q,"sampling_params":{"max_new_tokens":%d}}`, prompt, tokens)
+		body = fmt.Sprintf(`{"text":%q,"sampling_params":{"max_new_tokens":%d},"stream":%t}`, prompt, tokens, stream)
 	} else {
 		path = "/v1/completions"
-		body = fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":%d}`, prompt, tokens)
+		body = fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":%d,"stream":%t}`, prompt, tokens, stream)
 	}
 	o := syncOut{start: time.Now()}
 	req, _ := http.NewRequest("POST", fx.base+path, strings.NewReader(body))
@@ -104,7 +111,18 @@ func (fx *fleetFixture) generate(kind fakeengine.Kind, key string, prompt string
 			CompletionTokens int `json:"completion_tokens"`
 		} `json:"usage"`
 	}
-	o.err = json.NewDecoder(resp.Body).Decode(&v)
+	if stream {
+		b, err := io.ReadAll(resp.Body)
+		o.err = err
+		events := strings.Split(strings.TrimSpace(string(b)), "\n\n")
+		if n := len(events); err == nil && (n < 2 || events[n-1] != "data: [DONE]") {
+			o.err = fmt.Errorf("a stream that did not end with [DONE]: %.200q", b)
+		} else if err == nil {
+			o.err = json.Unmarshal([]byte(strings.TrimPrefix(events[n-2], "data: ")), &v)
+		}
+	} else {
+		o.err = json.NewDecoder(resp.Body).Decode(&v)
+	}
 	resp.Body.Close()
 	o.end, o.status = time.Now(), resp.StatusCode
 	if kind == fakeengine.SGLang {
@@ -141,6 +159,9 @@ type syncRecipe struct {
 	update   string
 	resume   string
 	aborting bool // the pause aborts what runs
+	// frozen: the pause keeps what runs (in_place, retract, keep): it
+	// carries on across the update, on the new weights, by design.
+	frozen bool
 }
 
 func TestWeightSyncUnderLoad(t *testing.T) {
@@ -149,6 +170,9 @@ func TestWeightSyncUnderLoad(t *testing.T) {
 			update: "/update_weights_from_disk", resume: "/continue_generation", aborting: true},
 		{name: "vllm-abort", kind: fakeengine.VLLM, pause: "/pause?mode=abort", update: "/update_weights", resume: "/resume", aborting: true},
 		{name: "vllm-wait", kind: fakeengine.VLLM, pause: "/pause?mode=wait", update: "/update_weights", resume: "/resume"},
+		{name: "sglang-in_place", kind: fakeengine.SGLang, pause: "/pause_generation", body: `{"mode":"in_place"}`,
+			update: "/update_weights_from_disk", resume: "/continue_generation", frozen: true},
+		{name: "vllm-keep", kind: fakeengine.VLLM, pause: "/pause?mode=keep", update: "/update_weights", resume: "/resume", frozen: true},
 	}
 	for _, rc := range recipes {
 		t.Run(rc.name, func(t *testing.T) { runSyncCycles(t, rc) })
@@ -175,7 +199,7 @@ func runSyncCycles(t *testing.T, rc syncRecipe) {
 			// Prompts of different lengths; a session's turns extend its
 			// prompt (its prefix stays cached on its engine).
 			prompt := strings.Repeat(fmt.Sprintf("client %d says hello. ", id), 2+id%5+turn%3)
-			o := fx.generate(rc.kind, key, prompt, 20+id%3*15)
+			o := fx.generateStream(rc.kind, key, prompt, 20+id%3*15, id%3 == 0)
 			mu.Lock()
 			outs = append(outs, o)
 			mu.Unlock()
@@ -220,7 +244,7 @@ func runSyncCycles(t *testing.T, rc syncRecipe) {
 			if !e.Paused() {
 				t.Fatalf("cycle %d: engine %d not paused after the fleet's pause", c, i)
 			}
-			if st := e.Stats(); st.Running+st.Waiting != 0 {
+			if st := e.Stats(); !rc.frozen && st.Running+st.Waiting != 0 {
 				t.Fatalf("cycle %d: engine %d still has %d running, %d waiting while the fleet is quiet", c, i, st.Running, st.Waiting)
 			}
 		}
@@ -232,6 +256,11 @@ func runSyncCycles(t *testing.T, rc syncRecipe) {
 			if got := e.WeightVersion(); got != version {
 				t.Fatalf("cycle %d: engine %d at %q after the fleet's update to %q", c, i, got, version)
 			}
+		}
+		// Paused and quiet: the engines' caches can be flushed (SGLang
+		// refuses while anything runs or waits).
+		if code, ans := fx.call(t, "/flush_cache", ""); !rc.frozen && code != 200 {
+			t.Fatalf("cycle %d: flush while paused: %d %v", c, code, ans)
 		}
 		if rep := fx.d.Fleet.Report(); rep.Phase != "paused" || rep.TargetVersion != version {
 			t.Fatalf("cycle %d: /fleet says %+v", c, rep)
@@ -252,7 +281,15 @@ func runSyncCycles(t *testing.T, rc syncRecipe) {
 			t.Fatalf("a request failed: status %d, err %v", o.status, o.err)
 		}
 		if len(o.versions) > 1 {
-			t.Errorf("an output spans weight versions %v", o.versions)
+			// Only a request frozen by its pause may span two versions:
+			// it ran before the pause and ended after the update.
+			spans := false
+			for _, w := range windows {
+				spans = spans || rc.frozen && o.start.Before(w.pauseAt) && o.end.After(w.pauseAt)
+			}
+			if !spans {
+				t.Errorf("an output spans weight versions %v (%v to %v)", o.versions, o.start, o.end)
+			}
 		}
 		if o.finish == "abort" {
 			aborted++
@@ -285,6 +322,13 @@ func runSyncCycles(t *testing.T, rc syncRecipe) {
 		st := e.Stats()
 		parked += st.ParkedWhilePaused
 		mixed += st.MixedVersionOutputs
+	}
+	if rc.frozen {
+		// By design: checked per output above. And a request tetherd
+		// admitted just before the pause may reach the engine just after
+		// its native pause: it waits there and runs, wholly on the new
+		// weights, after the resume (nothing drains a frozen pause).
+		mixed, parked = 0, 0
 	}
 	if parked != 0 || mixed != 0 {
 		t.Fatalf("engines: %d requests parked while paused, %d outputs spanning two versions", parked, mixed)
@@ -481,5 +525,77 @@ func TestFleetVisible(t *testing.T) {
 	}
 	if r, _ := do(fx.client, "GET", fx.base+"/is_paused", ""); !strings.Contains(string(r.body), `"is_paused":true`) {
 		t.Errorf("/is_paused: %s", r.body)
+	}
+}
+
+// A worker that joins once the fleet has a target is asked its version:
+// at the target it serves at once, at another it stays fenced.
+func TestJoiningWorkerVersion(t *testing.T) {
+	fx := newFleetFixture(t, 2, fakeengine.SGLang, Options{})
+	if code, ans := fx.call(t, "/update_weights_from_disk", `{"model_path":"/m","weight_version":"v3"}`); code != 200 {
+		t.Fatalf("update: %d %v", code, ans)
+	}
+	for i, v := range []string{"v3", "v1"} {
+		e, err := fakeengine.Start(fakeengine.Config{Kind: fakeengine.SGLang, WeightVersion: v})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		if _, err := fx.d.Registry.Put(2+i, e.URL(), "admin"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.WaitFor(t, "the worker at v3 serving", func() bool {
+		w := fx.d.Table.Get(2)
+		return w != nil && fx.d.Fleet.WorkerState(w) == "serving" && fx.d.Fleet.Version(w.URL) == "v3"
+	})
+	testenv.WaitFor(t, "the worker at v1 known", func() bool {
+		w := fx.d.Table.Get(3)
+		return w != nil && fx.d.Fleet.Version(w.URL) == "v1"
+	})
+	if st := fx.d.Fleet.WorkerState(fx.d.Table.Get(3)); st != "fenced" {
+		t.Fatalf("a worker at v1 in a v3 fleet is %q", st)
+	}
+}
+
+// A control call for one engine (an NCCL group's init carries each
+// engine's rank_offset) goes to the worker X-SMG-Target-Worker names, its
+// body byte for byte; without the header the same body goes to all.
+func TestControlPerWorker(t *testing.T) {
+	fx := newFleetFixture(t, 2, fakeengine.SGLang, Options{})
+	for i := range fx.engines {
+		body := fmt.Sprintf(`{"master_address":"10.0.0.1","master_port":29500,"rank_offset":%d,"world_size":3,"group_name":"g"}`, 1+i)
+		req, _ := http.NewRequest("POST", fx.base+"/init_weights_update_group", strings.NewReader(body))
+		req.Header.Set("X-SMG-Target-Worker", fmt.Sprint(i))
+		resp, err := fx.client.Do(req)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("init on worker %d: %v %v", i, resp, err)
+		}
+		resp.Body.Close()
+		if got := string(fx.engines[i].LastBody("/init_weights_update_group")); got != body {
+			t.Fatalf("engine %d got %q, want %q", i, got, body)
+		}
+		if other := fx.engines[1-i].LastBody("/init_weights_update_group"); i == 0 && other != nil {
+			t.Fatalf("engine 1 got worker 0's init: %q", other)
+		}
+	}
+	req, _ := http.NewRequest("POST", fx.base+"/init_weights_update_group", strings.NewReader(`{}`))
+	req.Header.Set("X-SMG-Target-Worker", "7")
+	resp, err := fx.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 400 {
+		t.Fatalf("a target naming no worker: %d", resp.StatusCode)
+	}
+	body := `{"names":["w"],"dtypes":["bfloat16"],"shapes":[[2,2]],"group_name":"g","weight_version":"v2"}`
+	if code, ans := fx.call(t, "/update_weights_from_distributed", body); code != 200 || ans["weight_version"] != "v2" {
+		t.Fatalf("update from distributed: %d %v", code, ans)
+	}
+	for i, e := range fx.engines {
+		if got := string(e.LastBody("/update_weights_from_distributed")); got != body {
+			t.Fatalf("engine %d got %q", i, got)
+		}
 	}
 }

@@ -67,11 +67,7 @@ func TestFanoutToKeyedEngines(t *testing.T) {
 	tab := route.NewTable()
 	st := stats.NewHeap()
 	for i, e := range engines {
-		w := &route.Worker{Slot: i, URL: e.srv.URL, Stats: st.Worker(i)}
-		// Engines that take any path: each call in the client's dialect
-		// (dialect_test.go has the learning).
-		w.SetEngine(route.EngineOther)
-		tab.Put(w)
+		tab.Put(&route.Worker{Slot: i, URL: e.srv.URL, Stats: st.Worker(i)})
 	}
 	newEngine := func(workerKey string) http.Handler {
 		eng := engine.New(engine.Config{Table: tab, WorkerAPIKey: workerKey, Timeout: 2 * time.Second,

@@ -13,10 +13,10 @@ import (
 // Each worker is spoken to in its own dialect: SGLang (/abort_request,
 // /pause_generation, /continue_generation, /flush_cache) or vLLM
 // (/abort_requests, /pause?mode=, /resume, /reset_prefix_cache). The kind
-// is learned once per worker (route.Worker.Engine: the load poller's
-// detection, else a probe here: SGLang answers GET /get_server_info, vLLM
-// GET /is_paused) and kept; a worker that answers neither is spoken to
-// in the dialect the client used.
+// is learned per worker (route.Worker.Engine): by the load poller (SGLang
+// answers /v1/loads, vLLM's /metrics has vllm: names), or here, from a
+// call that got 404 in one dialect and succeeded in the other. A worker
+// of unknown kind is spoken to in the client's dialect first.
 
 // dialect returns the engine kind to speak to w: the one learned, else
 // the client's (prefer).
@@ -60,10 +60,11 @@ func (e *Engine) fanoutDialect(ctx context.Context, auth string, ws []*route.Wor
 		for _, r := range res.Failed {
 			notFound = notFound || r.Worker == w.Slot && r.Status == http.StatusNotFound
 		}
-		switch {
-		case ok && w.Engine() == route.EngineUnknown:
-			w.SetEngine(prefer)
-		case !ok && notFound:
+		// A success proves only that the worker takes that path (a
+		// session server or a wrapper may take both): nothing is learned
+		// from it. A 404 to one dialect and a success in the other is
+		// learned.
+		if !ok && notFound {
 			retry = append(retry, w)
 		}
 	}

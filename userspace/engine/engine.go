@@ -117,7 +117,11 @@ func New(cfg Config) *Engine {
 		IdleConnTimeout:     60 * time.Second,
 		DisableCompression:  true,
 	}
-	return &Engine{cfg: cfg, tr: tr, client: &http.Client{Transport: tr}}
+	e := &Engine{cfg: cfg, tr: tr, client: &http.Client{Transport: tr}}
+	if cfg.Fleet != nil {
+		cfg.Fleet.SetAsk(e.askVersion)
+	}
+	return e
 }
 
 // Close releases idle connections to the workers.

@@ -58,6 +58,11 @@ const (
 	PathFleet              = "/fleet"
 )
 
+// MaxControlBody bounds the body of a fanned-out control call (the
+// proxy's MaxLocalBody): serialized tensors of update_weights_from_tensor
+// fit; larger weights go by disk or a distributed group.
+const MaxControlBody = 16 << 20
+
 // updateKind says what a fanned-out control call does to the weights.
 type updateKind uint8
 
@@ -76,6 +81,7 @@ var controlPaths = map[string]updateKind{
 	"/init_weights_update_group":       plainCall,
 	"/destroy_weights_update_group":    plainCall,
 	"/update_weight_version":           setVersionCall,
+	"/post_process_weights":            plainCall,
 	"/init_weight_transfer_engine":     plainCall,
 	"/start_weight_update":             openUpdate,
 	"/update_weights":                  weightsCall,
@@ -425,7 +431,11 @@ func (e *Engine) control(w http.ResponseWriter, r *http.Request, kind updateKind
 	if !allowMethods(w, r, http.MethodPost) {
 		return
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+	body, err := io.ReadAll(io.LimitReader(r.Body, MaxControlBody+1))
+	if err == nil && len(body) > MaxControlBody {
+		writeError(w, http.StatusRequestEntityTooLarge, "body larger than "+strconv.Itoa(MaxControlBody)+" bytes")
+		return
+	}
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "could not read the body")
 		return
@@ -454,6 +464,16 @@ func (e *Engine) control(w http.ResponseWriter, r *http.Request, kind updateKind
 	}
 	epoch := e.cfg.Table.Epoch()
 	ws := e.workers()
+	if v := r.Header.Get(route.TargetWorkerHeader); v != "" {
+		// One engine's own call (an NCCL group's init carries each
+		// engine's rank_offset): to that worker only, still tracked.
+		wk := e.targetWorker(v)
+		if wk == nil {
+			writeError(w, http.StatusBadRequest, route.TargetWorkerHeader+" names no worker: "+strconv.Quote(v))
+			return
+		}
+		ws = []*route.Worker{wk}
+	}
 	changes := kind == weightsCall || kind == openUpdate || kind == closeUpdate
 	if kind == weightsCall && f.UpdateOpen() {
 		// vLLM's chunked update: the version changes at finish.
@@ -615,4 +635,43 @@ func (e *Engine) timeoutParam(w http.ResponseWriter, r *http.Request, def time.D
 		return 0, false
 	}
 	return time.Duration(f * float64(time.Second)), true
+}
+
+// askVersion asks a worker that joined the fleet its weight version
+// (SGLang GET /get_weight_version) and records what it says: one with the
+// fleet's weights is unfenced at once; one that cannot say stays fenced
+// until an update through tetherd.
+func (e *Engine) askVersion(w *route.Worker) {
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
+	defer cancel()
+	auth := ""
+	if e.cfg.WorkerAPIKey != "" {
+		auth = "Bearer " + e.cfg.WorkerAPIKey
+	}
+	c := call{w: w, method: http.MethodGet, path: PathGetWeightVersion, auth: auth}
+	r := e.do(ctx, &c)
+	var v struct {
+		WeightVersion string `json:"weight_version"`
+	}
+	if r.Error != "" || json.Unmarshal(r.Response, &v) != nil || v.WeightVersion == "" {
+		e.cfg.Log.Info("fleet: a joining worker could not say its weight version: fenced until an update", "worker", w.Slot, "url", w.URL, "target", e.cfg.Fleet.Target())
+		return
+	}
+	if e.cfg.Table.Get(w.Slot) == w {
+		e.cfg.Fleet.SetVersion(w.URL, v.WeightVersion)
+	}
+}
+
+// targetWorker returns the worker a X-SMG-Target-Worker value names (a
+// slot or a URL), or nil.
+func (e *Engine) targetWorker(v string) *route.Worker {
+	if n, err := strconv.Atoi(v); err == nil && strconv.Itoa(n) == v {
+		return e.cfg.Table.Get(n)
+	}
+	for _, w := range e.workers() {
+		if w.URL == v {
+			return w
+		}
+	}
+	return nil
 }

@@ -106,6 +106,19 @@ type Fleet struct {
 	// fleet is held), takes every held request: they go to the new
 	// process, which holds them until the resume it will be sent.
 	forward atomic.Pointer[route.Worker]
+
+	// ask, when set, asks a worker its weight version (GET
+	// /get_weight_version: userspace/engine) and records it: a worker that
+	// joins with the fleet's weights is unfenced without an update.
+	ask func(w *route.Worker)
+}
+
+// SetAsk sets how a joining worker of unknown version is asked its
+// version (in the background).
+func (f *Fleet) SetAsk(ask func(w *route.Worker)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ask = ask
 }
 
 type waiter struct {
@@ -349,6 +362,9 @@ func (f *Fleet) onPut(w *route.Worker) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.fenceLocked(w)
+	if f.target != "" && f.versions[w.URL] == "" && f.ask != nil {
+		go f.ask(w)
+	}
 }
 
 func (f *Fleet) fenceLocked(w *route.Worker) {
