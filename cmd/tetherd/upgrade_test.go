@@ -136,9 +136,7 @@ func upgradeUnderLoad(t *testing.T, bin string, extra []string, upgrades int) {
 			syscall.Kill(p, syscall.SIGKILL)
 		}
 	}()
-	for readPid(pidfile) != pids[0] {
-		time.Sleep(5 * time.Millisecond)
-	}
+	testenv.WaitFor(t, "the pidfile", func() bool { return readPid(pidfile) == pids[0] })
 	fdsAtStart := countFDs(pids[0])
 	// A worker added at run time survives the upgrades in its slot.
 	extraWorker, err := demo.Start("127.0.0.1:0", demo.Options{Index: 2})
@@ -405,9 +403,7 @@ func TestUpgradeFailsSafely(t *testing.T) {
 		}
 		syscall.Kill(first, syscall.SIGKILL)
 	}()
-	for readPid(pidfile) != first {
-		time.Sleep(5 * time.Millisecond)
-	}
+	testenv.WaitFor(t, "the pidfile", func() bool { return readPid(pidfile) == first })
 
 	place(broken)
 	out, err := exec.Command(ctl, "upgrade", "--pidfile", pidfile, "--timeout", "3s").CombinedOutput()

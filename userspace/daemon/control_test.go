@@ -322,13 +322,7 @@ func TestHealthPanicAndBack(t *testing.T) {
 	admin := "http://" + d.AdminAddr()
 	addr := strings.TrimPrefix(w0.URL(), "http://")
 	w0.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for d.Table.Get(0).State() != route.Unhealthy {
-		if time.Now().After(deadline) {
-			t.Fatal("dead worker still healthy")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.WaitFor(t, "the dead worker unhealthy", func() bool { return d.Table.Get(0).State() == route.Unhealthy })
 	for i := 0; i < 10; i++ {
 		var s struct{ Worker int }
 		ctlDo(t, "POST", "http://"+d.Addr()+"/sessions", "").json(t, &s)
@@ -338,12 +332,7 @@ func TestHealthPanicAndBack(t *testing.T) {
 	}
 	// Kill the other one too: panic mode.
 	d.Demos()[0].Close()
-	for !d.Registry.Panic() {
-		if time.Now().After(deadline) {
-			t.Fatal("no panic mode")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.WaitFor(t, "panic mode", d.Registry.Panic)
 	r := ctlDo(t, "GET", "http://"+d.Addr()+"/sessions/w0-00000000000000000000000000000000", "")
 	if r.status != 502 {
 		t.Fatalf("panic routing: %d (want a 502 from a dead worker, not a 503 storm)", r.status)
@@ -359,12 +348,9 @@ func TestHealthPanicAndBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer back.Close()
-	for d.Table.Get(0).State() != route.Healthy || d.Registry.Panic() {
-		if time.Now().After(deadline.Add(10 * time.Second)) {
-			t.Fatal("worker back but not healthy")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.WaitFor(t, "the worker back healthy, panic mode over", func() bool {
+		return d.Table.Get(0).State() == route.Healthy && !d.Registry.Panic()
+	})
 }
 
 // TestReload: the worker list is reconciled by url (kept slots stay), the

@@ -60,9 +60,7 @@ func TestGateQueue(t *testing.T) {
 				order <- i
 			}
 		}()
-		for w.Queued() != i+1 {
-			time.Sleep(time.Millisecond)
-		}
+		waitFor(t, "the waiter queued", func() bool { return w.Queued() == i+1 })
 	}
 	if a := w.Admit(2, time.Minute, nil); a != QueueFull {
 		t.Fatalf("third waiter: %d, want QueueFull", a)
@@ -109,9 +107,7 @@ func TestGateTryAdmit(t *testing.T) {
 	}
 	got := make(chan Admission, 1)
 	go func() { got <- w.Admit(8, 5*time.Second, nil) }()
-	for w.Queued() != 1 {
-		time.Sleep(time.Millisecond)
-	}
+	waitFor(t, "the waiter queued", func() bool { return w.Queued() == 1 })
 	if w.TryAdmit() {
 		t.Fatal("admitted while one waits at the limit")
 	}
