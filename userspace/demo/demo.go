@@ -192,8 +192,10 @@ func (w *Worker) Running() []string {
 }
 
 // LastHeaders returns a copy of the headers of the last request, not counting
-// the GET /health and GET /get_load probes (so a proxy's health checker does
-// not hide the request a test is looking at). It is nil before any request.
+// the GET probes of a router's control plane (/health, /get_load, and the
+// engine load poller's /v1/loads, /metrics, /get_weight_version), so that
+// they do not hide the request a test is looking at. It is nil before any
+// request.
 func (w *Worker) LastHeaders() http.Header {
 	h := w.last.Load()
 	if h == nil {
@@ -211,7 +213,7 @@ func (w *Worker) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 
 	path := r.URL.Path
 	get, post := r.Method == http.MethodGet, r.Method == http.MethodPost
-	if !get || (path != "/health" && path != "/get_load") {
+	if !get || !probePath(path) {
 		// The server never modifies a request's headers once the handler
 		// runs, so keeping a pointer is safe; LastHeaders copies.
 		w.last.Store(&r.Header)
@@ -1088,4 +1090,14 @@ func (w *Worker) slow(rw http.ResponseWriter, r *http.Request) {
 		}
 		flush(rw)
 	}
+}
+
+// probePath reports whether a GET of path is a router's control-plane
+// probe (health checks, load polling), not a request a test looks at.
+func probePath(path string) bool {
+	switch path {
+	case "/health", "/get_load", "/v1/loads", "/metrics", "/get_weight_version":
+		return true
+	}
+	return false
 }
