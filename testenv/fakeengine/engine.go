@@ -571,7 +571,8 @@ func (e *Engine) loop() {
 				return
 			}
 		}
-		t.Reset(e.cfg.DecodeStep + time.Duration(prefill)*e.cfg.PrefillPerToken)
+		end := time.Now().Add(e.cfg.DecodeStep + time.Duration(prefill)*e.cfg.PrefillPerToken)
+		t.Reset(time.Until(end))
 	step:
 		for {
 			select {
@@ -580,10 +581,21 @@ func (e *Engine) loop() {
 			case <-e.wake:
 				// Arrivals join the batch during the step (they decode at
 				// its end), as a long step would not make them wait a
-				// whole step more.
+				// whole step more; their prefill lengthens the step, for
+				// the whole batch, as it would on an engine.
 				e.mu.Lock()
-				e.admitLocked()
+				n, _ := e.admitLocked()
 				e.mu.Unlock()
+				if n > 0 {
+					end = end.Add(time.Duration(n) * e.cfg.PrefillPerToken)
+					if !t.Stop() {
+						select {
+						case <-t.C:
+						default:
+						}
+					}
+					t.Reset(time.Until(end))
+				}
 			case <-e.quit:
 				t.Stop()
 				return
