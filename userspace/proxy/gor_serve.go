@@ -238,18 +238,18 @@ func (c *conn) proxy(w *route.Worker, learn *route.Learner, reroutable bool) (ke
 	}
 	w.Stats.Begin()
 	keep = c.proxyExchange(&x)
-	w.Stats.End(x.failed)
-	w.Leave()
+	st := x.status
+	if x.sentHead {
+		st = c.resp.Status
+	}
+	var took time.Duration
+	if c.s.cfg.Observe != nil {
+		took = time.Since(start)
+	}
+	c.s.exchangeEnded(w, x.failed, !x.refused, st, took)
 	if x.learn != nil && !x.refused {
 		c.learn = nil
 		x.learn.End()
-	}
-	if obs := c.s.cfg.Observe; obs != nil && !x.refused {
-		st := x.status
-		if x.sentHead {
-			st = c.resp.Status
-		}
-		obs(w.Slot, st/100, time.Since(start))
 	}
 	if x.up != nil {
 		if x.reuse {

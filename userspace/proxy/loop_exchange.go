@@ -9,13 +9,22 @@ package proxy
 // read from the client, one write up, one read down and one write to the
 // client; the wait is one epoll_wait shared by every socket of the loop.
 //
-// The outcomes are those of outcome.go, decided in the same order: before
-// a byte went up, anything unusual goes to a goroutine that decides it
-// (connectFailed: placed again, or 502 not-sent); after, a failure before
-// the response head is 502 (504 on the response timeout) with
-// X-Tether-Upstream-State: sent; after the head, a visible cut (a reset
-// for a close-delimited body); a client that leaves closes the upstream at
-// once, so the engine cancels the generation.
+// The exchange's phases, each a function of the loop that runs until it
+// must wait for a socket (then an event, or a ring completion, calls it
+// again: loop_ring.go's replay lands at the same I/O site) or ends:
+//
+//	read head        next, read, parse, fast     loop_head.go
+//	route, connect   begin, connectFailed         loop_exchange.go, loop_upstream.go
+//	send             send, upload, earlyAnswer    loop_exchange.go
+//	relay response   pump, head, relayHead, body  loop_relay.go, loop_splice.go
+//	finish           end (at the framing), conclude (a failure, by
+//	                 outcome.go's decide), clientLost, abandon,
+//	                 expireExchange, lingerClose  loop_finish.go
+//
+// lx.phase says which of send, upload, head and body the events of the
+// exchange's sockets go to (clientEvent, upEvent). Before a byte went up,
+// anything unusual goes to a goroutine that decides it (connectFailed:
+// placed again, or 502 not-sent).
 
 import (
 	"time"

@@ -31,13 +31,9 @@ func (l *loop) end(c *conn) {
 func (l *loop) finishExchange(c *conn) {
 	l.cancelIO(c)
 	x := c.x
-	x.w.Stats.End(x.failed)
-	x.w.Leave()
+	l.s.exchangeEnded(x.w, x.failed, true, x.status, time.Duration(l.now-x.start))
 	if x.dec.Done != nil {
 		x.dec.Done()
-	}
-	if obs := l.s.cfg.Observe; obs != nil {
-		obs(x.w.Slot, x.status/100, time.Duration(l.now-x.start))
 	}
 	if x.pipe != nil {
 		l.putPipe(x.pipe, x.inPipe == 0)

@@ -1,5 +1,11 @@
 package proxy
 
+import (
+	"time"
+
+	"github.com/tether-rl/tether/userspace/route"
+)
+
 // Outcomes: every way an exchange can fail is decided here, in one order,
 // so the data path never writes its own ladder (caddy's reverse proxy does
 // the same with statusError). Before the response head went out, the
@@ -26,6 +32,18 @@ package proxy
 // After the head (stageRelay, or a client that stopped reading): the
 // client left → nothing; else the cut is made visible (close; a reset for
 // a close-delimited body).
+
+// exchangeEnded is the accounting of every proxied exchange, on either
+// path, once it ended: its result on w (failed: a worker error), its place
+// given back, and (observe) Config.Observe told the status class and the
+// time it took.
+func (s *Server) exchangeEnded(w *route.Worker, failed, observe bool, status int, took time.Duration) {
+	w.Stats.End(failed)
+	w.Leave()
+	if obs := s.cfg.Observe; obs != nil && observe {
+		obs(w.Slot, status/100, took)
+	}
+}
 
 // stage is where an exchange was when it failed.
 type stage uint8
