@@ -4,7 +4,9 @@ package main
 // handed over, the pidfile, and systemd's notify protocol.
 
 import (
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -80,6 +82,46 @@ func removePidfile(path string, pid int) {
 func notify(log *slog.Logger, state string, files ...*os.File) {
 	if _, err := sysd.Notify(state, files...); err != nil {
 		log.Warn("systemd notify failed", "err", err)
+	}
+}
+
+// notifyMainPID tells systemd that this process, started by an upgrade
+// of process from, is the unit's main process now, and waits until systemd
+// has read it (BARRIER=1, systemd 246+; an older one closes the descriptor
+// unread too) before the old process hears that this one serves and may
+// exit: a main process that exits before systemd knows its successor stops
+// the unit, and systemd kills the new tetherd (make vmtest, systemd 252:
+// the first upgrade under the unit ended the service). The watchdog is
+// this process's now: WATCHDOG_PID, inherited from the old process, names
+// this one (else it would never send WATCHDOG=1, and systemd killed it
+// WatchdogSec after the old one exited), and the first WATCHDOG=1 goes
+// with MAINPID= (upgrades in a row faster than WatchdogSec/2 would
+// otherwise starve the watchdog).
+func notifyMainPID(log *slog.Logger, from int) {
+	if os.Getenv("NOTIFY_SOCKET") == "" {
+		return
+	}
+	state := "MAINPID=" + strconv.Itoa(os.Getpid())
+	if os.Getenv("WATCHDOG_USEC") != "" && os.Getenv("WATCHDOG_PID") == strconv.Itoa(from) {
+		os.Setenv("WATCHDOG_PID", strconv.Itoa(os.Getpid()))
+		state += "\nWATCHDOG=1"
+	}
+	notify(log, state)
+	r, w, err := os.Pipe()
+	if err != nil {
+		log.Warn("systemd notify barrier", "err", err)
+		return
+	}
+	defer r.Close()
+	_, err = sysd.Notify("BARRIER=1", w)
+	w.Close()
+	if err != nil {
+		log.Warn("systemd notify barrier", "err", err)
+		return
+	}
+	r.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := r.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		log.Warn("systemd did not confirm the new MAINPID within 5s", "err", err)
 	}
 }
 

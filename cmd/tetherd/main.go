@@ -163,6 +163,9 @@ func run(args []string) error {
 		return err
 	}
 	d.Serve()
+	if opts.Inherited != nil && opts.Inherited.From != 0 {
+		notifyMainPID(log, opts.Inherited.From)
+	}
 	if err := d.Ready(); err != nil {
 		log.Warn("upgrade: could not tell the old process", "err", err)
 	}

@@ -51,6 +51,17 @@ func (n *notifyServer) next(t *testing.T) string {
 		t.Fatalf("notify socket: %v", err)
 	}
 	msg := string(buf[:k])
+	if oobn > 0 && strings.Contains(msg, "BARRIER=1") {
+		// As systemd does: the barrier's descriptor is closed once read.
+		msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
+		for _, m := range msgs {
+			fds, _ := unix.ParseUnixRights(&m)
+			for _, fd := range fds {
+				unix.Close(fd)
+			}
+		}
+		oobn = 0
+	}
 	if oobn > 0 {
 		msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
 		for _, m := range msgs {
