@@ -8,7 +8,7 @@ FUZZTIME ?= 30s
 PREFIX  ?= /usr/local
 DESTDIR ?=
 
-.PHONY: all build run test vet check-generate generate bench soak fuzz clean install
+.PHONY: all build run test vet check-generate generate bench soak fuzz clean install deb vmtest
 
 all: build
 
@@ -93,6 +93,20 @@ install: build
 	install -D -m 0644 docs/operations.md $(DESTDIR)$(PREFIX)/share/doc/tether/operations.md
 	test -e $(DESTDIR)/etc/tether/tetherd.json || install -D -m 0644 cmd/tetherd/tetherd.example.json $(DESTDIR)/etc/tether/tetherd.json
 	@echo "installed. Start: systemctl daemon-reload && systemctl enable --now tetherd; upgrade in place: tetherctl upgrade"
+
+# A Debian package (dpkg-deb): tetherd, tetherctl, tether-demo, the unit,
+# /etc/tether/tetherd.json, docs. Written to $(BIN)/tether_<version>_<arch>.deb.
+deb:
+	packaging/deb/build.sh $(BIN)
+
+# The kernel-level tests on real kernels (Debian's 5.10, 6.1, 6.12) in qemu,
+# and on VMTEST_SYSTEMD's boot the .deb under systemd as PID 1
+# (testenv/systemd-e2e.sh). Needs root, qemu-system-x86, debootstrap; the
+# root filesystem and kernels are cached in .vmcache/. See docs/vmtest.md.
+VMTEST_KERNELS ?= 5.10 6.1 6.12
+VMTEST_SYSTEMD ?= 6.1
+vmtest:
+	VM_KERNELS="$(VMTEST_KERNELS)" VM_SYSTEMD="$(VMTEST_SYSTEMD)" GO="$(GO)" testenv/vm/vmtest.sh
 
 clean:
 	rm -rf $(BIN)
