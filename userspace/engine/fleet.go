@@ -230,6 +230,9 @@ func (e *Engine) pause(w http.ResponseWriter, r *http.Request, client route.Engi
 	if !ok {
 		return
 	}
+	if mode == "" {
+		mode = "abort" // both engines' default
+	}
 	f := e.cfg.Fleet
 	start := time.Now()
 	// From here on nothing new is admitted to any engine.
