@@ -83,6 +83,9 @@ type WorkerStatus struct {
 	// Engine: what the worker's engine last reported (GET /workers
 	// "engine"; the load poller).
 	Engine *EngineStatus `json:"engine,omitempty"`
+	// Decisions: the requests routed to the worker by reason (GET
+	// /workers "decisions").
+	Decisions map[string]uint64 `json:"decisions,omitempty"`
 }
 
 // EngineStatus is a worker's engine as GET /workers shows it.
@@ -201,16 +204,21 @@ func (st *Status) readCurrent(ac *adminClient) error {
 	sort.Slice(st.Workers, func(i, j int) bool { return st.Workers[i].Slot < st.Workers[j].Slot })
 	var le struct {
 		Workers []struct {
-			Slot   int           `json:"slot"`
-			Engine *EngineStatus `json:"engine"`
+			Slot      int               `json:"slot"`
+			Engine    *EngineStatus     `json:"engine"`
+			Decisions map[string]uint64 `json:"decisions"`
 		} `json:"workers"`
 	}
 	if json.Unmarshal(body, &le) == nil {
 		for _, e := range le.Workers {
 			for i := range st.Workers {
-				if st.Workers[i].Slot == e.Slot && e.Engine != nil {
+				if st.Workers[i].Slot != e.Slot {
+					continue
+				}
+				if e.Engine != nil {
 					st.Workers[i].Engine = e.Engine
 				}
+				st.Workers[i].Decisions = e.Decisions
 			}
 		}
 	}
@@ -328,6 +336,9 @@ func (st *Status) print(w io.Writer) error {
 	if err := st.printRouting(w); err != nil {
 		return err
 	}
+	if err := st.printWorkerDecisions(w); err != nil {
+		return err
+	}
 	if err := st.printFleet(w); err != nil {
 		return err
 	}
@@ -423,6 +434,39 @@ func (st *Status) printEngines(w io.Writer) error {
 			ver = "-"
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%s\t%s\t%t\t%s\n", x.Slot, e.Kind, e.Running, e.Waiting, pct(e.KVUsage), pct(e.PrefixHitRate), e.Vetoed, ver)
+	}
+	return tw.Flush()
+}
+
+// printWorkerDecisions shows, per worker, the requests routed to it by
+// reason: which keys stayed put, which moved there, which groups landed.
+func (st *Status) printWorkerDecisions(w io.Writer) error {
+	has := false
+	for _, x := range st.Workers {
+		has = has || len(x.Decisions) > 0
+	}
+	if !has {
+		return nil
+	}
+	fmt.Fprintln(w, "\nDECISIONS PER WORKER (this process, by reason)")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	for _, x := range st.Workers {
+		if len(x.Decisions) == 0 {
+			continue
+		}
+		names := make([]string, 0, len(x.Decisions))
+		for name := range x.Decisions {
+			names = append(names, name)
+		}
+		sort.Strings(names)
+		line := ""
+		for i, name := range names {
+			if i > 0 {
+				line += " "
+			}
+			line += fmt.Sprintf("%s=%d", name, x.Decisions[name])
+		}
+		fmt.Fprintf(tw, "%d\t%s\n", x.Slot, line)
 	}
 	return tw.Flush()
 }

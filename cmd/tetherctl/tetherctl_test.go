@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -142,7 +143,7 @@ func TestStatus(t *testing.T) {
 	if s != (sums{Active: 3, Accepted: 5, Closed: 2}) || len(st.Listeners) != k {
 		t.Errorf("json listeners %+v: sums %+v, want 3 active, 5 accepted, 2 closed", st.Listeners, s)
 	}
-	if len(st.Workers) != 1 || st.Workers[0] != (WorkerStatus{Slot: 7, InFlight: 1, Requests: 1, BytesUp: 100, BytesDown: 2500, Conns: 1}) {
+	if len(st.Workers) != 1 || !reflect.DeepEqual(st.Workers[0], WorkerStatus{Slot: 7, InFlight: 1, Requests: 1, BytesUp: 100, BytesDown: 2500, Conns: 1}) {
 		t.Errorf("json workers %+v", st.Workers)
 	}
 }

@@ -188,6 +188,8 @@ var (
 		"1 while every routable worker is unhealthy and requests are routed to all of them anyway.", nil, nil)
 	dPanicEntered = prometheus.NewDesc("tether_panic_entered_total",
 		"Times every routable worker became unhealthy.", nil, nil)
+	dWorkerDecisions = prometheus.NewDesc("tether_worker_decisions_total",
+		"Requests this process routed to the worker, by reason (as tether_route_decisions_total, per worker).", []string{"slot", "url", "reason"}, nil)
 	dDecisions = prometheus.NewDesc("tether_route_decisions_total",
 		"Routing decisions by reason: session (w<idx>- id), learned (bare session id), spread, hash (ring owner), hash_spill / hash_spilled / hash_return (overload spills: new, kept, back to the owner), hash_failover, sticky, sticky_new, sticky_failover, prefix, rid, target, reroute (the first worker refused the connection: another one), veto (a key moved off an engine whose KV cache or queue is full), group (a GRPO sample to where its prompt's samples are), engine-least (placed by engine load), and the fallbacks bad_session_spread, bad_session_reject, bad_target, no_worker, panic.", []string{"reason"}, nil)
 	dLearned = prometheus.NewDesc("tether_learned_sessions_total",
@@ -237,7 +239,7 @@ var (
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{dWorkerRequests, dWorkerErrors, dWorkerInFlight, dWorkerBytes,
 		dWorkerRetries, dWorkerConns, dWorkerHealthy, dWorkerState, dWorkers, dPanic, dPanicEntered,
-		dDecisions, dLearned, dListenerActive, dListenerAccepted, dListenerClosed, dListenerSelected,
+		dDecisions, dWorkerDecisions, dLearned, dListenerActive, dListenerAccepted, dListenerClosed, dListenerSelected,
 		dListenerMigrated, dSteeringFallbacks, dProxyAccepted, dProxyRequests, dProxyLocal, dProxyErrors, dProxyBuffers,
 		dWorkerQueued, dProxyOpen, dProxyAcceptPauses, dProxyQueued, dProxyParked, dClusterUp, dClusterApplied, dClusterSkipped,
 		dProxyRingOps, dProxyRingSubmits} {
@@ -275,6 +277,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- counter(dWorkerErrors, s.Errors, slot, w.URL)
 			ch <- gauge(dWorkerInFlight, float64(s.InFlight), slot, w.URL)
 			ch <- gauge(dWorkerQueued, float64(w.Queued()), slot, w.URL)
+			for reason, n := range w.Decisions() {
+				ch <- counter(dWorkerDecisions, n, slot, w.URL, reason)
+			}
 			ch <- counter(dWorkerBytes, s.BytesUp, slot, w.URL, "up")
 			ch <- counter(dWorkerBytes, s.BytesDown, slot, w.URL, "down")
 			ch <- gauge(dWorkerConns, float64(s.Conns), slot, w.URL)

@@ -46,6 +46,9 @@ type Info struct {
 	// Engine: what the worker's engine last reported to the load poller
 	// (engine.go); absent for a worker whose load was never read.
 	Engine *EngineInfo `json:"engine,omitempty"`
+	// Decisions: the requests this process routed to the worker, by
+	// reason (session, hash, group, engine-least, veto, ...).
+	Decisions map[string]uint64 `json:"decisions,omitempty"`
 
 	ConsecutiveFailures int        `json:"consecutive_failures"`
 	LastError           string     `json:"last_error,omitempty"`
@@ -93,6 +96,7 @@ func (r *Registry) infoLocked(e *entry) Info {
 		s := e.w.Stats.Load()
 		in.InFlight, in.Requests, in.Errors = s.InFlight, s.Requests, s.Errors
 		in.Engine = engineInfo(e.w)
+		in.Decisions = e.w.Decisions()
 	}
 	return in
 }

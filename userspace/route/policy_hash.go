@@ -440,5 +440,6 @@ func (rt *Router) Reroute(req *httphead.Request, body []byte, d Decision) Decisi
 		return Decision{}
 	}
 	rt.reasons[ReasonReroute].Add(1)
+	w.decided[ReasonReroute].Add(1)
 	return Decision{Worker: w, Reason: ReasonReroute, Learn: d.Learn.retarget(w)}
 }

@@ -58,6 +58,9 @@ type Worker struct {
 	gate        gate          // holds requests in flight to maxInFlight (gate.go)
 	engine      atomic.Int32  // EngineKind (engine.go)
 	fence       atomic.Uint32 // Fence* bits (fence.go)
+	// decided counts the requests routed to this worker, by reason
+	// (Router.Route): GET /workers and /metrics show them per worker.
+	decided [NumReasons]atomic.Uint64
 
 	load engineLoad // engine signals (engine_load.go)
 }
@@ -299,8 +302,32 @@ type Decision struct {
 }
 
 // Route picks the worker for a request. body holds the first bytes of the
-// request body that were buffered with the head (possibly none).
+// request body that were buffered with the head (possibly none). The
+// decision is counted by reason, for every worker and for the one chosen.
 func (rt *Router) Route(req *httphead.Request, body []byte) Decision {
+	d := rt.route(req, body)
+	if d.Worker != nil {
+		d.Worker.decided[d.Reason].Add(1)
+	}
+	return d
+}
+
+// Decisions returns the requests routed to the worker by reason (the
+// reasons with a nonzero count).
+func (w *Worker) Decisions() map[string]uint64 {
+	var out map[string]uint64
+	for r := range w.decided {
+		if n := w.decided[r].Load(); n > 0 {
+			if out == nil {
+				out = make(map[string]uint64)
+			}
+			out[Reason(r).String()] = n
+		}
+	}
+	return out
+}
+
+func (rt *Router) route(req *httphead.Request, body []byte) Decision {
 	l := rt.learning.Load()
 	if id, ok := SessionID(req.Path); ok && (l == nil || !l.isCreate(req)) {
 		slot, stamped := SessionSlot(id)

@@ -188,3 +188,30 @@ func TestKeylessModes(t *testing.T) {
 		})
 	}
 }
+
+// Every decision is counted for the worker it chose, by reason.
+func TestDecisionsPerWorker(t *testing.T) {
+	tab, _ := newTable(3)
+	rt := &Router{Table: tab}
+	for i := 0; i < 4; i++ {
+		if d := rt.Route(parseReq(t, "/sessions/w1-abc/turn"), nil); d.Worker == nil || d.Worker.Slot != 1 {
+			t.Fatalf("session decision: %+v", d)
+		}
+	}
+	for i := 0; i < 3; i++ {
+		rt.Route(parseReq(t, "/generate"), nil)
+	}
+	if got := tab.Get(1).Decisions()["session"]; got != 4 {
+		t.Fatalf("worker 1: %d session decisions, want 4 (%v)", got, tab.Get(1).Decisions())
+	}
+	var spread uint64
+	for i := 0; i < 3; i++ {
+		spread += tab.Get(i).Decisions()["spread"]
+	}
+	if spread != 3 || rt.Count(ReasonSpread) != 3 {
+		t.Fatalf("spread decisions per worker sum to %d, router counted %d; want 3", spread, rt.Count(ReasonSpread))
+	}
+	if tab.Get(0).Decisions()["session"] != 0 {
+		t.Fatal("a session decision counted for a worker it did not choose")
+	}
+}
