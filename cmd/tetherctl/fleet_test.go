@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -38,5 +39,19 @@ func TestStatusFleet(t *testing.T) {
 		if !strings.Contains(got, want) {
 			t.Errorf("missing %q in:\n%s", want, got)
 		}
+	}
+}
+
+// Each worker's pinned keys and decisions by reason, from GET /workers.
+func TestStatusWorkerDecisions(t *testing.T) {
+	var out bytes.Buffer
+	three := 3
+	st := &Status{Workers: []WorkerStatus{{Slot: 0, Pinned: &three, Decisions: map[string]uint64{"hash": 40, "group": 7}}, {Slot: 1}}}
+	if err := st.printWorkerDecisions(&out); err != nil {
+		t.Fatal(err)
+	}
+	got := out.String()
+	if !strings.Contains(got, "KEYS AND DECISIONS PER WORKER") || !regexp.MustCompile(`(?m)^0\s+3\s+group=7 hash=40$`).MatchString(got) || regexp.MustCompile(`(?m)^1\s`).MatchString(got) {
+		t.Fatalf("got:\n%s", got)
 	}
 }

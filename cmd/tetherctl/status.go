@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"text/tabwriter"
 	"time"
 
@@ -86,6 +87,9 @@ type WorkerStatus struct {
 	// Decisions: the requests routed to the worker by reason (GET
 	// /workers "decisions").
 	Decisions map[string]uint64 `json:"decisions,omitempty"`
+	// Pinned: the keys and sessions the sticky table holds for the worker
+	// (GET /workers "pinned").
+	Pinned *int `json:"pinned,omitempty"`
 }
 
 // EngineStatus is a worker's engine as GET /workers shows it.
@@ -207,6 +211,7 @@ func (st *Status) readCurrent(ac *adminClient) error {
 			Slot      int               `json:"slot"`
 			Engine    *EngineStatus     `json:"engine"`
 			Decisions map[string]uint64 `json:"decisions"`
+			Pinned    *int              `json:"pinned"`
 		} `json:"workers"`
 	}
 	if json.Unmarshal(body, &le) == nil {
@@ -218,7 +223,7 @@ func (st *Status) readCurrent(ac *adminClient) error {
 				if e.Engine != nil {
 					st.Workers[i].Engine = e.Engine
 				}
-				st.Workers[i].Decisions = e.Decisions
+				st.Workers[i].Decisions, st.Workers[i].Pinned = e.Decisions, e.Pinned
 			}
 		}
 	}
@@ -443,16 +448,21 @@ func (st *Status) printEngines(w io.Writer) error {
 func (st *Status) printWorkerDecisions(w io.Writer) error {
 	has := false
 	for _, x := range st.Workers {
-		has = has || len(x.Decisions) > 0
+		has = has || len(x.Decisions) > 0 || x.Pinned != nil
 	}
 	if !has {
 		return nil
 	}
-	fmt.Fprintln(w, "\nDECISIONS PER WORKER (this process, by reason)")
+	fmt.Fprintln(w, "\nKEYS AND DECISIONS PER WORKER (pinned: sticky keys, spills and learned sessions held for it; decisions: this process's, by reason)")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SLOT\tPINNED\tDECISIONS")
 	for _, x := range st.Workers {
-		if len(x.Decisions) == 0 {
+		if len(x.Decisions) == 0 && x.Pinned == nil {
 			continue
+		}
+		pinned := "-"
+		if x.Pinned != nil {
+			pinned = strconv.Itoa(*x.Pinned)
 		}
 		names := make([]string, 0, len(x.Decisions))
 		for name := range x.Decisions {
@@ -466,7 +476,7 @@ func (st *Status) printWorkerDecisions(w io.Writer) error {
 			}
 			line += fmt.Sprintf("%s=%d", name, x.Decisions[name])
 		}
-		fmt.Fprintf(tw, "%d\t%s\n", x.Slot, line)
+		fmt.Fprintf(tw, "%d\t%s\t%s\n", x.Slot, pinned, line)
 	}
 	return tw.Flush()
 }

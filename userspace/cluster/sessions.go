@@ -138,6 +138,13 @@ func (s *SharedSessions) Errors() uint64 { return s.local.Errors() }
 // Shared: the table is seen beyond this process.
 func (s *SharedSessions) Shared() bool { return true }
 
+// Range walks the local copy (every replica's assignments are copied in).
+func (s *SharedSessions) Range(f func(key uint64, e sticky.Entry) bool) {
+	if r, ok := s.local.(sticky.Ranger); ok {
+		r.Range(f)
+	}
+}
+
 // lease returns a lease on which an entry lives at least ttl: one per TTL
 // (in seconds), replaced once it has less than ttl left, so an entry lives
 // between ttl and 1.25 × ttl.

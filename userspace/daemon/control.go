@@ -428,5 +428,11 @@ func (d *Daemon) decorateWorker(in *registry.Info) {
 	if w := d.Table.Get(in.Slot); w != nil && w.URL == in.URL {
 		in.WeightVersion = d.Fleet.Version(w.URL)
 		in.SyncState = d.Fleet.WorkerState(w)
+		if d.routing != nil {
+			if counts := d.routing.pinned.get(d.routing.sticky); counts != nil {
+				n := counts[w.Ident()]
+				in.Pinned = &n
+			}
+		}
 	}
 }

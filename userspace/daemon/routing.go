@@ -101,6 +101,7 @@ type routing struct {
 	// sticky holds sticky assignments, remembered spills and learned
 	// session ids; opened at setup, kept across reloads.
 	sticky sticky.Table
+	pinned pinnedCounts // its live entries per worker, for GET /workers
 }
 
 // setupRouting builds the policy, the sticky table, the request id table

@@ -46,6 +46,11 @@ type Info struct {
 	// Engine: what the worker's engine last reported to the load poller
 	// (engine.go); absent for a worker whose load was never read.
 	Engine *EngineInfo `json:"engine,omitempty"`
+	// Pinned: the keys and sessions the sticky table holds for the
+	// worker (sticky keys, remembered spills, learned session ids; keys
+	// on their ring owner under --policy=hash need no entry), filled in
+	// by the admin API; absent where the table cannot be walked.
+	Pinned *int `json:"pinned,omitempty"`
 	// Decisions: the requests this process routed to the worker, by
 	// reason (session, hash, group, engine-least, veto, ...).
 	Decisions map[string]uint64 `json:"decisions,omitempty"`

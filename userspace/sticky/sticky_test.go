@@ -221,3 +221,24 @@ func TestNowIsMonotonicClock(t *testing.T) {
 		t.Fatalf("Now advanced %v over a 10ms sleep", d)
 	}
 }
+
+// CountLive walks a table and counts its live entries by worker identity
+// (the operator's "keys and sessions pinned there"); expired ones are not
+// counted.
+func TestCountLive(t *testing.T) {
+	for name, tab := range tables(t) {
+		t.Run(name, func(t *testing.T) {
+			now := sticky.Now()
+			live, dead := now+int64(time.Minute), now-1
+			for k := uint64(1); k <= 5; k++ {
+				tab.Put(k, sticky.Entry{Worker: 0, ID: 11, Expires: live})
+			}
+			tab.Put(6, sticky.Entry{Worker: 1, ID: 22, Expires: live})
+			tab.Put(7, sticky.Entry{Worker: 1, ID: 22, Expires: dead})
+			got := sticky.CountLive(tab, now)
+			if got[11] != 5 || got[22] != 1 || len(got) != 2 {
+				t.Fatalf("counts %v, want 11:5 22:1", got)
+			}
+		})
+	}
+}
