@@ -431,7 +431,7 @@ func (l *loop) clientEvent(c *conn, ev uint32) {
 		if ev&unix.EPOLLIN != 0 {
 			c.readable = true // pipelined: read once this exchange ends
 		}
-		if ev&unix.EPOLLOUT != 0 && (len(c.x.pend) > 0 || c.x.blocked) {
+		if ev&unix.EPOLLOUT != 0 && (len(c.x.pend) > 0 || c.x.sock.blocked) {
 			l.flushClient(c)
 		}
 		return

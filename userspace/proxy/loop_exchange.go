@@ -68,48 +68,67 @@ const (
 	phaseBody                // relaying the response body
 )
 
-// lx is the state of an exchange on the loop.
+// lx is the state of an exchange on the loop: what it holds (worker,
+// sockets, pipe, buffers, counts) and a few small states, each a group of
+// flags that change together.
 type lx struct {
-	id     uint32 // which exchange (lx structs are reused): loop_ring.go's deferred events
-	w      *route.Worker
-	dec    route.Decision
-	up     *upconn
-	start  int64
-	phase  phase
-	send   []byte // request bytes not yet written up (in conn.out)
-	bodyAt int    // where the request body starts in conn.buf (a fallback rewinds to it)
-	uw     int    // response head bytes in conn.ubuf
-	pend   []byte // response bytes the client has not taken yet (loop_relay.go, writeClient)
-	kind   httphead.BodyKind
-	left   int64            // Content-Length bytes still to come
-	sc     httphead.Chunked // a chunked body's framing (de-chunked: framing.go)
-	status int              // for Config.Observe: relayed, or tetherd's own
-	rt     routeNote        // for Config.RouteHeader
+	id      uint32 // which exchange (lx structs are reused): loop_ring.go's deferred events
+	w       *route.Worker
+	dec     route.Decision
+	up      *upconn
+	start   int64
+	phase   phase
+	send    []byte // request bytes not yet written up (in conn.out)
+	bodyAt  int    // where the request body starts in conn.buf (a fallback rewinds to it)
+	reqLeft int64  // request body bytes still to splice up (phaseUpload)
+	uw      int    // response head bytes in conn.ubuf
+	pend    []byte // response bytes the client has not taken yet (loop_relay.go, writeClient)
+	left    int64  // Content-Length bytes still to come
+	sc      httphead.Chunked
+	pipe    *pipe // a body spliced through (pumpSplice, upload); nil: copied through ubuf
+	inPipe  int   // bytes in pipe not yet written on
+	status  int   // for Config.Observe: relayed, or tetherd's own
+	failed  bool  // counts as a worker error
+	rt      routeNote
 
-	connected bool  // a connect of this exchange succeeded (no second try after)
-	redialed  bool  // the one connect retry was made
-	dechunk   bool  // an HTTP/1.0 client gets a chunked body de-chunked, ended by the close
-	pipe      *pipe // a body spliced through (pumpSplice); nil: copied through ubuf
-	inPipe    int   // bytes in pipe not yet written to the client
-	blocked   bool  // the client's socket would block on the pipe's bytes
-	lowat     bool  // SO_RCVLOWAT raised on the upstream socket
-	upEOF     bool  // the worker closed a close-delimited body (spliced: done once the pipe is empty)
-	reqLeft   int64 // request body bytes still to splice up (phaseUpload)
-	clLowat   bool  // SO_RCVLOWAT raised on the client socket
-	bodyCut   bool  // the worker answered before the whole request body: the client connection lingers, then closes
-	early     bool  // waiting for such an answer after the body failed to go up (a timeout is 502, not 504)
-	upReady   bool  // the upstream socket may have bytes (edge seen, not drained)
-	upHup     bool  // the worker closed or reset: read to the end
-	reparse   bool  // an interim head was written late: look at ubuf again
-	done      bool  // the response ended at its framing
-	isHead    bool
-	http10    bool // the client speaks HTTP/1.0
-	keep      bool // the client connection may carry another request
-	reuse     bool // the upstream connection may go back to the loop's idle list
-	failed    bool // counts as a worker error
-	sentUp    bool
-	sentHead  bool
-	closeCut  bool // a close-delimited body: a cut must be a reset
+	req  reqTraits
+	fr   respFraming // framing.go's frameResponse (keep: the request's, until the head)
+	sock readiness
+	prog progress
+	body bodyState
+}
+
+// reqTraits: what of the request shapes its response.
+type reqTraits struct {
+	head   bool // a HEAD request: no body follows the response head
+	http10 bool // the client speaks HTTP/1.0
+}
+
+// readiness: what the loop knows of its sockets between events
+// (edge-triggered: a flag stays set until a read or write says otherwise).
+type readiness struct {
+	upReady bool // the upstream socket may have bytes (edge seen, not drained)
+	upHup   bool // the worker closed or reset: read to the end
+	blocked bool // the client's socket would block on the pipe's bytes
+	reparse bool // an interim head was written late: look at ubuf again
+}
+
+// progress: how far the exchange got (what a failure may still do).
+type progress struct {
+	connected bool // a connect of this exchange succeeded (no second try after)
+	redialed  bool // the one connect retry was made
+	sentUp    bool // a request byte went up (a failure is 502 sent, never retried)
+	sentHead  bool // the response head went to the client (a failure is a cut)
+	done      bool // the response ended at its framing
+}
+
+// bodyState: the bodies' states beyond their framing.
+type bodyState struct {
+	cut         bool // the worker answered before the whole request body: the client connection lingers, then closes
+	early       bool // waiting for such an answer after the body failed to go up (a timeout is 502, not 504)
+	clientLowat bool // SO_RCVLOWAT raised on the client socket (upload)
+	upLowat     bool // SO_RCVLOWAT raised on the upstream socket (pumpSplice)
+	upEOF       bool // the worker closed a close-delimited body (spliced: done once the pipe is empty)
 }
 
 // begin routes c's request and sends it up.
@@ -175,8 +194,8 @@ func (l *loop) begin(c *conn) {
 	w.Stats.Begin()
 	x := l.newX()
 	c.x = x
-	*x = lx{id: l.nextSeq(), w: w, dec: dec, up: u, start: l.now, bodyAt: c.r, isHead: req.IsMethod("HEAD"), keep: req.KeepAlive, http10: req.Minor == 0,
-		reqLeft: left, pipe: up, rt: s.routeNote(dec)}
+	*x = lx{id: l.nextSeq(), w: w, dec: dec, up: u, start: l.now, bodyAt: c.r, reqLeft: left, pipe: up, rt: s.routeNote(dec),
+		req: reqTraits{head: req.IsMethod("HEAD"), http10: req.Minor == 0}, fr: respFraming{keep: req.KeepAlive}}
 	c.busy = true
 	u.cl = c
 	out := c.appendUpstreamHead(l.lendOut(c), w)
@@ -188,7 +207,7 @@ func (l *loop) begin(c *conn) {
 		l.setDeadline(c, w.Pool.Options().DialTimeout)
 		return
 	}
-	x.connected = true
+	x.prog.connected = true
 	l.send(c)
 }
 
@@ -211,16 +230,16 @@ func (l *loop) connectFailed(c *conn) {
 	x := c.x
 	u := x.up
 	l.closeUp(u)
-	if !x.redialed && !x.connected {
-		x.redialed = true
+	if !x.prog.redialed && !x.prog.connected {
+		x.prog.redialed = true
 		u.pool.Retried(upstream.RetryConnect)
 		if nu, err := l.dial(u.pool, l.sockaddr(u.pool)); err == nil {
-			nu.cl, x.up, x.upReady, x.upHup = c, nu, false, false
+			nu.cl, x.up, x.sock.upReady, x.sock.upHup = c, nu, false, false
 			if nu.connecting {
 				l.setDeadline(c, u.pool.Options().DialTimeout)
 				return
 			}
-			x.connected = true
+			x.prog.connected = true
 			l.send(c)
 			return
 		}
@@ -244,7 +263,7 @@ func (l *loop) send(c *conn) {
 	for len(x.send) > 0 {
 		n, err := l.sendUp(c, x.up.fd, x.send)
 		if n > 0 {
-			x.sentUp = true
+			x.prog.sentUp = true
 			x.w.Stats.AddUp(int64(n))
 			x.send = x.send[n:]
 			continue
@@ -257,7 +276,7 @@ func (l *loop) send(c *conn) {
 		case err == unix.EAGAIN:
 			l.setDeadline(c, cfg.IOTimeout)
 			return
-		case !x.sentUp && !x.up.fresh:
+		case !x.prog.sentUp && !x.up.fresh:
 			// A pooled connection that died before it took a byte: the
 			// one retry allowed, on a new connection.
 			u := x.up
@@ -268,13 +287,13 @@ func (l *loop) send(c *conn) {
 				l.connectFailed(c)
 				return
 			}
-			nu.cl, x.up, x.upReady, x.upHup = c, nu, false, false
-			x.redialed = true // a new connection that fails is not tried again
+			nu.cl, x.up, x.sock.upReady, x.sock.upHup = c, nu, false, false
+			x.prog.redialed = true // a new connection that fails is not tried again
 			if nu.connecting {
 				l.setDeadline(c, u.pool.Options().DialTimeout)
 				return
 			}
-			x.connected = true
+			x.prog.connected = true
 			continue
 		}
 		l.fail(c, 502)
@@ -283,7 +302,7 @@ func (l *loop) send(c *conn) {
 	if x.reqLeft > 0 {
 		x.phase = phaseUpload
 		if x.reqLeft >= batchMin {
-			x.clLowat = unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, batchLowat) == nil
+			x.body.clientLowat = unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, batchLowat) == nil
 		}
 		c.readable = true // try: the body may be queued already
 		l.upload(c)
@@ -291,7 +310,7 @@ func (l *loop) send(c *conn) {
 	}
 	x.phase = phaseHead
 	l.setDeadline(c, cfg.ResponseTimeout)
-	if x.upReady {
+	if x.sock.upReady {
 		l.pump(c)
 	}
 }
@@ -312,7 +331,7 @@ func (l *loop) upload(c *conn) {
 			switch {
 			case n > 0:
 				x.inPipe -= int(n)
-				x.sentUp = true
+				x.prog.sentUp = true
 				x.w.Stats.AddUp(n)
 				l.setDeadline(c, cfg.IOTimeout)
 				continue
@@ -328,15 +347,15 @@ func (l *loop) upload(c *conn) {
 			return
 		}
 		if x.reqLeft == 0 {
-			if x.clLowat {
+			if x.body.clientLowat {
 				unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, 1)
-				x.clLowat = false
+				x.body.clientLowat = false
 			}
 			l.putPipe(p, true)
 			x.pipe = nil
 			x.phase = phaseHead
 			l.setDeadline(c, cfg.ResponseTimeout)
-			if x.upReady {
+			if x.sock.upReady {
 				l.pump(c)
 			}
 			return
@@ -345,9 +364,9 @@ func (l *loop) upload(c *conn) {
 			l.setDeadline(c, cfg.IOTimeout)
 			return
 		}
-		if x.clLowat && x.reqLeft <= batchLowat {
+		if x.body.clientLowat && x.reqLeft <= batchLowat {
 			unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, 1)
-			x.clLowat = false
+			x.body.clientLowat = false
 		}
 		n, err := unix.Splice(c.fd, nil, p.w, nil, int(min(x.reqLeft, int64(p.size))), flags)
 		switch {
@@ -380,8 +399,8 @@ func (l *loop) earlyAnswer(c *conn, wait time.Duration) {
 		x.pipe, x.inPipe = nil, 0
 	}
 	x.reqLeft = 0
-	x.phase, x.keep, x.reuse, x.bodyCut, x.early = phaseHead, false, false, true, true
-	x.upReady = true
+	x.phase, x.fr.keep, x.fr.reuse, x.body.cut, x.body.early = phaseHead, false, false, true, true
+	x.sock.upReady = true
 	l.setDeadline(c, wait)
 	l.pump(c)
 }

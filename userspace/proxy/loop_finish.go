@@ -13,7 +13,7 @@ import (
 
 // end finishes an exchange whose response ended at its framing.
 func (l *loop) end(c *conn) {
-	keep, cut := c.x.keep, c.x.bodyCut
+	keep, cut := c.x.fr.keep, c.x.body.cut
 	l.finishExchange(c)
 	if cut {
 		l.lingerClose(c) // its body was not all read: no reset over the answer
@@ -38,15 +38,15 @@ func (l *loop) finishExchange(c *conn) {
 	if x.pipe != nil {
 		l.putPipe(x.pipe, x.inPipe == 0)
 	}
-	if x.clLowat {
+	if x.body.clientLowat {
 		unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, 1)
 	}
-	if x.lowat && x.up != nil && x.up.fd >= 0 {
+	if x.body.upLowat && x.up != nil && x.up.fd >= 0 {
 		l.lowerLowat(x) // never back to the idle list with a raised mark
 	}
 	if u := x.up; u != nil {
 		u.cl = nil
-		if x.reuse && x.done && !x.upHup {
+		if x.fr.reuse && x.prog.done && !x.sock.upHup {
 			l.putIdle(u)
 		} else {
 			l.closeUp(u)
@@ -65,8 +65,8 @@ func (l *loop) finishExchange(c *conn) {
 func (l *loop) fail(c *conn, status int) {
 	s := l.s
 	x := c.x
-	x.failed, x.reuse = true, false
-	if !x.sentHead {
+	x.failed, x.fr.reuse = true, false
+	if !x.prog.sentHead {
 		x.status = status
 		switch status {
 		case 502:
@@ -74,7 +74,7 @@ func (l *loop) fail(c *conn, status int) {
 		case 504:
 			s.counters.Timeouts.Add(1)
 		}
-		unix.Write(c.fd, upstreamError(status, x.sentUp, true)) // best effort: the connection closes
+		unix.Write(c.fd, upstreamError(status, x.prog.sentUp, true)) // best effort: the connection closes
 	}
 	l.finishExchange(c)
 	l.closeConn(c)
@@ -85,9 +85,9 @@ func (l *loop) fail(c *conn, status int) {
 // body, which a FIN would make look complete).
 func (l *loop) bodyFailed(c *conn) {
 	x := c.x
-	x.failed, x.reuse = true, false
+	x.failed, x.fr.reuse = true, false
 	l.s.counters.Truncated.Add(1)
-	if x.closeCut {
+	if x.fr.closeCut {
 		unix.SetsockoptLinger(c.fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
 	}
 	l.finishExchange(c)
@@ -107,7 +107,7 @@ func (l *loop) abandon(c *conn) {
 	if !c.busy {
 		return
 	}
-	c.x.reuse = false
+	c.x.fr.reuse = false
 	l.finishExchange(c)
 }
 
@@ -120,14 +120,14 @@ func (l *loop) expireExchange(c *conn) {
 	}
 	f := fault{timeout: true}
 	switch {
-	case len(x.pend) > 0 || x.blocked:
+	case len(x.pend) > 0 || x.sock.blocked:
 		f.stage = stageRelay // the client stopped reading
 	case x.phase == phaseSend:
 		f.stage = stageHeadUp
 	case x.phase == phaseUpload:
 		f.stage = stageBodyUp // the client stopped sending (or the worker taking)
 	case x.phase == phaseHead:
-		f.stage, f.early = stageWait, x.early
+		f.stage, f.early = stageWait, x.body.early
 	default:
 		f.stage = stageRelay // the worker went silent mid-body
 	}
@@ -145,7 +145,7 @@ func (l *loop) conclude(c *conn, f fault) {
 		// half-sent request dies with its upstream.
 		x := c.x
 		l.s.counters.Rejected.Add(1)
-		x.failed, x.reuse, x.status = false, false, status
+		x.failed, x.fr.reuse, x.status = false, false, status
 		unix.Write(c.fd, errorResponse(status, true))
 		l.finishExchange(c)
 		l.lingerClose(c)

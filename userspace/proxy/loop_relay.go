@@ -18,10 +18,10 @@ func (l *loop) pump(c *conn) {
 	s := l.s
 	x := c.x
 	for {
-		if len(x.pend) > 0 || x.blocked {
+		if len(x.pend) > 0 || x.sock.blocked {
 			return // the client takes what it has first (EPOLLOUT)
 		}
-		if x.done {
+		if x.prog.done {
 			l.end(c)
 			return
 		}
@@ -31,19 +31,19 @@ func (l *loop) pump(c *conn) {
 			if !l.pumpSplice(c) {
 				return
 			}
-			if !x.done {
+			if !x.prog.done {
 				return
 			}
 			continue
 		}
-		if x.reparse {
-			x.reparse = false
+		if x.sock.reparse {
+			x.sock.reparse = false
 			if !l.head(c) {
 				return
 			}
 			continue
 		}
-		if !x.upReady {
+		if !x.sock.upReady {
 			return
 		}
 		if c.ubuf == nil {
@@ -60,7 +60,7 @@ func (l *loop) pump(c *conn) {
 			p = c.ubuf[x.uw:]
 		} else {
 			p = c.ubuf
-			if x.kind == httphead.BodyLength && int64(len(p)) > x.left {
+			if x.fr.kind == httphead.BodyLength && int64(len(p)) > x.left {
 				p = p[:x.left]
 			}
 		}
@@ -72,15 +72,15 @@ func (l *loop) pump(c *conn) {
 			continue
 		}
 		if err == unix.EAGAIN {
-			x.upReady = false
+			x.sock.upReady = false
 			return
 		}
 		if n <= 0 {
 			// The worker closed (or reset) the connection.
 			if x.phase == phaseHead {
 				l.conclude(c, fault{stage: stageWait})
-			} else if x.kind == httphead.BodyClose && err == nil {
-				x.done, x.reuse, x.keep = true, false, false
+			} else if x.fr.kind == httphead.BodyClose && err == nil {
+				x.prog.done, x.fr.reuse, x.fr.keep = true, false, false
 				continue
 			} else {
 				l.conclude(c, fault{stage: stageRelay})
@@ -89,7 +89,7 @@ func (l *loop) pump(c *conn) {
 		}
 		x.w.Stats.AddDown(int64(n))
 		// A short read drained the socket: the next bytes bring an edge.
-		x.upReady = n == len(p) || x.upHup
+		x.sock.upReady = n == len(p) || x.sock.upHup
 		if x.phase == phaseHead {
 			x.uw += n
 			if !l.head(c) {
@@ -124,7 +124,7 @@ func (l *loop) head(c *conn) bool {
 			return l.relayHead(c)
 		}
 		// (The loop never forwards Expect: a 100 is never the client's.)
-		switch interimPolicy(resp.Status, x.http10, false, false) {
+		switch interimPolicy(resp.Status, x.req.http10, false, false) {
 		case interimBroken:
 			l.fail(c, 502) // an upgrade tether never asked for
 			return false
@@ -138,7 +138,7 @@ func (l *loop) head(c *conn) bool {
 				return false
 			}
 			if len(x.pend) > 0 {
-				x.reparse = true
+				x.sock.reparse = true
 				return true
 			}
 			continue
@@ -153,16 +153,16 @@ func (l *loop) relayHead(c *conn) bool {
 	s := l.s
 	x := c.x
 	resp := c.resp
-	f := frameResponse(resp, x.isHead, x.http10, x.keep, !x.bodyCut, s.closing.Load())
-	x.kind, x.dechunk, x.closeCut, x.keep, x.reuse = f.kind, f.dechunk, f.closeCut, f.keep, f.reuse
+	f := frameResponse(resp, x.req.head, x.req.http10, x.fr.keep, !x.body.cut, s.closing.Load())
+	x.fr = f
 	x.status = resp.Status
-	out := c.appendResponseHead(c.out[:0], !x.keep, f.dropTE, x.rt)
+	out := c.appendResponseHead(c.out[:0], !x.fr.keep, f.dropTE, x.rt)
 	out, left, extra, err := frameFirst(&f, resp, c.ubuf[resp.HeadLen:x.uw], &x.sc, out)
 	if extra {
-		x.reuse = false
+		x.fr.reuse = false
 	}
 	if err != nil {
-		x.reuse = false
+		x.fr.reuse = false
 		s.counters.Truncated.Add(1)
 		l.fail(c, 502)
 		return false
@@ -170,11 +170,11 @@ func (l *loop) relayHead(c *conn) bool {
 	x.left = left
 	switch f.kind {
 	case httphead.BodyNone:
-		x.done = true
+		x.prog.done = true
 	case httphead.BodyLength:
-		x.done = x.left == 0
+		x.prog.done = x.left == 0
 	case httphead.BodyChunked:
-		x.done = x.sc.Done()
+		x.prog.done = x.sc.Done()
 	}
 	c.out = out[:0]
 	x.uw = 0
@@ -182,33 +182,33 @@ func (l *loop) relayHead(c *conn) bool {
 		l.clientLost(c)
 		return false
 	}
-	x.sentHead = true
+	x.prog.sentHead = true
 	x.phase = phaseBody
 	l.setDeadline(c, l.bodyTimeout(x))
 	return true
 }
 
-func (l *loop) bodyTimeout(x *lx) time.Duration { return l.s.cfg.bodyIdle(x.kind) }
+func (l *loop) bodyTimeout(x *lx) time.Duration { return l.s.cfg.bodyIdle(x.fr.kind) }
 
 // body relays response body bytes p by the framing.
 func (l *loop) body(c *conn, p []byte) bool {
 	x := c.x
 	out := p
 	var serr error
-	switch x.kind {
+	switch x.fr.kind {
 	case httphead.BodyLength:
 		x.left -= int64(len(p))
-		x.done = x.left == 0
+		x.prog.done = x.left == 0
 	case httphead.BodyChunked:
 		var extra bool
-		out, extra, serr = frameChunk(&x.sc, p, x.dechunk, c.out[:0])
+		out, extra, serr = frameChunk(&x.sc, p, x.fr.dechunk, c.out[:0])
 		if extra {
-			x.reuse = false // bytes past the last chunk
+			x.fr.reuse = false // bytes past the last chunk
 		}
-		if x.dechunk {
+		if x.fr.dechunk {
 			c.out = out[:0]
 		}
-		x.done = x.sc.Done()
+		x.prog.done = x.sc.Done()
 	}
 	if serr != nil {
 		// The valid bytes before the broken framing go out now (not
@@ -263,7 +263,7 @@ func (l *loop) writeNow(c *conn, p []byte) ([]byte, error) {
 // flushClient writes what waited for the client, then goes on.
 func (l *loop) flushClient(c *conn) {
 	x := c.x
-	x.blocked = false
+	x.sock.blocked = false
 	if !l.writeClient(c, x.pend) {
 		l.clientLost(c)
 		return

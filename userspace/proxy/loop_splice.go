@@ -24,23 +24,23 @@ func (l *loop) splicing(x *lx) bool {
 	if x.pipe != nil {
 		return true
 	}
-	if x.dechunk || !(x.kind == httphead.BodyClose || x.kind == httphead.BodyLength && x.left >= l.s.cfg.SpliceMin) {
+	if x.fr.dechunk || !(x.fr.kind == httphead.BodyClose || x.fr.kind == httphead.BodyLength && x.left >= l.s.cfg.SpliceMin) {
 		return false
 	}
 	x.pipe = l.getPipe()
 	if x.pipe == nil {
 		return false
 	}
-	if x.kind == httphead.BodyLength && x.left >= batchMin {
-		x.lowat = unix.SetsockoptInt(x.up.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, batchLowat) == nil
+	if x.fr.kind == httphead.BodyLength && x.left >= batchMin {
+		x.body.upLowat = unix.SetsockoptInt(x.up.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, batchLowat) == nil
 	}
 	return true
 }
 
 // pumpSplice moves the body: the pipe is emptied to the client first, then
 // filled from the worker (an EAGAIN on an empty pipe is the socket's). It
-// returns false when the exchange ended; otherwise x.done, or a socket
-// would block (x.blocked: the client's; !x.upReady: the worker's).
+// returns false when the exchange ended; otherwise x.prog.done, or a socket
+// would block (x.sock.blocked: the client's; !x.sock.upReady: the worker's).
 func (l *loop) pumpSplice(c *conn) bool {
 	x := c.x
 	p := x.pipe
@@ -56,25 +56,25 @@ func (l *loop) pumpSplice(c *conn) bool {
 			case err == unix.EINTR:
 				continue
 			case err == unix.EAGAIN:
-				x.blocked = true
+				x.sock.blocked = true
 				l.setDeadline(c, l.s.cfg.IOTimeout)
 				return true
 			}
 			l.clientLost(c)
 			return false
 		}
-		if x.kind == httphead.BodyLength && x.left == 0 || x.upEOF {
-			x.done = true // the pipe is empty too
+		if x.fr.kind == httphead.BodyLength && x.left == 0 || x.body.upEOF {
+			x.prog.done = true // the pipe is empty too
 			return true
 		}
-		if !x.upReady {
+		if !x.sock.upReady {
 			return true
 		}
 		want := p.size
-		if x.kind == httphead.BodyLength && x.left < int64(want) {
+		if x.fr.kind == httphead.BodyLength && x.left < int64(want) {
 			want = int(x.left)
 		}
-		if x.lowat && x.left <= batchLowat {
+		if x.body.upLowat && x.left <= batchLowat {
 			l.lowerLowat(x)
 		}
 		n, err := unix.Splice(x.up.fd, nil, p.w, nil, want, flags)
@@ -82,9 +82,9 @@ func (l *loop) pumpSplice(c *conn) bool {
 		case n > 0:
 			x.w.Stats.AddDown(n)
 			x.inPipe += int(n)
-			if x.kind == httphead.BodyLength {
+			if x.fr.kind == httphead.BodyLength {
 				x.left -= n
-				if x.lowat && x.left <= batchLowat {
+				if x.body.upLowat && x.left <= batchLowat {
 					// One splice can take the body past the mark and to
 					// its end: the socket goes back to its pool with the
 					// default mark, or a later body's tail would never
@@ -96,11 +96,11 @@ func (l *loop) pumpSplice(c *conn) bool {
 		case err == unix.EINTR:
 			continue
 		case err == unix.EAGAIN:
-			x.upReady = false
-			continue // x.upReady false: return (after nothing is left in the pipe)
-		case err == nil && x.kind == httphead.BodyClose:
+			x.sock.upReady = false
+			continue // x.sock.upReady false: return (after nothing is left in the pipe)
+		case err == nil && x.fr.kind == httphead.BodyClose:
 			// The worker's close ends the body, once the pipe is empty.
-			x.upEOF, x.reuse, x.keep = true, false, false
+			x.body.upEOF, x.fr.reuse, x.fr.keep = true, false, false
 			continue
 		}
 		l.bodyFailed(c)
@@ -144,5 +144,5 @@ func (l *loop) putPipe(p *pipe, empty bool) {
 // lowerLowat gives the upstream socket its default SO_RCVLOWAT back.
 func (l *loop) lowerLowat(x *lx) {
 	unix.SetsockoptInt(x.up.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, 1)
-	x.lowat = false
+	x.body.upLowat = false
 }

@@ -132,17 +132,17 @@ func (l *loop) upEvent(u *upconn, ev uint32) {
 			l.connectFailed(c)
 			return
 		}
-		x.connected = true
+		x.prog.connected = true
 		u.connecting = false
 		u.pool.Stats().ConnOpened()
 		l.send(c)
 		return
 	}
 	if ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-		x.upHup = true
+		x.sock.upHup = true
 	}
 	if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-		x.upReady = true
+		x.sock.upReady = true
 	}
 	switch x.phase {
 	case phaseSend:
@@ -151,7 +151,7 @@ func (l *loop) upEvent(u *upconn, ev uint32) {
 		}
 		return
 	case phaseUpload:
-		if x.upReady && !interimAhead(u.fd) {
+		if x.sock.upReady && !interimAhead(u.fd) {
 			// The worker answers before it has the whole body (a 413, a
 			// 401): relay that answer (outcome.go, rule 3).
 			l.earlyAnswer(c, l.s.cfg.ResponseTimeout)

@@ -63,7 +63,7 @@ func TestDeferredUpstreamEvents(t *testing.T) {
 		c := &conn{x: &lx{id: 9, phase: phaseHead}}
 		u.cl = c
 		l.upDeferred(u, 7, unix.EPOLLIN)
-		if c.x.upReady || !open(u) {
+		if c.x.sock.upReady || !open(u) {
 			t.Fatal("an event of exchange 7 was delivered to exchange 9")
 		}
 		u.cl = nil
