@@ -412,10 +412,12 @@ func (s *Steering) Insert(slot int, ln *net.TCPListener) error {
 	}
 	err := sysconn.Control(ln, func(fd int) error {
 		err := s.sockets.Update(uint32(slot), uint64(fd), ebpf.UpdateAny)
-		if err != nil && s.inherited && errors.Is(err, unix.EBUSY) {
-			// Handed over by the old process: the socket is already in
-			// the array (a socket can be in one slot only). Fine if that
-			// slot is this one.
+		if err != nil && errors.Is(err, unix.EBUSY) {
+			// The socket is already in the array (a socket can be in one
+			// slot only): handed over by the old process in an upgrade,
+			// or kept open across a restart by systemd (the fd store,
+			// socket activation) while the pinned array still holds it.
+			// Fine if that slot is this one.
 			cookie, cerr := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_COOKIE)
 			var have uint64
 			if cerr == nil && s.sockets.Lookup(uint32(slot), &have) == nil && have == cookie {
