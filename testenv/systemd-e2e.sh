@@ -10,11 +10,13 @@
 # and tetherd.service already installed (the .deb: /usr/bin). Then it runs
 # tetherd as the tetherd.service unit in front of two tether-demo workers and:
 #
-#  1. sends requests without pause (one after the other, new connection
-#     each) while it upgrades tetherd 10 times (tetherctl upgrade) and
-#     restarts it 5 times (systemctl restart): 0 failed requests allowed;
+#  1. sends requests without pause (4 clients, one request after the other,
+#     a new connection each) while it upgrades tetherd 10 times (tetherctl
+#     upgrade) and restarts it 5 times (systemctl restart): 0 failed
+#     requests allowed;
 #  2. checks the fd store: the listening sockets after a restart are the
-#     same kernel sockets (inode numbers) as before;
+#     same kernel sockets (inode numbers) as before, and BPF steering, if
+#     on at the start, is still on after the restarts;
 #  3. reload (systemctl reload, SIGHUP): a third worker in the file is added,
 #     the process stays; a broken file is refused, the process stays;
 #  4. watchdog: tetherd stopped with SIGSTOP (hung) is killed by systemd
@@ -42,7 +44,9 @@ systemctl cat tetherd.service >/dev/null
 say() { echo "e2e [$(date +%T)] $*"; }
 fail() { say "FAIL: $*"; journalctl -u tetherd --no-pager -n 40 || true; exit 1; }
 mainpid() { systemctl show -p MainPID --value tetherd; }
-inodes() { ss -Hltne 'sport = :8080' | grep -o 'ino:[0-9]*' | sort | tr '\n' ' '; }
+# The inode numbers of the sockets listening on :8080 (0x1F90). Not ss -e:
+# it fails on a socket whose cgroup is gone (a restart makes a new one).
+inodes() { awk '$4 == "0A" && $2 ~ /:1F90$/ {print "ino:" $10}' /proc/net/tcp /proc/net/tcp6 | sort | tr '\n' ' '; }
 req() {
   curl -sf -m 10 -o /dev/null -XPOST "http://127.0.0.1:8080/sessions/w$1-0123456789abcdef0123456789abcdef/v1/chat/completions" \
     -d '{"messages":[{"role":"user","content":"hi"}]}'
@@ -63,29 +67,37 @@ write_conf() { # the workers 0..$1-1
 }
 write_conf 2
 cleanup() {
-  kill "${load:-0}" 2>/dev/null || true
+  [ -n "${load:-}" ] && kill $load 2>/dev/null || true
   systemctl stop tetherd tether-demo-0 tether-demo-1 tether-demo-2 2>/dev/null || true
   if [ -s "$saved" ]; then cp "$saved" "$conf"; fi
   rm -f "$saved"
 }
 trap cleanup EXIT
 systemctl daemon-reload
+t_start=$(date '+%Y-%m-%d %H:%M:%S')
 systemctl restart tetherd
 systemctl is-active --quiet tetherd || fail "tetherd not active after start"
-say "tetherd active, MainPID $(mainpid), sockets $(inodes)"
+bpf=on
+journalctl -u tetherd --since "$t_start" --no-pager | grep -q 'BPF steering unavailable' && bpf=off
+say "tetherd active, MainPID $(mainpid), sockets $(inodes), BPF steering $bpf"
 
-# 1. Load: one request after the other, counting, until stopped.
-counts=$(mktemp)
-echo "0 0" >"$counts"
-(
-  n=0 f=0
-  while :; do
-    n=$((n + 1))
-    req $((n % 2)) || { f=$((f + 1)); echo "$(date +%T.%N) request $n failed" >&2; }
-    echo "$n $f" >"$counts"
-  done
-) &
-load=$!
+# 1. Load: LOADERS (4) clients, each one request after the other on a new
+# connection, counting, until stopped.
+LOADERS=${LOADERS:-4}
+counts=$(mktemp -d)
+loaders=()
+for l in $(seq "$LOADERS"); do
+  : >"$counts/$l"
+  (
+    n=0
+    while :; do
+      n=$((n + 1))
+      if req $((n % 2)); then echo ok >>"$counts/$l"; else echo FAIL >>"$counts/$l"; echo "$(date +%T.%N) loader $l: request $n failed" >&2; fi
+    done
+  ) &
+  loaders+=($!)
+done
+load="${loaders[*]}"
 for i in $(seq 10); do
   before=$(mainpid)
   "$BIN/tetherctl" upgrade --pidfile /run/tetherd/tetherd.pid --timeout 60s >/dev/null || fail "upgrade $i"
@@ -96,14 +108,20 @@ for i in $(seq 10); do
   sleep 0.5
 done
 ino_before=$(inodes)
+t_restarts=$(date '+%Y-%m-%d %H:%M:%S')
 for i in $(seq 5); do
   systemctl restart tetherd
   say "restart $i: MainPID $(mainpid)"
   sleep 0.5
 done
 ino_after=$(inodes)
-kill "$load"; wait "$load" 2>/dev/null || true
-read -r requests failed <"$counts"
+kill $load; wait $load 2>/dev/null || true
+requests=0 failed=0
+for l in $(seq "$LOADERS"); do
+  requests=$((requests + $(grep -c -e '^ok$' -e '^FAIL$' "$counts/$l")))
+  failed=$((failed + $(grep -c '^FAIL$' "$counts/$l")))
+done
+rm -rf "$counts"
 systemctl is-active --quiet tetherd || fail "not active after the restarts"
 say "10 upgrades, 5 restarts: $requests requests, $failed failed"
 [ "$failed" = 0 ] || fail "$failed failed requests"
@@ -111,7 +129,10 @@ say "10 upgrades, 5 restarts: $requests requests, $failed failed"
 # 2. The fd store: the same listening sockets before and after the restarts.
 say "listening sockets before the restarts: $ino_before; after: $ino_after"
 [ -n "$ino_before" ] && [ "$ino_before" = "$ino_after" ] || fail "the listening sockets changed across restarts (fd store not used)"
-journalctl -u tetherd --no-pager | grep -q 'systemd fd store: socket' && fail "the journal says a socket was not stored"
+journalctl -u tetherd --since "$t_start" --no-pager | grep -q 'systemd fd store: socket' && fail "the journal says a socket was not stored"
+if [ "$bpf" = on ] && journalctl -u tetherd --since "$t_restarts" --no-pager | grep -q 'BPF steering unavailable'; then
+  fail "BPF steering lost across a restart (the stored sockets not put back into their slots)"
+fi
 
 # 3. Reload: a third worker appears, the process stays; a bad file changes nothing.
 pid=$(mainpid)
@@ -165,4 +186,4 @@ rm -f "$stream"
 req 0 2>/dev/null && fail "stop: the port still answers"
 say "stop: the stream completed, inactive, Result=success, port closed ($((SECONDS - t0))s)"
 
-echo "e2e: requests=$requests failed=$failed upgrades=10 restarts=5 fdstore=kept reload=ok watchdog=restarted stop=clean"
+echo "e2e: requests=$requests failed=$failed loaders=$LOADERS upgrades=10 restarts=5 bpf=$bpf fdstore=kept reload=ok watchdog=restarted stop=clean"

@@ -87,8 +87,10 @@ smoke() {
 }
 
 if [[ $MODE == *tests* ]]; then
+  demos=()
   for i in 0 1; do
     "$H/bin/tether-demo" --listen "127.0.0.1:1300$i" --index "$i" >"$OUT/demo-$i.log" 2>&1 &
+    demos+=($!)
   done
   sleep 1
 
@@ -118,7 +120,7 @@ if [[ $MODE == *tests* ]]; then
   put smoke.bpf_required "$r"
   say "smoke (--bpf=required): $r"
   if [ "$r" = not-serving ]; then
-    put smoke.bpf_required.error "$(grep -E 'level=ERROR|error|Error' "$OUT/smoke-required.log" | tail -n1 | cut -c1-300)"
+    put smoke.bpf_required.error "$(tail -n1 "$OUT/smoke-required.log" | cut -c1-300)"
     # Only acceptable where the default run said steering is unavailable.
     grep -q '^assist.bpf_steering=on' "$SUM" && FAILED=1
   elif [ "$r" != 0/40 ]; then
@@ -130,12 +132,30 @@ if [[ $MODE == *tests* ]]; then
 
   run_test uring 300 userspace/uring/uring.test
   run_test sysconn 300 userspace/sysconn/sysconn.test
-  run_test bpf 600 bpf/bpf.test
-  run_test listener 900 userspace/listener/listener.test
-  run_test upgrade 900 cmd/tetherd/tetherd.test -test.run '^TestUpgradeUnderLoad$'
+  # BPF steering needs 5.17 (bpf_loop): below, the kernel refuses the
+  # program, tetherd says so once and serves on the kernel hash (checked
+  # above), and the steering tests have nothing to test. Their failure
+  # there is recorded, not counted; above 5.17 it counts.
+  below_steering_min=0
+  if grep -q '^assist.bpf_steering=off' "$SUM" && ! printf '%s\n%s\n' 5.17 "$(uname -r | cut -d- -f1)" | sort -V -C; then
+    below_steering_min=1
+  fi
+  if [ "$below_steering_min" = 1 ]; then
+    put kernel.below_steering_minimum "yes (5.17): bpf and listener tests run, their failures not counted"
+    keep=$FAILED
+    run_test bpf 600 bpf/bpf.test
+    run_test listener 900 userspace/listener/listener.test
+    FAILED=$keep
+    sed -i -E 's/^(test\.(bpf|listener))=FAIL/\1=FAIL-expected(below 5.17)/' "$SUM"
+    run_test upgrade 900 cmd/tetherd/tetherd.test -test.run '^TestUpgradeUnderLoad$/^bpf-off$'
+  else
+    run_test bpf 600 bpf/bpf.test
+    run_test listener 900 userspace/listener/listener.test
+    run_test upgrade 900 cmd/tetherd/tetherd.test -test.run '^TestUpgradeUnderLoad$'
+  fi
   run_test proxy-uring "${VM_PROXY_TIMEOUT:-1500}" userspace/proxy/proxy.test
   run_test proxy-syscalls "${VM_PROXY_TIMEOUT:-1500}" userspace/proxy/proxy.test -syscalls
-  pkill -f "$H/bin/tether-demo" 2>/dev/null
+  kill "${demos[@]}" 2>/dev/null
 fi
 
 if [[ $MODE == *systemd* ]]; then

@@ -283,8 +283,9 @@ boot() {
     fi
     sleep 2
   done
-  wait "$q"; local rc=$?
-  sleep 1; kill "$t" 2>/dev/null; wait "$t" 2>/dev/null
+  local rc=0
+  wait "$q" || rc=$?
+  sleep 1; kill "$t" 2>/dev/null || true; wait "$t" 2>/dev/null || true
   echo "time=$((SECONDS - start))s" >>"$out/summary" 2>/dev/null
   if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
     log "$k: FAIL: qemu ran past ${TIMEOUT}s"; echo "result=FAIL (timeout)" >>"$out/summary"; return 1
