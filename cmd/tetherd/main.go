@@ -49,6 +49,7 @@ func defaultListeners(cpus int) int { return max(1, min(cpus, stats.MaxSlots)) }
 type cli struct {
 	fs           *flag.FlagSet
 	opts         daemon.Options
+	demo         int
 	grace        time.Duration
 	drainTimeout time.Duration
 	upgradeWait  time.Duration
@@ -66,7 +67,7 @@ func parse(args []string) (*cli, error) {
 	opts := &c.opts
 	fs.StringVar(&opts.Listen, "listen", "127.0.0.1:8080", "data-plane address")
 	fs.Var(&workers, "worker", "backend worker URL (repeatable; slot = order given)")
-	fs.IntVar(&opts.Demo, "demo", 0, "start N built-in demo session workers on loopback and route to them")
+	fs.IntVar(&c.demo, "demo", 0, fmt.Sprintf("start N built-in demo session workers on loopback and route to them (at most %d)", maxDemo))
 	fs.StringVar(&opts.Cluster, "cluster", "", "etcd://HOST:PORT[,HOST:PORT...]: keep the worker table in etcd, shared by every tetherd of the same --cluster-name (docs/cluster.md)")
 	fs.StringVar(&opts.ClusterName, "cluster-name", "", "the cluster's name, the key prefix /tether/<name>/ in etcd (default \"default\" with --cluster)")
 	fs.BoolVar(&opts.ClusterShareSessions, "cluster-share-sessions", false, "with --cluster: also write each new sticky assignment (learned session ids, sticky keys, spills) to etcd, so every replica routes the session the same way")
@@ -158,6 +159,11 @@ func run(args []string) error {
 	if c.pprof != "" {
 		go func() { log.Error("pprof stopped", "err", http.ListenAndServe(c.pprof, nil)) }()
 	}
+	stopDemos, err := startDemos(&opts, c.demo)
+	if err != nil {
+		return err
+	}
+	defer stopDemos() // after the daemon's shutdown or retirement below
 	d, err := daemon.New(opts)
 	if err != nil {
 		return err
@@ -180,11 +186,11 @@ func run(args []string) error {
 	if clusterSynced(d, opts.Inherited, sig, log) {
 		stored = notifyReady(d, log)
 	}
-	if opts.Demo > 0 && opts.Inherited == nil {
+	if c.demo > 0 && opts.Inherited == nil {
 		fmt.Fprintf(os.Stderr, "\ntether is running with %d demo workers. Try:\n"+
 			"  curl -s -XPOST http://%[2]s/sessions\n"+
 			"  curl -s http://%[2]s/sessions/<session_id>/v1/chat/completions -d '{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'\n"+
-			"  curl -s http://%[2]s/health\n\n", opts.Demo, d.Addr())
+			"  curl -s http://%[2]s/health\n\n", c.demo, d.Addr())
 	}
 	stopWatchdog := watchdog(log)
 	defer stopWatchdog()

@@ -27,8 +27,9 @@ import (
 // DefaultAdmin is the admin API's default address (cmd/tetherd --admin).
 const DefaultAdmin = "127.0.0.1:8081"
 
-// Worker origins of the daemon's own workers.
-const originDemo registry.Origin = "demo" // --demo: removable, not reloaded
+// originStarted is the origin of Options.StartedWorkers (tetherd --demo's):
+// removable, not reloaded.
+const originStarted registry.Origin = "demo"
 
 type control struct {
 	// Cluster mode (cluster.go).
@@ -49,9 +50,9 @@ type control struct {
 }
 
 // newRegistry creates the registry, reserves slots 0..Spawn-1 for the
-// --spawn processes and puts the start-up workers (--worker, then --demo)
-// in the slots after them.
-func (d *Daemon) newRegistry(opts Options, demos int) error {
+// --spawn processes and puts the start-up workers (Workers, then
+// StartedWorkers) in the slots after them.
+func (d *Daemon) newRegistry(opts Options) error {
 	d.ctl.prober = health.NewProberWith(health.ProbeOptions{Timeout: opts.HealthTimeout, Path: opts.HealthPath, APIKey: opts.WorkerAPIKey})
 	d.Registry = registry.New(registry.Options{
 		Table:          d.Table,
@@ -93,14 +94,14 @@ func (d *Daemon) newRegistry(opts Options, demos int) error {
 			}
 		}
 	}
+	all := append(opts.Workers[:len(opts.Workers):len(opts.Workers)], opts.StartedWorkers...)
 	if opts.Cluster != "" {
-		return d.startCluster(opts, opts.Workers)
+		return d.startCluster(opts, all)
 	}
-	static := len(opts.Workers) - demos
-	for i, u := range opts.Workers {
+	for i, u := range all {
 		origin := registry.OriginConfig
-		if i >= static {
-			origin = originDemo
+		if i >= len(opts.Workers) {
+			origin = originStarted
 		}
 		if _, err := d.Registry.Put(opts.Spawn+i, u, origin); err != nil {
 			return fmt.Errorf("worker %s: %w", u, err)

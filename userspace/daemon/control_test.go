@@ -120,12 +120,13 @@ func chat(t *testing.T, d *Daemon, sid string) ctlReply {
 // TestAdminAbsentFromDataPort: by default the admin paths on the data port
 // are proxied to a worker like any other path; the registry is untouched.
 func TestAdminAbsentFromDataPort(t *testing.T) {
-	d := ctlDaemon(t, Options{Demo: 2})
+	demos := demoWorkers(t, 0, 2)
+	d := ctlDaemon(t, Options{StartedWorkers: urlsOf(demos)})
 	extra := startDemo(t, 2)
 	data := "http://" + d.Addr()
 	for _, c := range []struct{ method, path string }{
 		{"POST", "/add_worker?url=" + url.QueryEscape(extra.URL())},
-		{"POST", "/remove_worker?url=" + url.QueryEscape(d.Demos()[0].URL())},
+		{"POST", "/remove_worker?url=" + url.QueryEscape(demos[0].URL())},
 		{"GET", "/list_workers"},
 		{"POST", "/workers"},
 		{"GET", "/workers"},
@@ -151,7 +152,7 @@ func TestAdminAbsentFromDataPort(t *testing.T) {
 // TestAdminOnDataPort: with --admin-on-data-port the admin API answers on
 // the data port too, behind the token when one is set.
 func TestAdminOnDataPort(t *testing.T) {
-	d := ctlDaemon(t, Options{Demo: 1, AdminOnDataPort: true, AdminToken: "tok"})
+	d := ctlDaemon(t, Options{StartedWorkers: demoURLs(t, 0, 1), AdminOnDataPort: true, AdminToken: "tok"})
 	extra := startDemo(t, 1)
 	for _, base := range []string{"http://" + d.Addr(), "http://" + d.AdminAddr()} {
 		if r := ctlDo(t, "GET", base+"/list_workers", ""); r.status != 401 || r.header.Get("X-Tether-Demo-Worker") != "" {
@@ -196,7 +197,7 @@ func TestAdminOnDataPort(t *testing.T) {
 // sessions then follow --bad-session) and leaves the others in place; a
 // new worker takes the first free slot and its sessions route there.
 func TestSlotsDrainRemove(t *testing.T) {
-	d := ctlDaemon(t, Options{Demo: 3, BadSession: "reject"})
+	d := ctlDaemon(t, Options{StartedWorkers: demoURLs(t, 0, 3), BadSession: "reject"})
 	admin := "http://" + d.AdminAddr()
 	s1 := newSession(t, d, 1)
 	s2 := newSession(t, d, 2)
@@ -282,9 +283,10 @@ func metricValue(t *testing.T, body, series string) float64 {
 // TestMetricsMove: the per-worker, per-listener and per-request series are
 // there and move with traffic.
 func TestMetricsMove(t *testing.T) {
-	d := ctlDaemon(t, Options{Demo: 2})
+	demos := demoWorkers(t, 0, 2)
+	d := ctlDaemon(t, Options{StartedWorkers: urlsOf(demos)})
 	admin := "http://" + d.AdminAddr()
-	u0 := d.Demos()[0].URL()
+	u0 := demos[0].URL()
 	lbl := `{slot="0",url="` + u0 + `"}`
 	before := string(ctlDo(t, "GET", admin+"/metrics", "").body)
 	for _, s := range []string{"tether_worker_requests_total" + lbl, "tether_worker_in_flight" + lbl,
@@ -318,7 +320,8 @@ func TestMetricsMove(t *testing.T) {
 // and says so; a worker back on its port is healthy again.
 func TestHealthPanicAndBack(t *testing.T) {
 	w0 := startDemo(t, 0)
-	d := ctlDaemon(t, Options{Workers: []string{w0.URL()}, Demo: 1, HealthFailures: 2, HealthSuccesses: 1})
+	demos := demoWorkers(t, 1, 1)
+	d := ctlDaemon(t, Options{Workers: []string{w0.URL()}, StartedWorkers: urlsOf(demos), HealthFailures: 2, HealthSuccesses: 1})
 	admin := "http://" + d.AdminAddr()
 	addr := strings.TrimPrefix(w0.URL(), "http://")
 	w0.Close()
@@ -331,7 +334,7 @@ func TestHealthPanicAndBack(t *testing.T) {
 		}
 	}
 	// Kill the other one too: panic mode.
-	d.Demos()[0].Close()
+	demos[0].Close()
 	testenv.WaitFor(t, "panic mode", d.Registry.Panic)
 	r := ctlDo(t, "GET", "http://"+d.Addr()+"/sessions/w0-00000000000000000000000000000000", "")
 	if r.status != 502 {
@@ -510,7 +513,7 @@ func TestSpawn(t *testing.T) {
 // tetherd refuses itself as a worker (data or admin address, by any name):
 // a request would loop through it until its descriptors ran out.
 func TestSelfNotAWorker(t *testing.T) {
-	d := ctlDaemon(t, Options{Demo: 1})
+	d := ctlDaemon(t, Options{StartedWorkers: demoURLs(t, 0, 1)})
 	_, port, _ := net.SplitHostPort(d.Addr())
 	_, aport, _ := net.SplitHostPort(d.AdminAddr())
 	for _, u := range []string{"http://" + d.Addr(), "http://localhost:" + port, "http://127.0.0.1:" + aport} {
@@ -534,7 +537,7 @@ func TestAdminSlowBodyCut(t *testing.T) {
 	old := adminReadTimeout
 	adminReadTimeout = 300 * time.Millisecond
 	defer func() { adminReadTimeout = old }()
-	d := ctlDaemon(t, Options{Demo: 1})
+	d := ctlDaemon(t, Options{StartedWorkers: demoURLs(t, 0, 1)})
 	c, err := net.Dial("tcp", d.AdminAddr())
 	if err != nil {
 		t.Fatal(err)
@@ -568,7 +571,7 @@ func isTimeoutErr(err error) bool {
 // legacy and REST endpoints leave one consistent table (unique slots, each
 // URL once, the registry's view equal to the routing table's).
 func TestAdminUnderBadInputAndContention(t *testing.T) {
-	d := ctlDaemon(t, Options{Demo: 1})
+	d := ctlDaemon(t, Options{StartedWorkers: demoURLs(t, 0, 1)})
 	admin := "http://" + d.AdminAddr()
 	before := ctlDo(t, "GET", admin+"/list_workers", "").body
 	for _, tc := range []struct{ method, path, body string }{

@@ -1,6 +1,7 @@
 // Package daemon wires tetherd together: listeners, counters, the worker
-// table, the router and the data plane, plus the demo workers of --demo.
-// cmd/tetherd turns flags into Options; tests run the same code in-process.
+// table, the router and the data plane. cmd/tetherd turns flags into
+// Options (and starts the demo workers of --demo, handing their URLs in as
+// StartedWorkers); tests run the same code in-process.
 package daemon
 
 import (
@@ -17,7 +18,6 @@ import (
 	"time"
 
 	"github.com/tether-rl/tether/userspace/admin"
-	"github.com/tether-rl/tether/userspace/demo"
 	"github.com/tether-rl/tether/userspace/fleet"
 	"github.com/tether-rl/tether/userspace/health"
 	"github.com/tether-rl/tether/userspace/httphead"
@@ -34,13 +34,16 @@ import (
 
 // Options are tetherd's settings.
 type Options struct {
-	Listen     string   // data-plane address, e.g. 127.0.0.1:8080
-	Listeners  int      // sockets in the SO_REUSEPORT group, an event loop each; 0: 1 (tetherd's --listeners: one per CPU)
-	BPF        string   // steering: auto (default), required or off
-	PinDir     string   // bpffs directory of the maps; default bpf.DefaultPinDir
-	Workers    []string // backend URLs, slot = index
-	Demo       int      // start this many demo workers and route to them
-	BadSession string   // "spread" (default) or "reject"
+	Listen    string   // data-plane address, e.g. 127.0.0.1:8080
+	Listeners int      // sockets in the SO_REUSEPORT group, an event loop each; 0: 1 (tetherd's --listeners: one per CPU)
+	BPF       string   // steering: auto (default), required or off
+	PinDir    string   // bpffs directory of the maps; default bpf.DefaultPinDir
+	Workers   []string // backend URLs, slot = index
+	// StartedWorkers are workers the caller started for this tetherd
+	// (cmd/tetherd's --demo): in the slots after Workers', origin "demo":
+	// removable, left alone by a reload, not handed over by an upgrade.
+	StartedWorkers []string
+	BadSession     string // "spread" (default) or "reject"
 	// InstanceID names this tetherd in /health (instance_id and miles'
 	// session_server_instance_id); default a random id per process.
 	InstanceID string
@@ -132,7 +135,6 @@ type Daemon struct {
 	Proxy      *proxy.Server
 	Stats      *stats.Table
 	routing    *routing
-	demos      []*demo.Server
 	Group      *listener.Group
 	lns        []net.Listener
 	wg         sync.WaitGroup
@@ -205,8 +207,7 @@ func (o *Options) checkRanges() error {
 	return nil
 }
 
-// New validates opts, starts demo workers if asked, and opens the
-// listeners. Serve starts the data plane.
+// New validates opts and opens the listeners. Serve starts the data plane.
 func New(opts Options) (*Daemon, error) {
 	if opts.Log == nil {
 		opts.Log = slog.Default()
@@ -227,25 +228,19 @@ func New(opts Options) (*Daemon, error) {
 	if err != nil {
 		return nil, err
 	}
-	if opts.Demo < 0 || opts.Demo > 256 {
-		return nil, fmt.Errorf("--demo %d: want 0..256", opts.Demo)
-	}
 	if opts.Spawn < 0 {
 		return nil, fmt.Errorf("--spawn %d: want 0 or more", opts.Spawn)
 	}
-	if opts.Demo == 0 && len(opts.Workers) == 0 && opts.Spawn == 0 && opts.Admin == "" && !opts.AdminOnDataPort {
+	if len(opts.Workers) == 0 && len(opts.StartedWorkers) == 0 && opts.Spawn == 0 && opts.Admin == "" && !opts.AdminOnDataPort {
 		return nil, errors.New("no workers: give --worker URL (repeatable), --demo N or --spawn N, or an admin API (--admin) to add them later")
 	}
-	if len(opts.Workers)+opts.Demo+opts.Spawn > stats.MaxWorkers {
+	if len(opts.Workers)+len(opts.StartedWorkers)+opts.Spawn > stats.MaxWorkers {
 		return nil, fmt.Errorf("too many workers: at most %d", stats.MaxWorkers)
 	}
-	addrs := make([]string, 0, len(opts.Workers))
-	for _, w := range opts.Workers {
-		a, err := ParseWorkerURL(w)
-		if err != nil {
+	for _, w := range append(opts.Workers[:len(opts.Workers):len(opts.Workers)], opts.StartedWorkers...) {
+		if _, err := ParseWorkerURL(w); err != nil {
 			return nil, err
 		}
-		addrs = append(addrs, a)
 	}
 
 	handed, err := handedOver(opts.Inherited)
@@ -273,23 +268,13 @@ func New(opts Options) (*Daemon, error) {
 			d.Close()
 		}
 	}()
-	for i := 0; i < opts.Demo; i++ {
-		s, err := demo.Start("127.0.0.1:0", demo.Options{Index: opts.Spawn + len(addrs)}) // its slot: after --spawn's, and opts.Workers grows below
-		if err != nil {
-			return nil, fmt.Errorf("start demo worker %d: %w", i, err)
-		}
-		d.demos = append(d.demos, s)
-		opts.Workers = append(opts.Workers, s.URL())
-		addrs = append(addrs, s.Addr())
-	}
-
 	g, err := openListeners(opts)
 	if err != nil {
 		return nil, err
 	}
 	d.Group, d.lns, d.Stats = g, g.Listeners(), g.Stats()
 
-	if err := d.newRegistry(opts, len(d.demos)); err != nil {
+	if err := d.newRegistry(opts); err != nil {
 		return nil, err
 	}
 	d.restoreWorkers(handed)
@@ -352,9 +337,6 @@ func maxConns(n int) int {
 // Addr is the data-plane address actually bound.
 func (d *Daemon) Addr() string { return d.lns[0].Addr().String() }
 
-// Demos returns the demo workers started by --demo.
-func (d *Daemon) Demos() []*demo.Server { return d.demos }
-
 // Serve runs the data plane until Shutdown.
 func (d *Daemon) Serve() {
 	procs := proxy.ProcsForLoops(len(d.lns))
@@ -411,9 +393,6 @@ func (d *Daemon) Close() {
 		if w != nil {
 			w.Pool.Close()
 		}
-	}
-	for _, s := range d.demos {
-		s.Close()
 	}
 	d.routing.close()
 }

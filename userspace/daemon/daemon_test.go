@@ -34,6 +34,33 @@ func startDaemon(t *testing.T, opts Options) *Daemon {
 	return serveDaemon(t, opts)
 }
 
+// demoWorkers starts n demo workers for the slots from..from+n-1 (each
+// reports its slot as its index, as tetherd --demo starts them:
+// cmd/tetherd/demo.go), closed when the test ends; the daemon takes their
+// URLs as Options.StartedWorkers.
+func demoWorkers(t *testing.T, from, n int) []*demo.Server {
+	t.Helper()
+	ss := make([]*demo.Server, n)
+	for i := range ss {
+		ss[i] = startDemo(t, from+i)
+	}
+	return ss
+}
+
+// demoURLs is the URLs of demoWorkers(t, from, n).
+func demoURLs(t *testing.T, from, n int) []string {
+	t.Helper()
+	return urlsOf(demoWorkers(t, from, n))
+}
+
+func urlsOf(ss []*demo.Server) []string {
+	urls := make([]string, len(ss))
+	for i, s := range ss {
+		urls[i] = s.URL()
+	}
+	return urls
+}
+
 // serveDaemon runs tetherd in-process on loopback with opts as given and
 // shuts it down (checked) when the test ends.
 func serveDaemon(t *testing.T, opts Options) *Daemon {
@@ -126,14 +153,14 @@ func sessionID(k int) string {
 // than health probes (tetherd may probe them): the proxied requests in the
 // per-worker counters, plus one for each worker that saw a request that is
 // not a probe (demo LastHeaders ignores GET /health and /get_load).
-func workerRequests(d *Daemon) uint64 {
+func workerRequests(d *Daemon, demos []*demo.Server) uint64 {
 	var n uint64
 	for _, w := range d.Table.Snapshot() {
 		if w != nil {
 			n += w.Stats.Load().Requests
 		}
 	}
-	for _, s := range d.Demos() {
+	for _, s := range demos {
 		if s.LastHeaders() != nil {
 			n++
 		}
@@ -144,7 +171,8 @@ func workerRequests(d *Daemon) uint64 {
 // 1. Every turn of a session reaches the worker its id names.
 func TestAffinity(t *testing.T) {
 	const workers, perWorker, turns = 4, 8, 20
-	d := startDaemon(t, Options{Demo: workers})
+	demos := demoWorkers(t, 0, workers)
+	d := startDaemon(t, Options{StartedWorkers: urlsOf(demos)})
 
 	type session struct {
 		id string
@@ -194,7 +222,7 @@ func TestAffinity(t *testing.T) {
 		return
 	}
 	for _, s := range sessions {
-		for j, w := range d.Demos() {
+		for j, w := range demos {
 			want := 0
 			if j == s.k {
 				want = turns
@@ -218,9 +246,10 @@ func TestBadSession(t *testing.T) {
 	ids := []string{"x-1", "w9-abc", "w01-abc", "w-1", "w+1-a"}
 	for _, mode := range []string{"spread", "reject"} {
 		t.Run(mode, func(t *testing.T) {
-			d := startDaemon(t, Options{Demo: 4, BadSession: mode})
+			demos := demoWorkers(t, 0, 4)
+			d := startDaemon(t, Options{StartedWorkers: urlsOf(demos), BadSession: mode})
 			c := newClient(t)
-			before := workerRequests(d)
+			before := workerRequests(d, demos)
 			for _, id := range ids {
 				r, err := do(c, "POST", "http://"+d.Addr()+"/sessions/"+id+"/v1/chat/completions", `{"model":"m"}`)
 				if err != nil {
@@ -232,7 +261,7 @@ func TestBadSession(t *testing.T) {
 					if r.status != 200 || json.Unmarshal(r.body, &v) != nil || v.Worker < 0 || v.Worker >= 4 {
 						t.Fatalf("%s: %d %q", id, r.status, r.body)
 					}
-					if got := d.Demos()[v.Worker].Turns(id); got != 1 {
+					if got := demos[v.Worker].Turns(id); got != 1 {
 						t.Fatalf("%s: worker %d has %d turns", id, v.Worker, got)
 					}
 				case "reject":
@@ -247,7 +276,7 @@ func TestBadSession(t *testing.T) {
 			if mode == "spread" && (spread != n || reject != 0) || mode == "reject" && (reject != n || spread != 0) {
 				t.Fatalf("reasons: bad_session_spread %d, bad_session_reject %d", spread, reject)
 			}
-			if got := workerRequests(d) - before; mode == "reject" && got != 0 {
+			if got := workerRequests(d, demos) - before; mode == "reject" && got != 0 {
 				t.Fatalf("rejected requests reached the workers (%d)", got)
 			}
 		})
@@ -257,7 +286,7 @@ func TestBadSession(t *testing.T) {
 // 3. Requests without a session spread evenly.
 func TestSpread(t *testing.T) {
 	const total, clients, workers = 400, 16, 4
-	d := startDaemon(t, Options{Demo: workers})
+	d := startDaemon(t, Options{StartedWorkers: demoURLs(t, 0, workers)})
 	var next atomic.Int64
 	var mu sync.Mutex
 	counts := make([]int, workers)
@@ -308,9 +337,10 @@ func TestSpread(t *testing.T) {
 
 // 4. /health is answered by tetherd itself.
 func TestHealthLocal(t *testing.T) {
-	d := startDaemon(t, Options{Demo: 4})
+	demos := demoWorkers(t, 0, 4)
+	d := startDaemon(t, Options{StartedWorkers: urlsOf(demos)})
 	c := newClient(t)
-	before := workerRequests(d)
+	before := workerRequests(d, demos)
 	var ids []string
 	for i := 0; i < 3; i++ {
 		r, err := do(c, "GET", "http://"+d.Addr()+"/health", "")
@@ -332,7 +362,7 @@ func TestHealthLocal(t *testing.T) {
 	if ids[0] != ids[1] || ids[1] != ids[2] {
 		t.Fatalf("instance_id changed: %v", ids)
 	}
-	if got := workerRequests(d) - before; got != 0 {
+	if got := workerRequests(d, demos) - before; got != 0 {
 		t.Fatalf("workers saw %d requests", got)
 	}
 }
@@ -342,7 +372,7 @@ func TestHealthLocal(t *testing.T) {
 // tetherd; with no healthy worker /health and /readiness are 503 and
 // /liveness stays 200.
 func TestHealthProbes(t *testing.T) {
-	d := startDaemon(t, Options{Demo: 2, InstanceID: "miles-abc123"})
+	d := startDaemon(t, Options{StartedWorkers: demoURLs(t, 0, 2), InstanceID: "miles-abc123"})
 	c := newClient(t)
 	get := func(path string) (int, map[string]any) {
 		t.Helper()
@@ -410,7 +440,7 @@ func readChunk(br *bufio.Reader) ([]byte, error) {
 // proxy that buffers misses it every time).
 func TestSSETiming(t *testing.T) {
 	const chunks, delay = 5, 200 * time.Millisecond
-	d := startDaemon(t, Options{Demo: 4})
+	d := startDaemon(t, Options{StartedWorkers: demoURLs(t, 0, 4)})
 	id := sessionID(2)
 	once := func() error {
 		c, br := dialRaw(t, d.Addr())
@@ -450,7 +480,7 @@ func TestSSETiming(t *testing.T) {
 // without the proxy buffering the body.
 func TestLargeTransfers(t *testing.T) {
 	const size, seed = 16 << 20, 42
-	d := startDaemon(t, Options{Demo: 4})
+	d := startDaemon(t, Options{StartedWorkers: demoURLs(t, 0, 4)})
 	h := sha256.New()
 	io.Copy(h, demo.Blob(size, seed))
 	want := hex.EncodeToString(h.Sum(nil))
@@ -600,7 +630,7 @@ func TestResponseTimeout(t *testing.T) {
 func TestHostileChunkSizeBeforeRouting(t *testing.T) {
 	for _, keyless := range []string{"least", "prefix"} {
 		t.Run(keyless, func(t *testing.T) {
-			d := startDaemon(t, Options{Demo: 2, Routing: RoutingOptions{Keyless: keyless}})
+			d := startDaemon(t, Options{StartedWorkers: demoURLs(t, 0, 2), Routing: RoutingOptions{Keyless: keyless}})
 			for _, size := range []string{"8000000000000000", "ffffffffffffffff", "fffffffffffffffff"} {
 				c, br := dialRaw(t, d.Addr())
 				io.WriteString(c, "POST /generate HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"+size+"\r\n{\"rid\":\"x\",\"text\":\"hi\"}")
@@ -622,7 +652,7 @@ func TestHostileChunkSizeBeforeRouting(t *testing.T) {
 // once: the routing peek once waited for more body bytes (up to the I/O
 // timeout) before routing.
 func TestChunkedBodyWithHead(t *testing.T) {
-	d := startDaemon(t, Options{Demo: 2})
+	d := startDaemon(t, Options{StartedWorkers: demoURLs(t, 0, 2)})
 	for _, path := range []string{"/sessions", "/generate"} {
 		c, br := dialRaw(t, d.Addr())
 		c.SetDeadline(time.Now().Add(5 * time.Second))

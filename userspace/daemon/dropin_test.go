@@ -210,7 +210,7 @@ func TestDropInClients(t *testing.T) {
 // A percent-encoded engine path is the endpoint it decodes to: tetherd
 // answers it (the fan-out), instead of proxying it to one worker.
 func TestEncodedLocalPath(t *testing.T) {
-	d := startDaemon(t, Options{Demo: 2})
+	d := startDaemon(t, Options{StartedWorkers: demoURLs(t, 0, 2)})
 	for _, p := range []string{"/abort%5Frequest", "/%61bort_request", "/health%3F"} {
 		resp, err := http.Post("http://"+d.Addr()+p, "application/json", strings.NewReader(`{"abort_all":true}`))
 		if err != nil {
@@ -234,7 +234,7 @@ func TestEncodedLocalPath(t *testing.T) {
 // The head limits and timeouts are settings (--max-request-line,
 // --max-head-bytes, --max-header-fields, --head-timeout), not constants.
 func TestLimitsAreSettings(t *testing.T) {
-	d := startDaemon(t, Options{Demo: 1, HeadTimeout: 200 * time.Millisecond,
+	d := startDaemon(t, Options{StartedWorkers: demoURLs(t, 0, 1), HeadTimeout: 200 * time.Millisecond,
 		Limits: httphead.Limits{RequestLine: 100, Head: 1024, Fields: 4, ChunkExt: 16}})
 	status := func(raw string) string {
 		t.Helper()

@@ -47,7 +47,7 @@ func runRouting(t *testing.T, opts Options) (*Daemon, func(method, path, body st
 const chatBody = `{"messages":[{"role":"user","content":"hi"}]}`
 
 func TestRoutingPolicyEndToEnd(t *testing.T) {
-	d, do := runRouting(t, Options{Demo: 4, BPF: "off"})
+	d, do := runRouting(t, Options{StartedWorkers: demoURLs(t, 0, 4), BPF: "off"})
 	if k := d.Router.CurrentPolicy().Config().Kind; k != route.PolicyHash {
 		t.Fatalf("default policy %v", k)
 	}
@@ -141,7 +141,7 @@ func TestRoutingPolicyEndToEnd(t *testing.T) {
 	// Invalid options refuse to start.
 	for _, ro := range []RoutingOptions{{Policy: "x"}, {Keyless: "x"}, {HashLoadFactor: 0.5}, {Keyless: "prefix", PeekBytes: -1}, {PeekBytes: 1 << 20}, {KeyHeaders: []string{"a b"}},
 		{HashSpillTTL: time.Millisecond}, {LearnPath: "/sessions?x"}, {LearnTTL: time.Millisecond}} {
-		o := Options{Listen: "127.0.0.1:0", Demo: 1, BPF: "off", Routing: ro, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		o := Options{Listen: "127.0.0.1:0", StartedWorkers: demoURLs(t, 0, 1), BPF: "off", Routing: ro, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 		if d, err := New(o); err == nil {
 			d.Close()
 			t.Errorf("%+v accepted", ro)
@@ -154,18 +154,18 @@ func TestRoutingPolicyEndToEnd(t *testing.T) {
 func TestStickyTableInSteeringMap(t *testing.T) {
 	testenv.RequireBPF(t)
 	pins := testenv.BPFFS(t)
-	opts := Options{Demo: 2, BPF: "required", PinDir: pins, Routing: RoutingOptions{Policy: "sticky"}}
+	opts := Options{StartedWorkers: demoURLs(t, 0, 2), BPF: "required", PinDir: pins, Routing: RoutingOptions{Policy: "sticky"}}
 	d1, do1 := runRouting(t, opts)
 	// A second tetherd on the same pins: the first owns the steering maps
 	// (its listener group), so this one runs on the kernel hash, and
 	// shares the sticky table.
-	if _, err := New(Options{Listen: "127.0.0.1:0", Demo: 1, BPF: "required", PinDir: pins}); !errors.Is(err, bpf.ErrPinDirBusy) {
+	if _, err := New(Options{Listen: "127.0.0.1:0", StartedWorkers: demoURLs(t, 0, 1), BPF: "required", PinDir: pins}); !errors.Is(err, bpf.ErrPinDirBusy) {
 		t.Fatalf("second tetherd with --bpf=required on the same pins: %v, want ErrPinDirBusy", err)
 	}
 	// It routes to the same engines (entries name their worker: another
 	// engine in the same slot would not inherit the key).
 	opts.BPF = "auto"
-	opts.Demo = 0
+	opts.StartedWorkers = nil
 	opts.Workers = d1.Registry.URLs()
 	d2, do2 := runRouting(t, opts)
 	if d1.Group.Steering() == nil || d2.Group.Steering() != nil {
