@@ -81,7 +81,8 @@ type Config struct {
 	// the target or versions. An error (the store was not written) is
 	// reported in the call's answer; the change holds here regardless.
 	OnPhase func(st fleet.State, phase bool) error
-	// UpdateTimeout bounds each worker's weight-update call; default 30m.
+	// UpdateTimeout bounds each worker's weight-update call;
+	// DefaultUpdateTimeout.
 	UpdateTimeout time.Duration
 	Log           *slog.Logger
 }
@@ -92,6 +93,10 @@ type Engine struct {
 	client *http.Client
 	tr     *http.Transport
 }
+
+// DefaultUpdateTimeout is Config.UpdateTimeout's default (tetherd
+// --update-timeout's): a weight update can take long.
+const DefaultUpdateTimeout = 30 * time.Minute
 
 // New returns an Engine.
 func New(cfg Config) *Engine {
@@ -105,7 +110,7 @@ func New(cfg Config) *Engine {
 		cfg.MaxIdleTimeout = time.Hour
 	}
 	if cfg.UpdateTimeout <= 0 {
-		cfg.UpdateTimeout = 30 * time.Minute
+		cfg.UpdateTimeout = DefaultUpdateTimeout
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()

@@ -14,8 +14,10 @@
 //	Wait(w, gone, t)  the wait itself, FIFO, released in arrival order
 //
 // Only requests that may generate are held: GET, HEAD and OPTIONS go
-// through (model lists, server info, metrics), and tetherd's own control
-// endpoints are answered by tetherd, never proxied.
+// through (model lists, server info, metrics), so do the engines' own
+// control calls a trainer may make while the fleet is paused (Bypass:
+// /collective_rpc, /load_lora_adapter, /tokenize, ...), and tetherd's own
+// control endpoints are answered by tetherd, never proxied.
 package fleet
 
 import (
@@ -25,6 +27,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/route"
 )
 
@@ -68,7 +71,7 @@ type Config struct {
 	// it 503 with Retry-After. Default 1024 (--max-queue).
 	MaxHeldPerWorker int
 	// HoldTimeout bounds one request's time in the hold (--pause-timeout);
-	// default 5 minutes.
+	// DefaultHoldTimeout.
 	HoldTimeout time.Duration
 	// Now is the clock (tests); default time.Now.
 	Now func() time.Time
@@ -126,13 +129,17 @@ type waiter struct {
 	done bool // ch closed
 }
 
+// DefaultHoldTimeout is Config.HoldTimeout's default (tetherd
+// --pause-timeout's).
+const DefaultHoldTimeout = 5 * time.Minute
+
 // New returns a serving fleet.
 func New(cfg Config) *Fleet {
 	if cfg.MaxHeldPerWorker <= 0 {
 		cfg.MaxHeldPerWorker = 1024
 	}
 	if cfg.HoldTimeout <= 0 {
-		cfg.HoldTimeout = 5 * time.Minute
+		cfg.HoldTimeout = DefaultHoldTimeout
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -159,16 +166,42 @@ func safe(method []byte) bool {
 	return false
 }
 
-// Held reports whether a request with this method must wait now: the
-// fleet is not serving, or w (nil: not routed yet) is fenced.
-func (f *Fleet) Held(method []byte, w *route.Worker) bool {
-	if f.phase.Load() == int32(Serving) && (w == nil || w.Fenced() == 0) {
+// Bypass are the paths of engine control calls a trainer may send while
+// the fleet is paused (so they are never held), besides tetherd's own:
+// their engines serve them paused, and holding them would deadlock the
+// trainer that waits for them before it resumes.
+var Bypass = map[string]bool{
+	"/collective_rpc": true, "/weight_checker": true, "/start_draft_weight_update": true,
+	"/get_weights_by_name": true, "/load_lora_adapter": true, "/unload_lora_adapter": true,
+	"/v1/load_lora_adapter": true, "/v1/unload_lora_adapter": true,
+	"/tokenize": true, "/detokenize": true, "/v1/tokenize": true, "/v1/detokenize": true,
+	"/get_world_size": true, "/fetch_weights": true,
+	"/init_weights_send_group_for_remote_instance": true, "/send_weights_to_remote_instance": true,
+}
+
+// Held reports whether req must wait now: the fleet is not serving, or w
+// (nil: not routed yet) is fenced, or this tetherd is retiring (Forward).
+// Serving and unfenced, it is one atomic load or two.
+func (f *Fleet) Held(req *httphead.Request, w *route.Worker) bool {
+	fw := f.forward.Load()
+	if fw == nil && f.phase.Load() == int32(Serving) && (w == nil || w.Fenced() == 0) {
 		return false
 	}
-	if w != nil && w == f.forward.Load() {
+	if w != nil && w == fw {
 		return false
 	}
-	return !safe(method)
+	return !safe(req.Method) && !bypass(req.Path)
+}
+
+// bypass reports whether path (its query cut) is a control call never held.
+func bypass(path []byte) bool {
+	for i, c := range path {
+		if c == '?' {
+			path = path[:i]
+			break
+		}
+	}
+	return Bypass[string(path)]
 }
 
 func (f *Fleet) clearLocked(w *route.Worker) bool {
@@ -192,8 +225,10 @@ func (f *Fleet) Forward(w *route.Worker) {
 func (f *Fleet) Forwarding() *route.Worker { return f.forward.Load() }
 
 // Wait holds a request until the fleet serves and w (nil: any) is not
-// fenced, gone closes, or until passes. Waiters are woken in arrival
-// order; one whose worker is still fenced waits again, in its place.
+// fenced, or something changed that may free it (a fence lifted, a worker
+// added, a phase changed: the caller routes it again and asks Held
+// again, so a worker removed or replaced meanwhile is not waited for),
+// gone closes, or until passes. Waiters are woken in arrival order.
 func (f *Fleet) Wait(w *route.Worker, gone <-chan struct{}, until time.Time) route.HoldResult {
 	f.mu.Lock()
 	if f.clearLocked(w) {
@@ -215,28 +250,17 @@ func (f *Fleet) Wait(w *route.Worker, gone <-chan struct{}, until time.Time) rou
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()
-	for {
-		select {
-		case <-wt.ch:
-			f.mu.Lock()
-			if f.clearLocked(w) {
-				f.mu.Unlock()
-				f.released.Add(1)
-				return route.HoldReleased
-			}
-			// Still held (its worker is fenced): wait again, at the back.
-			wt.ch, wt.done = make(chan struct{}), false
-			f.waiters = append(f.waiters, wt)
-			f.mu.Unlock()
-			continue
-		case <-t.C:
-			f.drop(wt)
-			f.timeouts.Add(1)
-			return route.HoldTimeout
-		case <-gone:
-			f.drop(wt)
-			return route.HoldLeft
-		}
+	select {
+	case <-wt.ch:
+		f.released.Add(1)
+		return route.HoldReleased
+	case <-t.C:
+		f.drop(wt)
+		f.timeouts.Add(1)
+		return route.HoldTimeout
+	case <-gone:
+		f.drop(wt)
+		return route.HoldLeft
 	}
 }
 
@@ -355,15 +379,23 @@ func (f *Fleet) SetRemote(p Phase, linkDown bool) {
 
 // --- weight versions and fences ---
 
-// onPut runs as a worker is put into the table (before it is routable):
-// it starts fenced if the fleet has a target and the worker's version is
-// known to differ or unknown.
-func (f *Fleet) onPut(w *route.Worker) {
+// onPut runs as a worker is put into the table, before it is routable
+// (published false) and again once it is (true: a target set in between
+// reached it too): it starts fenced if the fleet has a target and the
+// worker's version differs or is unknown; once in the table, held
+// requests are woken to be placed again (it may be theirs).
+func (f *Fleet) onPut(w *route.Worker, published bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.fenceLocked(w)
+	if !published {
+		return
+	}
 	if f.target != "" && f.versions[w.URL] == "" && f.ask != nil {
 		go f.ask(w)
+	}
+	if len(f.waiters) > 0 {
+		f.wakeLocked()
 	}
 }
 
