@@ -14,10 +14,8 @@
 //	Wait(w, gone, t)  the wait itself, FIFO, released in arrival order
 //
 // Only requests that may generate are held: GET, HEAD and OPTIONS go
-// through (model lists, server info, metrics), so do the engines' own
-// control calls a trainer may make while the fleet is paused (Bypass:
-// /collective_rpc, /load_lora_adapter, /tokenize, ...), and tetherd's own
-// control endpoints are answered by tetherd, never proxied.
+// through (model lists, server info, metrics), and tetherd's own control
+// endpoints are answered by tetherd, never proxied.
 package fleet
 
 import (
@@ -27,7 +25,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/route"
 )
 
@@ -166,42 +163,16 @@ func safe(method []byte) bool {
 	return false
 }
 
-// Bypass are the paths of engine control calls a trainer may send while
-// the fleet is paused (so they are never held), besides tetherd's own:
-// their engines serve them paused, and holding them would deadlock the
-// trainer that waits for them before it resumes.
-var Bypass = map[string]bool{
-	"/collective_rpc": true, "/weight_checker": true, "/start_draft_weight_update": true,
-	"/get_weights_by_name": true, "/load_lora_adapter": true, "/unload_lora_adapter": true,
-	"/v1/load_lora_adapter": true, "/v1/unload_lora_adapter": true,
-	"/tokenize": true, "/detokenize": true, "/v1/tokenize": true, "/v1/detokenize": true,
-	"/get_world_size": true, "/fetch_weights": true,
-	"/init_weights_send_group_for_remote_instance": true, "/send_weights_to_remote_instance": true,
-}
-
-// Held reports whether req must wait now: the fleet is not serving, or w
-// (nil: not routed yet) is fenced, or this tetherd is retiring (Forward).
-// Serving and unfenced, it is one atomic load or two.
-func (f *Fleet) Held(req *httphead.Request, w *route.Worker) bool {
-	fw := f.forward.Load()
-	if fw == nil && f.phase.Load() == int32(Serving) && (w == nil || w.Fenced() == 0) {
+// Held reports whether a request with this method must wait now: the
+// fleet is not serving, or w (nil: not routed yet) is fenced.
+func (f *Fleet) Held(method []byte, w *route.Worker) bool {
+	if f.phase.Load() == int32(Serving) && (w == nil || w.Fenced() == 0) {
 		return false
 	}
-	if w != nil && w == fw {
+	if w != nil && w == f.forward.Load() {
 		return false
 	}
-	return !safe(req.Method) && !bypass(req.Path)
-}
-
-// bypass reports whether path (its query cut) is a control call never held.
-func bypass(path []byte) bool {
-	for i, c := range path {
-		if c == '?' {
-			path = path[:i]
-			break
-		}
-	}
-	return Bypass[string(path)]
+	return !safe(method)
 }
 
 func (f *Fleet) clearLocked(w *route.Worker) bool {
@@ -225,10 +196,8 @@ func (f *Fleet) Forward(w *route.Worker) {
 func (f *Fleet) Forwarding() *route.Worker { return f.forward.Load() }
 
 // Wait holds a request until the fleet serves and w (nil: any) is not
-// fenced, or something changed that may free it (a fence lifted, a worker
-// added, a phase changed: the caller routes it again and asks Held
-// again, so a worker removed or replaced meanwhile is not waited for),
-// gone closes, or until passes. Waiters are woken in arrival order.
+// fenced, gone closes, or until passes. Waiters are woken in arrival
+// order; one whose worker is still fenced waits again, in its place.
 func (f *Fleet) Wait(w *route.Worker, gone <-chan struct{}, until time.Time) route.HoldResult {
 	f.mu.Lock()
 	if f.clearLocked(w) {
@@ -250,17 +219,28 @@ func (f *Fleet) Wait(w *route.Worker, gone <-chan struct{}, until time.Time) rou
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()
-	select {
-	case <-wt.ch:
-		f.released.Add(1)
-		return route.HoldReleased
-	case <-t.C:
-		f.drop(wt)
-		f.timeouts.Add(1)
-		return route.HoldTimeout
-	case <-gone:
-		f.drop(wt)
-		return route.HoldLeft
+	for {
+		select {
+		case <-wt.ch:
+			f.mu.Lock()
+			if f.clearLocked(w) {
+				f.mu.Unlock()
+				f.released.Add(1)
+				return route.HoldReleased
+			}
+			// Still held (its worker is fenced): wait again, at the back.
+			wt.ch, wt.done = make(chan struct{}), false
+			f.waiters = append(f.waiters, wt)
+			f.mu.Unlock()
+			continue
+		case <-t.C:
+			f.drop(wt)
+			f.timeouts.Add(1)
+			return route.HoldTimeout
+		case <-gone:
+			f.drop(wt)
+			return route.HoldLeft
+		}
 	}
 }
 
@@ -379,23 +359,15 @@ func (f *Fleet) SetRemote(p Phase, linkDown bool) {
 
 // --- weight versions and fences ---
 
-// onPut runs as a worker is put into the table, before it is routable
-// (published false) and again once it is (true: a target set in between
-// reached it too): it starts fenced if the fleet has a target and the
-// worker's version differs or is unknown; once in the table, held
-// requests are woken to be placed again (it may be theirs).
-func (f *Fleet) onPut(w *route.Worker, published bool) {
+// onPut runs as a worker is put into the table (before it is routable):
+// it starts fenced if the fleet has a target and the worker's version is
+// known to differ or unknown.
+func (f *Fleet) onPut(w *route.Worker) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.fenceLocked(w)
-	if !published {
-		return
-	}
 	if f.target != "" && f.versions[w.URL] == "" && f.ask != nil {
 		go f.ask(w)
-	}
-	if len(f.waiters) > 0 {
-		f.wakeLocked()
 	}
 }
 
