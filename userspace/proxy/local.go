@@ -289,12 +289,13 @@ func (w *localWriter) response(isHead, keep bool) []byte {
 
 // probeInLoop answers a probe (local reports one) on the event loop: the
 // same handler and the same bytes as serveLocal, without a goroutine (load
-// balancers and kubelets probe often). False if the request has a body or
-// an Expect: then the goroutine path answers it.
-func (l *loop) probeInLoop(c *conn, h http.Handler) bool {
+// balancers and kubelets probe often), and returns what becomes of c
+// (stepOn: it serves on). False if the request has a body or an Expect:
+// then the goroutine path answers it.
+func (l *loop) probeInLoop(c *conn, h http.Handler) (step, bool) {
 	req := c.req
 	if req.HasBody() || req.Expect100 {
-		return false
+		return stepOn, false
 	}
 	s := l.s
 	s.counters.Requests.Add(1)
@@ -319,9 +320,9 @@ func (l *loop) probeInLoop(c *conn, h http.Handler) bool {
 	if n, err := unix.Write(c.fd, out); err != nil || n != len(out) || !keep {
 		// An answer of a few hundred bytes the socket does not take at
 		// once: the client is not reading; close.
-		l.closeConn(c)
+		return leaveClose, true
 	}
-	return true
+	return stepOn, true
 }
 
 // localReserve is what a local request's body may hold: its

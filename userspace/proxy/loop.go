@@ -83,11 +83,6 @@ type loop struct {
 	retryAt int64
 	backoff time.Duration
 
-	// lost is the last connection the loop let go of (to a goroutine, or
-	// closed): after a call that may do so, the loop checks it before it
-	// touches that connection again.
-	lost *conn
-
 	events []unix.EpollEvent
 
 	// The batch of socket operations (loop_ring.go); ring nil: system calls.
@@ -248,7 +243,7 @@ func (l *loop) run() {
 					if c.ioq {
 						l.deferEvent(c, nil, ev.Events)
 					} else {
-						l.clientEvent(c, ev.Events)
+						l.drive(c, l.clientEvent(c, ev.Events))
 					}
 				} else if u := l.ups[ev.Fd]; u != nil && u.seq == uint32(ev.Pad) {
 					if u.cl != nil && u.cl.ioq {
@@ -285,7 +280,7 @@ func (l *loop) woke() {
 	l.mu.Unlock()
 	for _, c := range in {
 		if l.hold(c) {
-			l.next(c)
+			l.drive(c, l.next(c))
 		}
 	}
 	if stop {
@@ -334,10 +329,7 @@ func (l *loop) stopAll() {
 		l.hold(c)
 	}
 	for _, c := range l.conns {
-		if c.busy {
-			l.abandon(c)
-		}
-		l.closeConn(c)
+		l.leave(c, leaveClose)
 	}
 }
 
@@ -389,52 +381,88 @@ func (l *loop) hold(c *conn) bool {
 func (l *loop) unhold(c *conn) {
 	l.cancelIO(c)
 	unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, c.fd, nil)
-	l.lost = c
 	delete(l.conns, int32(c.fd))
 	l.s.counters.Parked.Add(-1)
 	c.deadline = 0
 }
 
-// closeConn ends a connection the loop holds.
-func (l *loop) closeConn(c *conn) {
+// step is what the loop's work on a connection returns: that the
+// connection waits (for an event, its deadline or a ring completion), or
+// how it leaves the loop (an ending, which leave carries out). Nothing
+// touches a connection after an ending was returned for it: the callers
+// only return it, up to drive.
+type step uint8
+
+const (
+	stepWait step = iota // wait for an event, the deadline or a completion
+	stepOn               // (inside a phase) go on
+
+	// Endings.
+	leaveClose   // close the client connection
+	leaveAborted // the client left mid-exchange (counted): close
+	leaveHandoff // give the connection to a goroutine (c.hand says where it starts)
+)
+
+// ended reports whether st is an ending.
+func (st step) ended() bool { return st >= leaveClose }
+
+// drive carries out what the work on c returned (st): an ending ends c.
+// Every entry of the loop into a connection (its events, a ring
+// completion, a deadline, a connection accepted or given back) goes
+// through it.
+func (l *loop) drive(c *conn, st step) step {
+	if st.ended() {
+		l.leave(c, st)
+	}
+	return st
+}
+
+// leave takes c out of the loop, the one place a connection the loop holds
+// ends (gnet's eventloop.close): an exchange still running is abandoned
+// (its upstream closed, so the worker sees it), what c queued for the
+// ring is withdrawn, then c closes or goes to a goroutine.
+func (l *loop) leave(c *conn, why step) {
+	if why == leaveAborted {
+		l.s.counters.ClientAborted.Add(1)
+	}
+	l.abandon(c)
+	if why == leaveHandoff {
+		l.handoff(c)
+		return
+	}
 	l.cancelIO(c)
-	l.lost = c
 	delete(l.conns, int32(c.fd))
 	l.s.counters.Parked.Add(-1)
 	c.finish()
 }
 
 // clientEvent handles an event on a client socket.
-func (l *loop) clientEvent(c *conn, ev uint32) {
+func (l *loop) clientEvent(c *conn, ev uint32) step {
 	if c.linger > 0 {
 		c.readable = true
-		l.drain(c)
-		return
+		return l.drain(c)
 	}
 	if c.busy && c.x.phase == phaseUpload {
 		if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
 			c.readable = true // the body, or its end: upload reads to it
-			l.upload(c)
+			return l.upload(c)
 		}
-		return
+		return stepWait
 	}
 	if c.busy {
 		if ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
 			// The client left (or half-closed) while its exchange ran:
 			// close the upstream at once, so the engine cancels the
 			// generation (the watch of the goroutine path, gor_watch.go).
-			l.s.counters.ClientAborted.Add(1)
-			l.abandon(c)
-			l.closeConn(c)
-			return
+			return leaveAborted
 		}
 		if ev&unix.EPOLLIN != 0 {
 			c.readable = true // pipelined: read once this exchange ends
 		}
 		if ev&unix.EPOLLOUT != 0 && (len(c.x.pend) > 0 || c.x.sock.blocked) {
-			l.flushClient(c)
+			return l.flushClient(c)
 		}
-		return
+		return stepWait
 	}
 	if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
 		// A FIN that came with the request (the client half-closed after
@@ -442,8 +470,9 @@ func (l *loop) clientEvent(c *conn, ev uint32) {
 		// then ends instead of waiting out the idle timeout.
 		c.hup = c.hup || ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0
 		c.readable = true
-		l.next(c)
+		return l.next(c)
 	}
+	return stepWait
 }
 
 // ProcsForLoops raises GOMAXPROCS to one more than the event loops (unless

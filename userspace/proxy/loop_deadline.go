@@ -38,11 +38,11 @@ func (l *loop) sweep() {
 	for _, c := range l.conns {
 		idle := !c.busy && c.buf == nil && c.linger == 0
 		if closing && idle && now-c.idleSince.Load() >= grace {
-			l.closeConn(c)
+			l.leave(c, leaveClose)
 			continue
 		}
 		if c.deadline != 0 && now >= c.deadline {
-			l.expire(c)
+			l.drive(c, l.expire(c))
 			continue
 		}
 		if c.deadline != 0 {
@@ -80,25 +80,24 @@ func (l *loop) sweep() {
 }
 
 // expire handles a connection whose deadline passed.
-func (l *loop) expire(c *conn) {
+func (l *loop) expire(c *conn) step {
 	c.deadline = 0
 	switch {
 	case c.linger > 0:
-		l.closeConn(c) // lingered long enough
+		return leaveClose // lingered long enough
 	case c.busy:
-		l.expireExchange(c) // loop_finish.go
+		return l.expireExchange(c) // loop_finish.go
 	case c.peekWait:
 		// The first body bytes the router wants did not come: a
 		// goroutine parses the head again and routes on what it gets
 		// (conn.peekBody).
 		c.peekWait = false
-		l.handoff(c, handoff{})
+		return l.toGoroutine(c, handoff{})
 	case c.r < c.w:
 		// A slow client in the middle of a head: 408, answered (and
 		// lingered) the goroutine way.
 		l.s.counters.Rejected.Add(1)
-		l.handoff(c, handoff{reject: 408})
-	default:
-		l.closeConn(c) // idle timeout
+		return l.toGoroutine(c, handoff{reject: 408})
 	}
+	return leaveClose // idle timeout
 }

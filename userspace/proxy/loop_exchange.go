@@ -18,7 +18,7 @@ package proxy
 //	send             send, upload, earlyAnswer    loop_exchange.go
 //	relay response   pump, head, relayHead, body  loop_relay.go, loop_splice.go
 //	finish           end (at the framing), conclude (a failure, by
-//	                 outcome.go's decide), clientLost, abandon,
+//	                 outcome.go's decide), abandon, leave,
 //	                 expireExchange, lingerClose  loop_finish.go
 //
 // lx.phase says which of send, upload, head and body the events of the
@@ -47,15 +47,20 @@ type handoff struct {
 	refused bool           // dec's worker refused the connect, nothing sent: place it again
 }
 
-// handoff gives c to a goroutine running the full data path; h says where
-// it starts (conn.serveOne).
-func (l *loop) handoff(c *conn, h handoff) {
-	l.s.counters.Handoffs.Add(1)
-	l.unhold(c)
+// toGoroutine is the ending that gives c to a goroutine running the full
+// data path; h says where it starts (conn.serveOne).
+func (l *loop) toGoroutine(c *conn, h handoff) step {
 	if c.gor == nil {
 		c.gor = new(gor)
 	}
 	c.hand = h
+	return leaveHandoff
+}
+
+// handoff gives c to a goroutine (leave, for toGoroutine's ending).
+func (l *loop) handoff(c *conn) {
+	l.s.counters.Handoffs.Add(1)
+	l.unhold(c)
 	go c.serve()
 }
 
@@ -132,7 +137,7 @@ type bodyState struct {
 }
 
 // begin routes c's request and sends it up.
-func (l *loop) begin(c *conn) {
+func (l *loop) begin(c *conn) step {
 	s := l.s
 	req := c.req
 	s.counters.Requests.Add(1)
@@ -145,14 +150,12 @@ func (l *loop) begin(c *conn) {
 		left = req.ContentLength - int64(body)
 	}
 	if c.held(nil) {
-		l.handoff(c, handoff{held: true})
-		return
+		return l.toGoroutine(c, handoff{held: true})
 	}
 	dec := s.cfg.Router.Route(req, c.buf[c.r:c.r+body])
 	w := dec.Worker
 	if w == nil || dec.Learn != nil {
-		l.handoff(c, handoff{decided: true, dec: dec})
-		return
+		return l.toGoroutine(c, handoff{decided: true, dec: dec})
 	}
 	sa := l.sockaddr(w.Pool)
 	var up *pipe
@@ -165,8 +168,7 @@ func (l *loop) begin(c *conn) {
 		if up != nil {
 			l.putPipe(up, true)
 		}
-		l.handoff(c, handoff{decided: true, dec: dec})
-		return
+		return l.toGoroutine(c, handoff{decided: true, dec: dec})
 	}
 	if c.held(w) {
 		// A sync began as the place was taken, or w is fenced.
@@ -177,8 +179,7 @@ func (l *loop) begin(c *conn) {
 		if dec.Done != nil {
 			dec.Done()
 		}
-		l.handoff(c, handoff{held: true})
-		return
+		return l.toGoroutine(c, handoff{held: true})
 	}
 	u, err := l.upstream(w.Pool, sa)
 	if err != nil {
@@ -188,8 +189,7 @@ func (l *loop) begin(c *conn) {
 		if up != nil {
 			l.putPipe(up, true)
 		}
-		l.handoff(c, handoff{decided: true, dec: dec})
-		return
+		return l.toGoroutine(c, handoff{decided: true, dec: dec})
 	}
 	w.Stats.Begin()
 	x := l.newX()
@@ -205,10 +205,10 @@ func (l *loop) begin(c *conn) {
 	x.send = out
 	if u.connecting {
 		l.setDeadline(c, w.Pool.Options().DialTimeout)
-		return
+		return stepWait
 	}
 	x.prog.connected = true
-	l.send(c)
+	return l.send(c)
 }
 
 // sockaddr returns the worker's address for a raw connect (nil: a host
@@ -226,7 +226,7 @@ func (l *loop) sockaddr(p *upstream.Pool) unix.Sockaddr {
 // nothing was sent. It is tried once more (as upstream.Pool does); then a
 // goroutine places the request again (or answers 502 not-sent), as the
 // goroutine path does (conn.serveDecision).
-func (l *loop) connectFailed(c *conn) {
+func (l *loop) connectFailed(c *conn) step {
 	x := c.x
 	u := x.up
 	l.closeUp(u)
@@ -237,11 +237,10 @@ func (l *loop) connectFailed(c *conn) {
 			nu.cl, x.up, x.sock.upReady, x.sock.upHup = c, nu, false, false
 			if nu.connecting {
 				l.setDeadline(c, u.pool.Options().DialTimeout)
-				return
+				return stepWait
 			}
 			x.prog.connected = true
-			l.send(c)
-			return
+			return l.send(c)
 		}
 	}
 	x.w.Stats.End(true)
@@ -253,11 +252,11 @@ func (l *loop) connectFailed(c *conn) {
 	c.r = x.bodyAt
 	c.busy = false
 	l.freeX(c)
-	l.handoff(c, handoff{decided: true, dec: dec, refused: true})
+	return l.toGoroutine(c, handoff{decided: true, dec: dec, refused: true})
 }
 
 // send writes the request up; then waits for the response head.
-func (l *loop) send(c *conn) {
+func (l *loop) send(c *conn) step {
 	x := c.x
 	cfg := &l.s.cfg
 	for len(x.send) > 0 {
@@ -270,12 +269,12 @@ func (l *loop) send(c *conn) {
 		}
 		switch {
 		case err == errQueued:
-			return // its completion runs send again (loop_ring.go)
+			return stepWait // its completion runs send again (loop_ring.go)
 		case err == unix.EINTR:
 			continue
 		case err == unix.EAGAIN:
 			l.setDeadline(c, cfg.IOTimeout)
-			return
+			return stepWait
 		case !x.prog.sentUp && !x.up.fresh:
 			// A pooled connection that died before it took a byte: the
 			// one retry allowed, on a new connection.
@@ -284,20 +283,18 @@ func (l *loop) send(c *conn) {
 			u.pool.Retried(upstream.RetryDeadPooled)
 			nu, err := l.dial(u.pool, l.sockaddr(u.pool))
 			if err != nil {
-				l.connectFailed(c)
-				return
+				return l.connectFailed(c)
 			}
 			nu.cl, x.up, x.sock.upReady, x.sock.upHup = c, nu, false, false
 			x.prog.redialed = true // a new connection that fails is not tried again
 			if nu.connecting {
 				l.setDeadline(c, u.pool.Options().DialTimeout)
-				return
+				return stepWait
 			}
 			x.prog.connected = true
 			continue
 		}
-		l.fail(c, 502)
-		return
+		return l.fail(c, 502)
 	}
 	if x.reqLeft > 0 {
 		x.phase = phaseUpload
@@ -305,14 +302,14 @@ func (l *loop) send(c *conn) {
 			x.body.clientLowat = unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, batchLowat) == nil
 		}
 		c.readable = true // try: the body may be queued already
-		l.upload(c)
-		return
+		return l.upload(c)
 	}
 	x.phase = phaseHead
 	l.setDeadline(c, cfg.ResponseTimeout)
 	if x.sock.upReady {
-		l.pump(c)
+		return l.pump(c)
 	}
+	return stepWait
 }
 
 // upload splices the rest of a Content-Length request body from the client
@@ -320,7 +317,7 @@ func (l *loop) send(c *conn) {
 // from the client: an EAGAIN on an empty pipe is the client's socket). A
 // body of at least batchMin raises the client socket's SO_RCVLOWAT, as
 // conn.move does. Then the response is awaited.
-func (l *loop) upload(c *conn) {
+func (l *loop) upload(c *conn) step {
 	x := c.x
 	p := x.pipe
 	cfg := &l.s.cfg
@@ -339,12 +336,11 @@ func (l *loop) upload(c *conn) {
 				continue
 			case err == unix.EAGAIN:
 				l.setDeadline(c, cfg.IOTimeout) // EPOLLOUT on the upstream socket goes on
-				return
+				return stepWait
 			}
 			// The worker stopped taking the body (closed, reset): it may
 			// have answered first.
-			l.earlyAnswer(c, cfg.Waits.EarlyAnswer)
-			return
+			return l.earlyAnswer(c, cfg.Waits.EarlyAnswer)
 		}
 		if x.reqLeft == 0 {
 			if x.body.clientLowat {
@@ -356,13 +352,13 @@ func (l *loop) upload(c *conn) {
 			x.phase = phaseHead
 			l.setDeadline(c, cfg.ResponseTimeout)
 			if x.sock.upReady {
-				l.pump(c)
+				return l.pump(c)
 			}
-			return
+			return stepWait
 		}
 		if !c.readable {
 			l.setDeadline(c, cfg.IOTimeout)
-			return
+			return stepWait
 		}
 		if x.body.clientLowat && x.reqLeft <= batchLowat {
 			unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, 1)
@@ -381,10 +377,7 @@ func (l *loop) upload(c *conn) {
 			continue
 		}
 		// The client's end (or reset) before its whole body: it left.
-		l.s.counters.ClientAborted.Add(1)
-		l.abandon(c)
-		l.closeConn(c)
-		return
+		return leaveAborted
 	}
 }
 
@@ -392,7 +385,7 @@ func (l *loop) upload(c *conn) {
 // request body. Its answer, if one comes within wait, is relayed; the
 // client connection then lingers and closes, its body unread (outcome.go,
 // rule 3); else 502 sent.
-func (l *loop) earlyAnswer(c *conn, wait time.Duration) {
+func (l *loop) earlyAnswer(c *conn, wait time.Duration) step {
 	x := c.x
 	if x.pipe != nil {
 		l.putPipe(x.pipe, false) // what it holds goes nowhere
@@ -402,7 +395,7 @@ func (l *loop) earlyAnswer(c *conn, wait time.Duration) {
 	x.phase, x.fr.keep, x.fr.reuse, x.body.cut, x.body.early = phaseHead, false, false, true, true
 	x.sock.upReady = true
 	l.setDeadline(c, wait)
-	l.pump(c)
+	return l.pump(c)
 }
 
 // interimAhead reports whether the bytes a worker sent during an upload

@@ -1,9 +1,10 @@
 package proxy
 
 // How a loop's exchange ends: at its framing (end), failed before or after
-// the response head (fail, bodyFailed), abandoned (clientLost, abandon),
-// past its deadline (expireExchange), or with the client lingering
-// (lingerClose, drain).
+// the response head (fail, bodyFailed), abandoned (abandon: the client
+// left, leaveAborted), past its deadline (expireExchange), or with the
+// client lingering (lingerClose, drain). What becomes of the client
+// connection is returned (a step): the loop ends it in one place (leave).
 
 import (
 	"time"
@@ -12,19 +13,17 @@ import (
 )
 
 // end finishes an exchange whose response ended at its framing.
-func (l *loop) end(c *conn) {
+func (l *loop) end(c *conn) step {
 	keep, cut := c.x.fr.keep, c.x.body.cut
 	l.finishExchange(c)
 	if cut {
-		l.lingerClose(c) // its body was not all read: no reset over the answer
-		return
+		return l.lingerClose(c) // its body was not all read: no reset over the answer
 	}
 	if !keep {
-		l.closeConn(c)
-		return
+		return leaveClose
 	}
 	c.deadline = 0
-	l.next(c)
+	return l.next(c)
 }
 
 // finishExchange counts the exchange's end and releases what it held.
@@ -62,7 +61,7 @@ func (l *loop) finishExchange(c *conn) {
 
 // fail answers status (502 or 504) if no response head went out, and
 // closes the client connection.
-func (l *loop) fail(c *conn, status int) {
+func (l *loop) fail(c *conn, status int) step {
 	s := l.s
 	x := c.x
 	x.failed, x.fr.reuse = true, false
@@ -77,13 +76,13 @@ func (l *loop) fail(c *conn, status int) {
 		unix.Write(c.fd, upstreamError(status, x.prog.sentUp, true)) // best effort: the connection closes
 	}
 	l.finishExchange(c)
-	l.closeConn(c)
+	return leaveClose
 }
 
 // bodyFailed: the response was cut after its head went out; the client
 // must see it, so its connection closes (a reset for a close-delimited
 // body, which a FIN would make look complete).
-func (l *loop) bodyFailed(c *conn) {
+func (l *loop) bodyFailed(c *conn) step {
 	x := c.x
 	x.failed, x.fr.reuse = true, false
 	l.s.counters.Truncated.Add(1)
@@ -91,18 +90,12 @@ func (l *loop) bodyFailed(c *conn) {
 		unix.SetsockoptLinger(c.fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
 	}
 	l.finishExchange(c)
-	l.closeConn(c)
+	return leaveClose
 }
 
-// clientLost: the client went away mid-exchange (a write failed).
-func (l *loop) clientLost(c *conn) {
-	l.s.counters.ClientAborted.Add(1)
-	l.abandon(c)
-	l.closeConn(c)
-}
-
-// abandon ends c's exchange without an answer (the client left, or the
-// server closes): the upstream connection closes, so the worker sees it.
+// abandon ends c's exchange, if one runs, without an answer (the client
+// left, or the server closes; leave): the upstream connection closes, so
+// the worker sees it.
 func (l *loop) abandon(c *conn) {
 	if !c.busy {
 		return
@@ -112,11 +105,10 @@ func (l *loop) abandon(c *conn) {
 }
 
 // expireExchange handles an exchange whose deadline passed.
-func (l *loop) expireExchange(c *conn) {
+func (l *loop) expireExchange(c *conn) step {
 	x := c.x
 	if x.up != nil && x.up.connecting {
-		l.connectFailed(c) // the worker did not answer the connect: nothing sent
-		return
+		return l.connectFailed(c) // the worker did not answer the connect: nothing sent
 	}
 	f := fault{timeout: true}
 	switch {
@@ -131,15 +123,15 @@ func (l *loop) expireExchange(c *conn) {
 	default:
 		f.stage = stageRelay // the worker went silent mid-body
 	}
-	l.conclude(c, f)
+	return l.conclude(c, f)
 }
 
 // conclude carries out decide's verdict on c's failed exchange (outcome.go).
-func (l *loop) conclude(c *conn, f fault) {
+func (l *loop) conclude(c *conn, f fault) step {
 	e, status := decide(f)
 	switch e {
 	case endAbort:
-		l.clientLost(c)
+		return leaveAborted
 	case endReject:
 		// The client's fault (a body stalled for --io-timeout: 408); the
 		// half-sent request dies with its upstream.
@@ -148,32 +140,31 @@ func (l *loop) conclude(c *conn, f fault) {
 		x.failed, x.fr.reuse, x.status = false, false, status
 		unix.Write(c.fd, errorResponse(status, true))
 		l.finishExchange(c)
-		l.lingerClose(c)
+		return l.lingerClose(c)
 	case endGateway:
-		l.fail(c, status)
+		return l.fail(c, status)
 	case endCut:
-		l.bodyFailed(c)
-	default: // endEarly: the loop relays an early answer as any response (end)
-		l.end(c)
+		return l.bodyFailed(c)
 	}
+	return l.end(c) // endEarly: the loop relays an early answer as any response
 }
 
 // lingerClose half-closes the client connection and reads what it still
 // sends (at most lingerBytes, Waits.Linger) before the close: closing with
 // unread bytes would send a reset that can destroy the answer before the
 // client reads it (gor_head.go's lingerClose, in the loop).
-func (l *loop) lingerClose(c *conn) {
+func (l *loop) lingerClose(c *conn) step {
 	unix.Shutdown(c.fd, unix.SHUT_WR)
 	c.linger = lingerBytes
 	c.readable = true
 	c.deadline = 0
 	l.setDeadline(c, l.s.cfg.Waits.Linger)
-	l.drain(c)
+	return l.drain(c)
 }
 
 // drain reads and drops what a lingering client sends; at its end (or the
 // limit) the connection closes.
-func (l *loop) drain(c *conn) {
+func (l *loop) drain(c *conn) step {
 	var scratch [4096]byte
 	for c.readable {
 		n, err := unix.Read(c.fd, scratch[:])
@@ -181,17 +172,16 @@ func (l *loop) drain(c *conn) {
 		case n > 0:
 			c.linger -= int32(n)
 			if c.linger <= 0 {
-				l.closeConn(c)
-				return
+				return leaveClose
 			}
 			continue
 		case err == unix.EINTR:
 			continue
 		case err == unix.EAGAIN:
 			c.readable = false
-			return
+			return stepWait
 		}
-		l.closeConn(c)
-		return
+		return leaveClose
 	}
+	return stepWait
 }

@@ -14,10 +14,10 @@ import (
 )
 
 // read reads once from the client into its buffer (taken if it has
-// none); false if the connection ended, or if the read was queued for the
-// ring (loop_ring.go: its completion runs next(c) again, and this read is
-// handed the result).
-func (l *loop) read(c *conn) bool {
+// none): stepOn, or an ending (the client closed), or stepWait if the read
+// was queued for the ring (loop_ring.go: its completion runs next(c) again,
+// and this read is handed the result).
+func (l *loop) read(c *conn) step {
 	if c.buf == nil {
 		c.buf, c.r, c.w = l.s.getBuf(), 0, 0
 	} else if c.r > 0 {
@@ -26,36 +26,35 @@ func (l *loop) read(c *conn) bool {
 	}
 	space := len(c.buf) - c.w
 	if space == 0 {
-		return true
+		return stepOn
 	}
 	for {
 		n, err := l.recv(c, opRead, c.fd, c.buf[c.w:])
 		switch {
 		case err == errQueued:
-			return false // its completion runs next(c) again
+			return stepWait // its completion runs next(c) again
 		case n > 0:
 			c.w += n
 			c.readable = n == space || c.hup // a full read may have left more; a FIN is still to read
-			return true
+			return stepOn
 		case err == unix.EINTR:
 			continue
 		case err == unix.EAGAIN:
 			c.readable = false
-			return true
+			return stepOn
 		}
-		l.closeConn(c) // EOF or reset
-		return false
+		return leaveClose // EOF or reset
 	}
 }
 
 // next serves what c holds: a complete head starts its exchange; an
 // incomplete one waits (head timeout); nothing: c idles without a buffer.
-func (l *loop) next(c *conn) {
+func (l *loop) next(c *conn) step {
 	s := l.s
 	for !c.busy {
 		if c.r == c.w && c.readable {
-			if !l.read(c) {
-				return
+			if st := l.read(c); st != stepOn {
+				return st
 			}
 		}
 		if c.r == c.w {
@@ -65,61 +64,57 @@ func (l *loop) next(c *conn) {
 			}
 			l.takeBack(c)
 			if s.closing.Load() && s.idleGrace.Load() == 0 {
-				l.closeConn(c)
-				return
+				return leaveClose
 			}
 			if c.headSince != 0 || c.deadline == 0 {
 				c.headSince = 0
 				c.idleSince.Store(l.now)
 				l.setDeadline(c, s.cfg.IdleTimeout)
 			}
-			return
+			return stepWait
 		}
 		err := l.parse(c)
 		if err == errIncomplete {
 			// (A head that reaches the buffer's end behind a served
 			// one: read compacts it first.)
 			if c.readable && (c.w < len(c.buf) || c.r > 0) {
-				if !l.read(c) {
-					return
+				if st := l.read(c); st != stepOn {
+					return st
 				}
 				continue
 			}
 			if c.w == len(c.buf) && c.r == 0 {
-				l.handoff(c, handoff{}) // a head past the pooled buffer: grown (or 431) there
-				return
+				return l.toGoroutine(c, handoff{}) // a head past the pooled buffer: grown (or 431) there
 			}
 			if c.headSince == 0 {
 				c.headSince = l.now
 				l.setDeadline(c, s.cfg.HeadTimeout)
 			}
-			return
+			return stepWait
 		}
 		c.headSince = 0
 		var local http.Handler
 		if err == nil {
 			var probe bool
 			if local, probe = c.local(); probe {
-				l.lost = nil
-				if l.probeInLoop(c, local) {
-					if l.lost == c {
-						return // answered and closed
+				if st, ok := l.probeInLoop(c, local); ok {
+					if st != stepOn {
+						return st // answered and closed
 					}
 					continue // the next request, or idle
 				}
 			}
 		}
 		if err != nil || local != nil || !l.fast(c) {
-			l.handoff(c, handoff{}) // parsed again there: answered or served
-			return
+			return l.toGoroutine(c, handoff{}) // parsed again there: answered or served
 		}
 		if l.peekShort(c) {
 			// The router may read a key from the first body bytes
 			// (Config.PeekBody): wait for them as the goroutine path's
 			// peekBody does (past --io-timeout, a goroutine takes over).
 			if c.readable {
-				if !l.read(c) {
-					return
+				if st := l.read(c); st != stepOn {
+					return st
 				}
 				continue
 			}
@@ -127,15 +122,14 @@ func (l *loop) next(c *conn) {
 				c.peekWait = true
 				l.setDeadline(c, s.cfg.IOTimeout)
 			}
-			return
+			return stepWait
 		}
 		c.peekWait = false
-		l.lost = nil
-		l.begin(c)
-		if l.lost == c {
-			return // handed to a goroutine, or closed
+		if st := l.begin(c); st != stepWait {
+			return st // handed to a goroutine, or closed
 		}
 	}
+	return stepWait
 }
 
 // errIncomplete: the head is not all there yet.

@@ -14,37 +14,36 @@ import (
 )
 
 // pump reads the response while the client takes it.
-func (l *loop) pump(c *conn) {
+func (l *loop) pump(c *conn) step {
 	s := l.s
 	x := c.x
 	for {
 		if len(x.pend) > 0 || x.sock.blocked {
-			return // the client takes what it has first (EPOLLOUT)
+			return stepWait // the client takes what it has first (EPOLLOUT)
 		}
 		if x.prog.done {
-			l.end(c)
-			return
+			return l.end(c)
 		}
 		// (Not while a read it queued is replayed: that read's bytes are
 		// in ubuf, and a pipe freed meanwhile must not jump them.)
 		if x.phase == phaseBody && l.res.c != c && l.splicing(x) {
-			if !l.pumpSplice(c) {
-				return
+			if st := l.pumpSplice(c); st != stepOn {
+				return st
 			}
 			if !x.prog.done {
-				return
+				return stepWait
 			}
 			continue
 		}
 		if x.sock.reparse {
 			x.sock.reparse = false
-			if !l.head(c) {
-				return
+			if st := l.head(c); st != stepOn {
+				return st
 			}
 			continue
 		}
 		if !x.sock.upReady {
-			return
+			return stepWait
 		}
 		if c.ubuf == nil {
 			c.ubuf = s.getBuf()
@@ -66,59 +65,57 @@ func (l *loop) pump(c *conn) {
 		}
 		n, err := l.recv(c, opUpRecv, x.up.fd, p)
 		if err == errQueued {
-			return // its completion runs pump again (loop_ring.go)
+			return stepWait // its completion runs pump again (loop_ring.go)
 		}
 		if err == unix.EINTR {
 			continue
 		}
 		if err == unix.EAGAIN {
 			x.sock.upReady = false
-			return
+			return stepWait
 		}
 		if n <= 0 {
 			// The worker closed (or reset) the connection.
 			if x.phase == phaseHead {
-				l.conclude(c, fault{stage: stageWait})
-			} else if x.fr.kind == httphead.BodyClose && err == nil {
+				return l.conclude(c, fault{stage: stageWait})
+			}
+			if x.fr.kind == httphead.BodyClose && err == nil {
 				x.prog.done, x.fr.reuse, x.fr.keep = true, false, false
 				continue
-			} else {
-				l.conclude(c, fault{stage: stageRelay})
 			}
-			return
+			return l.conclude(c, fault{stage: stageRelay})
 		}
 		x.w.Stats.AddDown(int64(n))
 		// A short read drained the socket: the next bytes bring an edge.
 		x.sock.upReady = n == len(p) || x.sock.upHup
 		if x.phase == phaseHead {
 			x.uw += n
-			if !l.head(c) {
-				return
+			if st := l.head(c); st != stepOn {
+				return st
 			}
 			continue
 		}
-		if !l.body(c, p[:n]) {
-			return
+		if st := l.body(c, p[:n]); st != stepOn {
+			return st
 		}
 	}
 }
 
 // head handles the response bytes in ubuf while no final head went out:
 // interim heads (a 100 dropped: the loop never sends Expect; others
-// relayed), then the final head with the body bytes behind it. False when
-// the exchange ended.
-func (l *loop) head(c *conn) bool {
+// relayed), then the final head with the body bytes behind it: stepOn, or
+// the ending of the exchange's connection.
+func (l *loop) head(c *conn) step {
 	s := l.s
 	x := c.x
 	resp := l.lendResp(c)
 	for x.uw > 0 {
 		err := httphead.ParseResponse(c.ubuf[:x.uw], s.cfg.Limits, resp)
 		if err == httphead.ErrIncomplete {
-			return true
+			return stepOn
 		}
 		if err != nil {
-			l.fail(c, 502) // a broken head
-			return false
+			return l.fail(c, 502) // a broken head
 		}
 		if resp.Status >= 200 {
 			return l.relayHead(c)
@@ -126,30 +123,28 @@ func (l *loop) head(c *conn) bool {
 		// (The loop never forwards Expect: a 100 is never the client's.)
 		switch interimPolicy(resp.Status, x.req.http10, false, false) {
 		case interimBroken:
-			l.fail(c, 502) // an upgrade tether never asked for
-			return false
+			return l.fail(c, 502) // an upgrade tether never asked for
 		case interimRelay:
 			out := c.appendResponseHead(c.out[:0], false, false, x.rt)
 			c.out = out[:0]
 			ok := l.writeClient(c, out)
 			x.uw = copy(c.ubuf, c.ubuf[resp.HeadLen:x.uw])
 			if !ok {
-				l.clientLost(c)
-				return false
+				return leaveAborted
 			}
 			if len(x.pend) > 0 {
 				x.sock.reparse = true
-				return true
+				return stepOn
 			}
 			continue
 		}
 		x.uw = copy(c.ubuf, c.ubuf[resp.HeadLen:x.uw])
 	}
-	return true
+	return stepOn
 }
 
 // relayHead writes the final response head and the body bytes behind it.
-func (l *loop) relayHead(c *conn) bool {
+func (l *loop) relayHead(c *conn) step {
 	s := l.s
 	x := c.x
 	resp := c.resp
@@ -164,8 +159,7 @@ func (l *loop) relayHead(c *conn) bool {
 	if err != nil {
 		x.fr.reuse = false
 		s.counters.Truncated.Add(1)
-		l.fail(c, 502)
-		return false
+		return l.fail(c, 502)
 	}
 	x.left = left
 	switch f.kind {
@@ -179,19 +173,18 @@ func (l *loop) relayHead(c *conn) bool {
 	c.out = out[:0]
 	x.uw = 0
 	if !l.writeClient(c, out) {
-		l.clientLost(c)
-		return false
+		return leaveAborted
 	}
 	x.prog.sentHead = true
 	x.phase = phaseBody
 	l.setDeadline(c, l.bodyTimeout(x))
-	return true
+	return stepOn
 }
 
 func (l *loop) bodyTimeout(x *lx) time.Duration { return l.s.cfg.bodyIdle(x.fr.kind) }
 
 // body relays response body bytes p by the framing.
-func (l *loop) body(c *conn, p []byte) bool {
+func (l *loop) body(c *conn, p []byte) step {
 	x := c.x
 	out := p
 	var serr error
@@ -214,15 +207,13 @@ func (l *loop) body(c *conn, p []byte) bool {
 		// The valid bytes before the broken framing go out now (not
 		// queued: the exchange ends here), then the cut.
 		l.writeNow(c, out)
-		l.bodyFailed(c)
-		return false
+		return l.bodyFailed(c)
 	}
 	if len(out) > 0 && !l.writeClient(c, out) {
-		l.clientLost(c)
-		return false
+		return leaveAborted
 	}
 	l.setDeadline(c, l.bodyTimeout(x))
-	return true
+	return stepOn
 }
 
 // writeClient writes p to the client; what the socket does not take now
@@ -261,17 +252,17 @@ func (l *loop) writeNow(c *conn, p []byte) ([]byte, error) {
 }
 
 // flushClient writes what waited for the client, then goes on.
-func (l *loop) flushClient(c *conn) {
+func (l *loop) flushClient(c *conn) step {
 	x := c.x
 	x.sock.blocked = false
 	if !l.writeClient(c, x.pend) {
-		l.clientLost(c)
-		return
+		return leaveAborted
 	}
 	if len(x.pend) == 0 {
 		if x.phase == phaseBody {
 			l.setDeadline(c, l.bodyTimeout(x))
 		}
-		l.pump(c)
+		return l.pump(c)
 	}
+	return stepWait
 }

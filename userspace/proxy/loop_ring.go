@@ -265,38 +265,37 @@ func (l *loop) flush() {
 func (l *loop) complete(e *ioOp) {
 	c := e.c
 	c.ioq = false
-	// After c's continuation, l.lost == c says it was closed or handed to
-	// a goroutine (which may now be using it): nothing more here.
-	l.lost = nil
+	// An ending returned by c's continuation says c is gone (closed, or
+	// with a goroutine that may now be using it): nothing more here.
+	var st step
 	if e.op == opCliSend {
-		l.sentClient(c, e.res)
+		st = l.drive(c, l.sentClient(c, e.res))
 	} else {
 		l.res = ioResult{c: c, op: e.op, ptr: e.ptr, n: e.n, res: e.res}
 		switch e.op {
 		case opRead:
-			l.next(c)
+			st = l.drive(c, l.next(c))
 		case opUpRecv:
-			l.pump(c)
+			st = l.drive(c, l.pump(c))
 		case opUpSend:
-			l.send(c)
+			st = l.drive(c, l.send(c))
 		}
 		if l.res.c != nil {
 			l.res = ioResult{}
 			l.ringBug(c, fmt.Sprintf("operation %d completed and was never taken", e.op))
-			if l.lost != c {
-				l.abandon(c)
-				l.closeConn(c)
+			if !st.ended() {
+				l.leave(c, leaveClose)
 			}
 			return
 		}
 	}
 	// The events that waited: c's own (unless c is gone: closed, or with
 	// a goroutine), then its upstream socket's.
-	if e.evc != 0 && l.lost != c {
+	if e.evc != 0 && !st.ended() {
 		if c.ioq {
 			l.deferEvent(c, nil, e.evc)
 		} else {
-			l.clientEvent(c, e.evc)
+			l.drive(c, l.clientEvent(c, e.evc))
 		}
 	}
 	if e.evu != 0 {
@@ -335,11 +334,10 @@ func (l *loop) upDeferred(u *upconn, ux uint32, ev uint32) {
 
 // sentClient is the completion of a queued client write (x.pend): what
 // EPOLLOUT's flushClient would do after its write.
-func (l *loop) sentClient(c *conn, res int32) {
+func (l *loop) sentClient(c *conn, res int32) step {
 	x := c.x
 	if res < 0 && res != -int32(unix.EAGAIN) {
-		l.clientLost(c)
-		return
+		return leaveAborted
 	}
 	if res > 0 {
 		x.pend = x.pend[res:]
@@ -347,11 +345,11 @@ func (l *loop) sentClient(c *conn, res int32) {
 	if len(x.pend) > 0 {
 		// The socket is full: the rest goes on EPOLLOUT (flushClient).
 		l.setDeadline(c, l.s.cfg.IOTimeout)
-		return
+		return stepWait
 	}
 	x.pend = nil
 	if x.phase == phaseBody {
 		l.setDeadline(c, l.bodyTimeout(x))
 	}
-	l.pump(c)
+	return l.pump(c)
 }

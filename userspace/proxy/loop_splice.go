@@ -39,9 +39,10 @@ func (l *loop) splicing(x *lx) bool {
 
 // pumpSplice moves the body: the pipe is emptied to the client first, then
 // filled from the worker (an EAGAIN on an empty pipe is the socket's). It
-// returns false when the exchange ended; otherwise x.prog.done, or a socket
-// would block (x.sock.blocked: the client's; !x.sock.upReady: the worker's).
-func (l *loop) pumpSplice(c *conn) bool {
+// returns the ending when the exchange ended; otherwise stepOn, with
+// x.prog.done, or a socket that would block (x.sock.blocked: the client's;
+// !x.sock.upReady: the worker's).
+func (l *loop) pumpSplice(c *conn) step {
 	x := c.x
 	p := x.pipe
 	const flags = unix.SPLICE_F_NONBLOCK | unix.SPLICE_F_MOVE
@@ -58,17 +59,16 @@ func (l *loop) pumpSplice(c *conn) bool {
 			case err == unix.EAGAIN:
 				x.sock.blocked = true
 				l.setDeadline(c, l.s.cfg.IOTimeout)
-				return true
+				return stepOn
 			}
-			l.clientLost(c)
-			return false
+			return leaveAborted
 		}
 		if x.fr.kind == httphead.BodyLength && x.left == 0 || x.body.upEOF {
 			x.prog.done = true // the pipe is empty too
-			return true
+			return stepOn
 		}
 		if !x.sock.upReady {
-			return true
+			return stepOn
 		}
 		want := p.size
 		if x.fr.kind == httphead.BodyLength && x.left < int64(want) {
@@ -103,8 +103,7 @@ func (l *loop) pumpSplice(c *conn) bool {
 			x.body.upEOF, x.fr.reuse, x.fr.keep = true, false, false
 			continue
 		}
-		l.bodyFailed(c)
-		return false
+		return l.bodyFailed(c)
 	}
 }
 

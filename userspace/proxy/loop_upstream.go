@@ -114,7 +114,8 @@ func (l *loop) dropIdle(u *upconn) {
 	l.closeUp(u)
 }
 
-// upEvent handles an event on an upstream socket.
+// upEvent handles an event on an upstream socket: an idle one the worker
+// closed is dropped; one in use moves its exchange on (exchangeEvent).
 func (l *loop) upEvent(u *upconn, ev uint32) {
 	c := u.cl
 	if c == nil {
@@ -123,20 +124,23 @@ func (l *loop) upEvent(u *upconn, ev uint32) {
 		}
 		return
 	}
+	l.drive(c, l.exchangeEvent(c, u, ev))
+}
+
+// exchangeEvent handles an event on u, the upstream socket of c's exchange.
+func (l *loop) exchangeEvent(c *conn, u *upconn, ev uint32) step {
 	x := c.x
 	if u.connecting {
 		if ev&(unix.EPOLLOUT|unix.EPOLLERR|unix.EPOLLHUP) == 0 {
-			return
+			return stepWait
 		}
 		if err := sysconn.SocketError(u.fd); err != nil {
-			l.connectFailed(c)
-			return
+			return l.connectFailed(c)
 		}
 		x.prog.connected = true
 		u.connecting = false
 		u.pool.Stats().ConnOpened()
-		l.send(c)
-		return
+		return l.send(c)
 	}
 	if ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
 		x.sock.upHup = true
@@ -147,22 +151,21 @@ func (l *loop) upEvent(u *upconn, ev uint32) {
 	switch x.phase {
 	case phaseSend:
 		if ev&(unix.EPOLLOUT|unix.EPOLLERR|unix.EPOLLHUP) != 0 {
-			l.send(c)
+			return l.send(c)
 		}
-		return
+		return stepWait
 	case phaseUpload:
 		if x.sock.upReady && !interimAhead(u.fd) {
 			// The worker answers before it has the whole body (a 413, a
 			// 401): relay that answer (outcome.go, rule 3).
-			l.earlyAnswer(c, l.s.cfg.ResponseTimeout)
-			return
+			return l.earlyAnswer(c, l.s.cfg.ResponseTimeout)
 		}
 		if ev&unix.EPOLLOUT != 0 {
-			l.upload(c)
+			return l.upload(c)
 		}
-		return
+		return stepWait
 	}
-	l.pump(c)
+	return l.pump(c)
 }
 
 // maxIdle is the loop's share of p's MaxIdle: the loops together keep
