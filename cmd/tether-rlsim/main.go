@@ -44,6 +44,7 @@ import (
 
 	"github.com/tether-rl/tether/testenv/fakeengine"
 	"github.com/tether-rl/tether/userspace/daemon"
+	"github.com/tether-rl/tether/userspace/proxy"
 )
 
 type config struct {
@@ -165,7 +166,7 @@ func runOne(c config, engines []*fakeengine.Engine, wl, mode string) (result, er
 		var err error
 		d, err = daemon.New(daemon.Options{
 			Listen: "127.0.0.1:0", Workers: urls, BPF: "off", Routing: ro,
-			Log: slog.New(slog.NewTextHandler(io.Discard, nil)), MaxQueue: 4096,
+			Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Proxy: proxy.Config{QueueSize: 4096},
 		})
 		if err != nil {
 			return result{}, err

@@ -19,7 +19,8 @@ import (
 
 	"github.com/tether-rl/tether/userspace/config"
 	"github.com/tether-rl/tether/userspace/daemon"
-	"github.com/tether-rl/tether/userspace/httphead"
+	"github.com/tether-rl/tether/userspace/engine"
+	"github.com/tether-rl/tether/userspace/fleet"
 	"github.com/tether-rl/tether/userspace/stats"
 )
 
@@ -72,29 +73,30 @@ func parse(args []string) (*cli, error) {
 	fs.StringVar(&opts.ClusterName, "cluster-name", "", "the cluster's name, the key prefix /tether/<name>/ in etcd (default \"default\" with --cluster)")
 	fs.BoolVar(&opts.ClusterShareSessions, "cluster-share-sessions", false, "with --cluster: also write each new sticky assignment (learned session ids, sticky keys, spills) to etcd, so every replica routes the session the same way")
 	fs.StringVar(&opts.BadSession, "bad-session", "spread", "session id naming no worker: spread or reject (404)")
-	fs.DurationVar(&opts.ResponseTimeout, "response-timeout", 30*time.Minute, "wait for the first response byte before 504")
-	fs.Int64Var(&opts.SpliceMin, "splice-min", 16<<10, "body remainders of at least this many bytes move with splice(2), smaller ones are copied")
-	fs.DurationVar(&opts.IdleTimeout, "idle-timeout", 120*time.Second, "close a client keep-alive connection idle this long")
-	fs.DurationVar(&opts.ParkAfter, "park-after", 0, "a connection a goroutine served (streamed body, Expect, local or queued request) goes back to its listener's event loop once idle this long (0: at once; -1s: never)")
-	ioUring := fs.Bool("io-uring", true, "event loops batch each wake-up's socket reads and writes through an io_uring (one io_uring_enter instead of a system call each); false, or a kernel that refuses io_uring: one system call each")
-	fs.DurationVar(&opts.HeadTimeout, "head-timeout", 30*time.Second, "a request head not complete this long after its first byte gets 408 (slowloris)")
-	fs.DurationVar(&opts.IOTimeout, "io-timeout", 120*time.Second, "a request or response body that makes no progress this long ends the exchange")
-	fs.DurationVar(&opts.StreamIdleTimeout, "stream-idle-timeout", 5*time.Minute, "a streamed response (SSE, chunked) whose worker sends nothing this long is cut, visibly to the client (a stopped engine frees its clients)")
-	fs.Int64Var(&opts.MaxBodyBytes, "max-body-bytes", 16<<30, "largest request body in bytes (RL bodies are large): a Content-Length above it gets 413 before anything is forwarded, a chunked body growing past it is cut with 413; 0: no limit")
-	fs.IntVar(&opts.MaxConns, "max-conns", 0, "most client connections open at once; at it, accepting pauses and new connections wait in the kernel's queue (0: (descriptor limit - 256) / 2)")
-	fs.IntVar(&opts.MaxQueue, "max-queue", 1024, "requests that may wait per worker once it is at its max_in_flight; more: 503 with Retry-After (-1: no queue)")
-	fs.DurationVar(&opts.QueueTimeout, "queue-timeout", 30*time.Second, "longest wait in a worker's queue; then 503 with Retry-After")
-	fs.DurationVar(&opts.PauseTimeout, "pause-timeout", 5*time.Minute, "longest a generation request is held while the fleet is paused for a weight sync (the hold takes --max-queue per worker); then 503 with Retry-After")
-	fs.DurationVar(&opts.UpdateTimeout, "update-timeout", 30*time.Minute, "longest each worker's call of a fanned-out weight update may take")
-	fs.Int64Var(&opts.LocalBodyBudget, "local-body-budget", 64<<20, "bytes the bodies of requests tetherd answers itself (abort, flush, admin on the data port) may hold at once, across connections; past it: 503 with Retry-After")
-	fs.IntVar(&opts.Limits.RequestLine, "max-request-line", httphead.DefaultRequestLine, "longest request line in bytes; longer: 414")
-	fs.IntVar(&opts.Limits.Head, "max-head-bytes", httphead.DefaultHead, "largest request head in bytes; larger: 431")
-	fs.IntVar(&opts.Limits.ChunkExt, "max-chunk-ext-bytes", httphead.MaxChunkExtBytes, "most chunk-extension bytes in one chunked request body; more: 400")
-	fs.IntVar(&opts.Limits.Fields, "max-header-fields", httphead.DefaultFields, "most header fields in a request; more: 431")
+	dp, def := &opts.Proxy, daemon.DataPlaneDefaults() // the data plane's settings (proxy.Config)
+	positiveVar(fs, &dp.ResponseTimeout, "response-timeout", def.ResponseTimeout, "wait for the first response byte before 504")
+	positiveVar(fs, &dp.SpliceMin, "splice-min", def.SpliceMin, "body remainders of at least this many bytes move with splice(2), smaller ones are copied")
+	positiveVar(fs, &dp.IdleTimeout, "idle-timeout", def.IdleTimeout, "close a client keep-alive connection idle this long")
+	fs.DurationVar(&dp.ParkAfter, "park-after", def.ParkAfter, "a connection a goroutine served (streamed body, Expect, local or queued request) goes back to its listener's event loop once idle this long (0: at once; -1s: never)")
+	ioUring := fs.Bool("io-uring", !def.NoRing, "event loops batch each wake-up's socket reads and writes through an io_uring (one io_uring_enter instead of a system call each); false, or a kernel that refuses io_uring: one system call each")
+	positiveVar(fs, &dp.HeadTimeout, "head-timeout", def.HeadTimeout, "a request head not complete this long after its first byte gets 408 (slowloris)")
+	positiveVar(fs, &dp.IOTimeout, "io-timeout", def.IOTimeout, "a request or response body that makes no progress this long ends the exchange")
+	positiveVar(fs, &dp.StreamIdleTimeout, "stream-idle-timeout", def.StreamIdleTimeout, "a streamed response (SSE, chunked) whose worker sends nothing this long is cut, visibly to the client (a stopped engine frees its clients)")
+	fs.Int64Var(&dp.MaxBodyBytes, "max-body-bytes", daemon.DefaultMaxBodyBytes, "largest request body in bytes (RL bodies are large): a Content-Length above it gets 413 before anything is forwarded, a chunked body growing past it is cut with 413; 0: no limit")
+	fs.IntVar(&dp.MaxConns, "max-conns", 0, "most client connections open at once; at it, accepting pauses and new connections wait in the kernel's queue (0: (descriptor limit - reserve) / 2, at least 16; the reserve is 256 descriptors, or an eighth of a limit under 2048)")
+	positiveOrNoneVar(fs, &dp.QueueSize, "max-queue", def.QueueSize, "requests that may wait per worker once it is at its max_in_flight; more: 503 with Retry-After (-1: no queue)")
+	positiveVar(fs, &dp.QueueTimeout, "queue-timeout", def.QueueTimeout, "longest wait in a worker's queue; then 503 with Retry-After")
+	positiveVar(fs, &opts.PauseTimeout, "pause-timeout", fleet.DefaultHoldTimeout, "longest a generation request is held while the fleet is paused for a weight sync (the hold takes --max-queue per worker); then 503 with Retry-After")
+	positiveVar(fs, &opts.UpdateTimeout, "update-timeout", engine.DefaultUpdateTimeout, "longest each worker's call of a fanned-out weight update may take")
+	positiveVar(fs, &dp.LocalBodyBudget, "local-body-budget", def.LocalBodyBudget, "bytes the bodies of requests tetherd answers itself (abort, flush, admin on the data port) may hold at once, across connections; past it: 503 with Retry-After")
+	positiveVar(fs, &dp.Limits.RequestLine, "max-request-line", def.Limits.RequestLine, "longest request line in bytes; longer: 414")
+	positiveVar(fs, &dp.Limits.Head, "max-head-bytes", def.Limits.Head, "largest request head in bytes; larger: 431")
+	positiveVar(fs, &dp.Limits.ChunkExt, "max-chunk-ext-bytes", def.Limits.ChunkExt, "most chunk-extension bytes in one chunked request body; more: 400")
+	positiveVar(fs, &dp.Limits.Fields, "max-header-fields", def.Limits.Fields, "most header fields in a request; more: 431")
 	fs.IntVar(&opts.Listeners, "listeners", defaultListeners(runtime.NumCPU()), fmt.Sprintf("listener sockets in the SO_REUSEPORT group (default: one per CPU, at most %d)", stats.MaxSlots))
 	fs.StringVar(&opts.BPF, "bpf", "auto", "BPF listener steering: auto (fall back to the kernel hash with one warning), required, or off")
 	fs.StringVar(&opts.PinDir, "bpf-pin-dir", "", "bpffs directory for the pinned maps (default /sys/fs/bpf/tether/v<ABI>)")
-	fs.DurationVar(&c.grace, "shutdown-grace", 30*time.Second, "on SIGTERM, time given to requests in progress")
+	fs.DurationVar(&c.grace, "shutdown-grace", 30*time.Second, "on SIGTERM, time given to requests in progress (0: none, they are cut)")
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", 15*time.Minute, "after an upgrade (SIGUSR2), time the old process gives its requests and streams in flight (generations can be long)")
 	fs.DurationVar(&c.upgradeWait, "upgrade-timeout", time.Minute, "on SIGUSR2, time the new process gets to serve; past it, or if it exits, the old one keeps serving")
 	fs.StringVar(&c.pidfile, "pidfile", "", "write the PID of the current tetherd here (atomically; the new process rewrites it after an upgrade)")
@@ -132,7 +134,7 @@ func parse(args []string) (*cli, error) {
 	}
 	opts.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	opts.Workers = workers
-	opts.NoIOUring = !*ioUring
+	dp.NoRing = !*ioUring
 	return c, nil
 }
 

@@ -236,6 +236,13 @@ func TestBadValuesRefused(t *testing.T) {
 		{[]string{"--hash-spill-ttl=-1s"}, "hash-spill-ttl"},
 		{[]string{"--learn-session-path=sessions"}, "learn-session-path"},
 		{[]string{"--learn-session-ttl=-1s"}, "learn-session-ttl"},
+		{[]string{"--stream-idle-timeout=0"}, "stream-idle-timeout"}, // 0 would be the default, 5m
+		{[]string{"--splice-min=0"}, "splice-min"},
+		{[]string{"--max-queue=0"}, "max-queue"},
+		{[]string{"--max-queue=-2"}, "max-queue"},
+		{[]string{"--kv-veto=0"}, "kv-veto"},
+		{[]string{"--peek-bytes=0"}, "peek-bytes"},
+		{[]string{"--update-timeout=0"}, "update-timeout"},
 		{[]string{"--cluster", "http://127.0.0.1:2379"}, "cluster"},
 		{[]string{"--cluster-name", "x"}, "cluster"},
 		{[]string{"--cluster", "etcd://127.0.0.1:2379", "--cluster-name", "a/b"}, "cluster-name"},

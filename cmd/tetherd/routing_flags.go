@@ -61,21 +61,21 @@ func routingFlags(fs *flag.FlagSet, o *daemon.RoutingOptions) func() {
 	var keys keyHeaders
 	fs.StringVar(&o.Policy, "policy", "hash", "placement of requests with a routing key (no /sessions/ path): hash (consistent hashing, bounded load) or sticky (sticky least loaded)")
 	fs.Var(&keys, "key-header", "routing key header, first non-empty value wins (repeatable or comma list; case-insensitive; default X-Session-ID,X-SMG-Routing-Key)")
-	fs.Float64Var(&o.HashLoadFactor, "hash-load-factor", route.DefaultLoadFactor, "--policy=hash: relative overload bound c: a key spills from its owner only above c × the mean in flight (and above --hash-spill-min)")
+	positiveVar(fs, &o.HashLoadFactor, "hash-load-factor", route.DefaultLoadFactor, "--policy=hash: relative overload bound c: a key spills from its owner only above c × the mean in flight (and above --hash-spill-min)")
 	spillMin := &count{name: "hash-spill-min", n: route.DefaultSpillMin}
 	fs.Var(spillMin, "hash-spill-min", "--policy=hash: absolute overload bound: a key spills from its owner only more than this many requests in flight above the mean (and above --hash-load-factor); 0: the relative bound alone")
-	fs.DurationVar(&o.HashSpillTTL, "hash-spill-ttl", route.DefaultSpillTTL, "--policy=hash: a spilled key keeps going to the worker it spilled to while its owner stays overloaded, remembered this long after its last request")
-	fs.DurationVar(&o.StickyTTL, "sticky-ttl", route.DefaultStickyTTL, "--policy=sticky: a key's assignment expires this long after its last use (or on POST /finish_session)")
+	positiveVar(fs, &o.HashSpillTTL, "hash-spill-ttl", route.DefaultSpillTTL, "--policy=hash: a spilled key keeps going to the worker it spilled to while its owner stays overloaded, remembered this long after its last request")
+	positiveVar(fs, &o.StickyTTL, "sticky-ttl", route.DefaultStickyTTL, "--policy=sticky: a key's assignment expires this long after its last use (or on POST /finish_session)")
 	fs.StringVar(&o.StickyStore, "sticky-store", "auto", "sticky table (--policy=sticky keys, spills, learned session ids): auto (pinned BPF LRU map shared by every tetherd and kept across restarts, else in-process), bpf (required) or memory (forgotten on restart)")
 	learn := fs.Bool("learn-sessions", true, "learn the worker of bare (not w<idx>-) session ids from the 2xx JSON answers to POST --learn-session-path, and route /sessions/{id}/... there")
 	fs.StringVar(&o.LearnPath, "learn-session-path", route.DefaultCreatePath, "the path whose POST creates a session (--learn-sessions)")
 	fs.StringVar(&o.LearnField, "learn-session-field", route.DefaultIDField, "top-level field of the create answer holding the new session id (--learn-sessions)")
-	fs.DurationVar(&o.LearnTTL, "learn-session-ttl", route.DefaultLearnTTL, "a learned session id is forgotten this long after its last request (or on DELETE /sessions/{id})")
+	positiveVar(fs, &o.LearnTTL, "learn-session-ttl", route.DefaultLearnTTL, "a learned session id is forgotten this long after its last request (or on DELETE /sessions/{id})")
 	fs.StringVar(&o.Keyless, "keyless", "least", "requests without a key: least (fewest in flight, rotating tie-break), p2c (less loaded of two random workers) or prefix (hash the first --peek-bytes of the body, bounded load)")
-	fs.IntVar(&o.PeekBytes, "peek-bytes", route.DefaultPrefixBytes, "body bytes read before routing (request id \"rid\", --keyless=prefix, the prompt of GRPO groups), at most 16384; -1: none")
-	fs.IntVar(&o.MaxTrackedRequests, "max-tracked-requests", engine.DefaultMaxOwners, "request ids remembered for abort routing (oldest dropped beyond)")
+	positiveOrNoneVar(fs, &o.PeekBytes, "peek-bytes", route.DefaultPrefixBytes, "body bytes read before routing (request id \"rid\", --keyless=prefix, the prompt of GRPO groups), at most 16384; -1: none")
+	positiveVar(fs, &o.MaxTrackedRequests, "max-tracked-requests", engine.DefaultMaxOwners, "request ids remembered for abort routing (oldest dropped beyond)")
 	fs.DurationVar(&o.EnginePoll, "engine-poll", loadpoll.DefaultInterval, "read every worker's engine load (SGLang /v1/loads, vLLM or SGLang /metrics) this often and place keyless work, new keys and sessions by it; 0: off (placement by tetherd's in-flight counts alone)")
-	fs.Float64Var(&o.KVVeto, "kv-veto", route.DefaultKVVeto, "an engine at this KV cache usage (0..1) or above takes no new keys, sessions or keyless work until it is 0.1 below (>= 1: never)")
+	positiveVar(fs, &o.KVVeto, "kv-veto", route.DefaultKVVeto, "an engine at this KV cache usage (0..1) or above takes no new keys, sessions or keyless work until it is 0.1 below (>= 1: never)")
 	waitingVeto := &count{name: "waiting-veto", n: route.DefaultWaitingVeto}
 	fs.Var(waitingVeto, "waiting-veto", "an engine with more than this many requests waiting takes no new keys, sessions or keyless work until at most half wait; 0: no bound")
 	groupMax := &count{name: "group-max", n: route.DefaultGroupMax}

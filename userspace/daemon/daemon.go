@@ -20,7 +20,6 @@ import (
 	"github.com/tether-rl/tether/userspace/admin"
 	"github.com/tether-rl/tether/userspace/fleet"
 	"github.com/tether-rl/tether/userspace/health"
-	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/listener"
 	"github.com/tether-rl/tether/userspace/metrics"
 	"github.com/tether-rl/tether/userspace/proxy"
@@ -50,45 +49,24 @@ type Options struct {
 	// Inherited is what the tetherd this one replaces handed over
 	// (upgrade.Inherit): its listening sockets, admin socket, pin lock and
 	// run-time workers. nil: bind afresh.
-	Inherited       *upgrade.Inherited
-	ResponseTimeout time.Duration // default 30m
-	SpliceMin       int64         // body remainders this large move with splice(2); default proxy's
-	IdleTimeout     time.Duration // client keep-alive connection with no request; default 120s
-	HeadTimeout     time.Duration // reading a request head once it began (408); default 30s
-	IOTimeout       time.Duration // a body read or write without progress; default 120s
-	MaxBodyBytes    int64         // largest request body (413); 0: no limit
-	// ParkAfter: a connection a goroutine served goes back to its
-	// listener's event loop once idle this long (proxy.Config.ParkAfter);
-	// 0: at once, negative: never.
-	ParkAfter time.Duration
-	// NoIOUring: the event loops make each socket read and write as
-	// its own system call (proxy.Config.NoRing; --io-uring=false).
-	NoIOUring bool
-	// StreamIdleTimeout cuts a streamed response whose worker sent nothing
-	// for this long; default 5m.
-	StreamIdleTimeout time.Duration
-	// MaxConns caps the client connections open at once; at it accepting
-	// pauses. 0: proxy.DefaultMaxConns of the descriptor limit.
-	MaxConns int
-	// MaxQueue: requests that may wait per worker at its max_in_flight
-	// (0: the proxy's default, 1024; -1: none, 503 at once); QueueTimeout
-	// bounds the wait
-	// (default 30s). Past either: 503 with Retry-After.
-	MaxQueue     int
-	QueueTimeout time.Duration
+	Inherited *upgrade.Inherited
+	// Proxy is the data plane's configuration: cmd/tetherd's flags write
+	// its settings (timeouts, limits, the queue, --max-conns, --io-uring)
+	// straight into it; a zero setting takes DataPlaneDefaults' value
+	// (dataplane.go). New fills in the wiring (Router, Table, Local,
+	// Observe, Hold, PeekBody, RouteHeader, InstanceID, Log): whatever is
+	// there is replaced.
+	Proxy proxy.Config
 	// PauseTimeout bounds a request's time in the fleet's hold during a
-	// weight sync (--pause-timeout; default 5m); past it 503 with
-	// Retry-After. The hold takes MaxQueue requests per worker.
+	// weight sync (--pause-timeout; default fleet.DefaultHoldTimeout); past it 503 with
+	// Retry-After. The hold takes Proxy.QueueSize requests per worker.
 	PauseTimeout time.Duration
 	// UpdateTimeout bounds each worker's weight-update call of a
-	// fanned-out update (--update-timeout; default 30m).
+	// fanned-out update (--update-timeout; default
+	// engine.DefaultUpdateTimeout).
 	UpdateTimeout time.Duration
-	// LocalBodyBudget caps the bytes held by the bodies of requests
-	// tetherd answers itself, across connections (default 64 MiB).
-	LocalBodyBudget int64
-	Pool            upstream.Options
-	Limits          httphead.Limits
-	Log             *slog.Logger
+	Pool          upstream.Options
+	Log           *slog.Logger
 	// Routing: the policy for requests that name no session, and the
 	// engine endpoints (routing.go).
 	Routing RoutingOptions
@@ -173,23 +151,8 @@ func (o *Options) checkRanges() error {
 		bad  bool
 	}{
 		{"listeners", o.Listeners < 0},
-		{"response-timeout", o.ResponseTimeout < 0},
-		{"splice-min", o.SpliceMin < 0},
-		{"idle-timeout", o.IdleTimeout < 0},
-		{"head-timeout", o.HeadTimeout < 0},
-		{"io-timeout", o.IOTimeout < 0},
-		{"stream-idle-timeout", o.StreamIdleTimeout < 0},
-		{"max-body-bytes", o.MaxBodyBytes < 0},
-		{"max-conns", o.MaxConns < 0},
-		{"max-queue", o.MaxQueue < -1},
-		{"queue-timeout", o.QueueTimeout < 0},
 		{"pause-timeout", o.PauseTimeout < 0},
 		{"update-timeout", o.UpdateTimeout < 0},
-		{"local-body-budget", o.LocalBodyBudget < 0},
-		{"max-request-line", o.Limits.RequestLine < 0},
-		{"max-head-bytes", o.Limits.Head < 0},
-		{"max-header-fields", o.Limits.Fields < 0},
-		{"max-chunk-ext-bytes", o.Limits.ChunkExt < 0},
 		{"health-interval", o.HealthInterval < 0},
 		{"health-timeout", o.HealthTimeout < 0},
 		{"health-failures", o.HealthFailures < 0},
@@ -218,6 +181,10 @@ func New(opts Options) (*Daemon, error) {
 	if err := opts.checkRanges(); err != nil {
 		return nil, err
 	}
+	if err := validateDataPlane(&opts.Proxy); err != nil {
+		return nil, err
+	}
+	provisionDataPlane(&opts.Proxy)
 	if opts.Listeners == 0 {
 		opts.Listeners = 1
 	}
@@ -257,9 +224,9 @@ func New(opts Options) (*Daemon, error) {
 		id = hex.EncodeToString(idb[:])
 	}
 	d := &Daemon{opts: opts, log: opts.Log, InstanceID: id, Table: route.NewTable()}
-	perWorker := opts.MaxQueue
-	if perWorker <= 0 {
-		perWorker = 1024
+	perWorker := opts.Proxy.QueueSize
+	if perWorker <= 0 { // no queue (-1): the hold keeps its own bound
+		perWorker = DefaultMaxQueue
 	}
 	d.Fleet = fleet.New(fleet.Config{Table: d.Table, MaxHeldPerWorker: perWorker, HoldTimeout: opts.PauseTimeout})
 	ok := false
@@ -290,31 +257,17 @@ func New(opts Options) (*Daemon, error) {
 		return nil, err
 	}
 	d.OnReload(d.routing.reload)
-	d.Proxy = proxy.New(proxy.Config{
-		Router:            d.routing.router,
-		PeekBody:          d.routing.peek,
-		RouteHeader:       d.routing.opts.RouteHeader,
-		Local:             d.localHook(opts),
-		Observe:           d.observe,
-		Hold:              d.Fleet,
-		Table:             d.Table,
-		Limits:            opts.Limits,
-		ResponseTimeout:   opts.ResponseTimeout,
-		SpliceMin:         opts.SpliceMin,
-		IdleTimeout:       opts.IdleTimeout,
-		HeadTimeout:       opts.HeadTimeout,
-		IOTimeout:         opts.IOTimeout,
-		StreamIdleTimeout: opts.StreamIdleTimeout,
-		MaxBodyBytes:      opts.MaxBodyBytes,
-		MaxConns:          maxConns(opts.MaxConns),
-		ParkAfter:         opts.ParkAfter,
-		NoRing:            opts.NoIOUring,
-		QueueSize:         opts.MaxQueue,
-		QueueTimeout:      opts.QueueTimeout,
-		LocalBodyBudget:   opts.LocalBodyBudget,
-		InstanceID:        d.InstanceID,
-		Log:               opts.Log,
-	})
+	pc := opts.Proxy // the settings; the wiring:
+	pc.Router = d.routing.router
+	pc.PeekBody = d.routing.peek
+	pc.RouteHeader = d.routing.opts.RouteHeader
+	pc.Local = d.localHook(opts)
+	pc.Observe = d.observe
+	pc.Hold = d.Fleet
+	pc.Table = d.Table
+	pc.InstanceID = d.InstanceID
+	pc.Log = opts.Log
+	d.Proxy = proxy.New(pc)
 	if err := d.newControl(opts); err != nil {
 		return nil, err
 	}
@@ -324,14 +277,6 @@ func New(opts Options) (*Daemon, error) {
 	}
 	ok = true
 	return d, nil
-}
-
-// maxConns is the connection cap: n, or derived from the descriptor limit.
-func maxConns(n int) int {
-	if n > 0 {
-		return n
-	}
-	return proxy.DefaultMaxConns(proxy.NoFile())
 }
 
 // Addr is the data-plane address actually bound.

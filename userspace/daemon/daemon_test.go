@@ -607,7 +607,7 @@ func TestResponseTimeout(t *testing.T) {
 			}()
 		}
 	}()
-	d := startDaemon(t, Options{Workers: []string{"http://" + ln.Addr().String()}, ResponseTimeout: 200 * time.Millisecond})
+	d := startDaemon(t, Options{Workers: []string{"http://" + ln.Addr().String()}, Proxy: proxy.Config{ResponseTimeout: 200 * time.Millisecond}})
 	c := newClient(t)
 	start := time.Now()
 	r, err := do(c, "GET", "http://"+d.Addr()+"/sessions/w0-abc/v1/models", "")

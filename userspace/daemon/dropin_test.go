@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tether-rl/tether/userspace/httphead"
+	"github.com/tether-rl/tether/userspace/proxy"
 )
 
 // apiKeyEngine is a fake SGLang/vLLM engine started with --api-key: every
@@ -234,8 +235,8 @@ func TestEncodedLocalPath(t *testing.T) {
 // The head limits and timeouts are settings (--max-request-line,
 // --max-head-bytes, --max-header-fields, --head-timeout), not constants.
 func TestLimitsAreSettings(t *testing.T) {
-	d := startDaemon(t, Options{StartedWorkers: demoURLs(t, 0, 1), HeadTimeout: 200 * time.Millisecond,
-		Limits: httphead.Limits{RequestLine: 100, Head: 1024, Fields: 4, ChunkExt: 16}})
+	d := startDaemon(t, Options{StartedWorkers: demoURLs(t, 0, 1), Proxy: proxy.Config{HeadTimeout: 200 * time.Millisecond,
+		Limits: httphead.Limits{RequestLine: 100, Head: 1024, Fields: 4, ChunkExt: 16}}})
 	status := func(raw string) string {
 		t.Helper()
 		c, err := net.Dial("tcp", d.Addr())
