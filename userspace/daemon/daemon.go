@@ -84,21 +84,21 @@ type Options struct {
 	Admin           string        // admin API address; "" turns it off (cmd/tetherd: DefaultAdmin)
 	AdminOnDataPort bool          // also serve the admin API on the data port
 	AdminToken      string        // Bearer token the admin API requires, wherever served
-	HealthInterval  time.Duration // active checks; default 5s
-	HealthTimeout   time.Duration // of one check; default 2s
-	HealthFailures  int           // consecutive failures to unhealthy; default 3
-	HealthSuccesses int           // consecutive successes to healthy; default 2
-	HealthPath      string        // the endpoint checked on every worker; default /health
+	HealthInterval  time.Duration // active checks; default health.DefaultInterval
+	HealthTimeout   time.Duration // of one check; default health.DefaultTimeout
+	HealthFailures  int           // consecutive failures to unhealthy; default health.DefaultFailures
+	HealthSuccesses int           // consecutive successes to healthy; default health.DefaultSuccesses
+	HealthPath      string        // the endpoint checked on every worker; default health.Path
 	// WorkerAPIKey is sent as "Authorization: Bearer KEY" on health checks
 	// and on the engine fan-outs of clients that sent no Authorization
 	// (engines started with --api-key).
 	WorkerAPIKey         string
-	WorkerStartupTimeout time.Duration // wait for a new worker's /health; default 5m
-	RemoveGrace          time.Duration // wait for a removed worker's requests; default 60s
+	WorkerStartupTimeout time.Duration // wait for a new worker's /health; default registry.DefaultStartupTimeout
+	RemoveGrace          time.Duration // wait for a removed worker's requests; default registry.DefaultRemoveGrace
 	MaxInFlight          uint64        // every worker's capacity unless the admin API set its own; 0: none
 	Spawn                int           // start this many worker processes in slots 0..Spawn-1
 	SpawnCommand         []string      // their command, with {index} {count} {port} {host} {fd}
-	SpawnGrace           time.Duration // SIGTERM to SIGKILL on stop; default 10s
+	SpawnGrace           time.Duration // SIGTERM to SIGKILL on stop; default supervisor.DefaultGrace
 	SpawnOutput          io.Writer     // their stdout and stderr; default tetherd's stderr
 }
 

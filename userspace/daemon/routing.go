@@ -14,6 +14,7 @@ import (
 	"github.com/tether-rl/tether/bpf"
 	"github.com/tether-rl/tether/userspace/engine"
 	"github.com/tether-rl/tether/userspace/fleet"
+	"github.com/tether-rl/tether/userspace/health"
 	"github.com/tether-rl/tether/userspace/listener"
 	"github.com/tether-rl/tether/userspace/loadpoll"
 	"github.com/tether-rl/tether/userspace/proxy"
@@ -225,7 +226,7 @@ func healthTimeout(opts Options) time.Duration {
 	if opts.HealthTimeout > 0 {
 		return opts.HealthTimeout
 	}
-	return 2 * time.Second
+	return health.DefaultTimeout
 }
 
 // newLearning builds the learning of bare session ids from o (nil: off).
