@@ -280,7 +280,7 @@ func (l *loop) woke() {
 	l.mu.Unlock()
 	for _, c := range in {
 		if l.hold(c) {
-			l.drive(c, l.next(c))
+			l.drive(c, stepRead)
 		}
 	}
 	if stop {
@@ -386,16 +386,26 @@ func (l *loop) unhold(c *conn) {
 	c.deadline = 0
 }
 
-// step is what the loop's work on a connection returns: that the
-// connection waits (for an event, its deadline or a ring completion), or
-// how it leaves the loop (an ending, which leave carries out). Nothing
-// touches a connection after an ending was returned for it: the callers
-// only return it, up to drive.
+// step is what a phase of the loop's work on a connection returns: the
+// phase to run next, that the connection waits (for an event, its
+// deadline or a ring completion), or how it leaves the loop (an ending,
+// which leave carries out). A phase never calls another: it returns it,
+// and drive runs it. Nothing touches a connection after an ending was
+// returned for it.
 type step uint8
 
 const (
 	stepWait step = iota // wait for an event, the deadline or a completion
-	stepOn               // (inside a phase) go on
+	stepOn               // (inside a phase, between its helpers) go on
+
+	// The phases (loop_exchange.go's header maps them to their files).
+	stepRead   // read and parse a request head (next)
+	stepRoute  // route it, take a place, connect (begin)
+	stepSend   // write the request head up (send)
+	stepUpload // splice the rest of the request body up (upload)
+	stepRelay  // relay the response, head and body (pump)
+	stepFinish // the response ended at its framing (end)
+	stepLinger // half-close and drain the client, then close (lingerClose)
 
 	// Endings.
 	leaveClose   // close the client connection
@@ -406,15 +416,36 @@ const (
 // ended reports whether st is an ending.
 func (st step) ended() bool { return st >= leaveClose }
 
-// drive carries out what the work on c returned (st): an ending ends c.
-// Every entry of the loop into a connection (its events, a ring
-// completion, a deadline, a connection accepted or given back) goes
-// through it.
+// drive runs c's phases from st until c waits or leaves the loop (then
+// it carries out the ending: leave). Every entry of the loop into a
+// connection goes through it: its socket events (clientEvent,
+// exchangeEvent), a ring completion (loop_ring.go's complete, which
+// re-enters at the phase of the operation's I/O site), a deadline
+// (expire), a connection accepted or given back (stepRead).
 func (l *loop) drive(c *conn, st step) step {
-	if st.ended() {
-		l.leave(c, st)
+	for {
+		switch st {
+		case stepRead:
+			st = l.next(c)
+		case stepRoute:
+			st = l.begin(c)
+		case stepSend:
+			st = l.send(c)
+		case stepUpload:
+			st = l.upload(c)
+		case stepRelay:
+			st = l.pump(c)
+		case stepFinish:
+			st = l.end(c)
+		case stepLinger:
+			st = l.lingerClose(c)
+		case stepWait, stepOn:
+			return stepWait
+		default:
+			l.leave(c, st)
+			return st
+		}
 	}
-	return st
 }
 
 // leave takes c out of the loop, the one place a connection the loop holds
@@ -445,7 +476,7 @@ func (l *loop) clientEvent(c *conn, ev uint32) step {
 	if c.busy && c.x.phase == phaseUpload {
 		if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
 			c.readable = true // the body, or its end: upload reads to it
-			return l.upload(c)
+			return stepUpload
 		}
 		return stepWait
 	}
@@ -470,7 +501,7 @@ func (l *loop) clientEvent(c *conn, ev uint32) step {
 		// then ends instead of waiting out the idle timeout.
 		c.hup = c.hup || ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0
 		c.readable = true
-		return l.next(c)
+		return stepRead
 	}
 	return stepWait
 }

@@ -74,5 +74,5 @@ func (l *loop) opened(fd int, ip netip.Addr) {
 	// after: read now rather than after one more epoll_wait (an EAGAIN
 	// costs one read; the edge of a later arrival still comes).
 	c.readable = true
-	l.drive(c, l.next(c))
+	l.drive(c, stepRead)
 }

@@ -9,22 +9,33 @@ package proxy
 // read from the client, one write up, one read down and one write to the
 // client; the wait is one epoll_wait shared by every socket of the loop.
 //
-// The exchange's phases, each a function of the loop that runs until it
-// must wait for a socket (then an event, or a ring completion, calls it
-// again: loop_ring.go's replay lands at the same I/O site) or ends:
+// The connection's phases, each a function of the loop that runs until it
+// must wait for a socket or ends, and returns what comes next (a step:
+// the next phase, stepWait, or an ending). One function, loop.drive,
+// runs them; every entry goes through it (a socket event, a ring
+// completion: loop_ring.go's replay re-enters at the phase of the I/O
+// site that queued the operation, a deadline, a new connection), and an
+// ending is carried out in one place, loop.leave:
 //
-//	read head        next, read, parse, fast     loop_head.go
-//	route, connect   begin, connectFailed         loop_exchange.go, loop_upstream.go
-//	send             send, upload, earlyAnswer    loop_exchange.go
-//	relay response   pump, head, relayHead, body  loop_relay.go, loop_splice.go
-//	finish           end (at the framing), conclude (a failure, by
-//	                 outcome.go's decide), abandon, leave,
-//	                 expireExchange, lingerClose  loop_finish.go
+//	stepRead    next (read, parse, fast)      loop_head.go      → stepRoute, a goroutine
+//	stepRoute   begin                         loop_exchange.go  → stepSend, a goroutine
+//	stepSend    send (connectFailed)          loop_exchange.go  → stepUpload, stepRelay
+//	stepUpload  upload (earlyAnswer)          loop_exchange.go  → stepRelay
+//	stepRelay   pump (head, relayHead, body,  loop_relay.go,    → stepFinish, a failure
+//	            pumpSplice)                   loop_splice.go
+//	stepFinish  end                           loop_finish.go    → stepRead, stepLinger, close
+//	stepLinger  lingerClose (drain)           loop_finish.go    → close
+//
+// A failure is decided by outcome.go's decide and carried out by conclude
+// (loop_finish.go: fail, bodyFailed, or the ending leaveAborted). The
+// events: clientEvent (loop.go), exchangeEvent (loop_upstream.go),
+// sentClient (loop_ring.go), expire (loop_deadline.go) each return the
+// phase to drive.
 //
 // lx.phase says which of send, upload, head and body the events of the
-// exchange's sockets go to (clientEvent, upEvent). Before a byte went up,
-// anything unusual goes to a goroutine that decides it (connectFailed:
-// placed again, or 502 not-sent).
+// exchange's sockets go to (clientEvent, exchangeEvent). Before a byte
+// went up, anything unusual goes to a goroutine that decides it
+// (connectFailed: placed again, or 502 not-sent).
 
 import (
 	"time"
@@ -208,7 +219,7 @@ func (l *loop) begin(c *conn) step {
 		return stepWait
 	}
 	x.prog.connected = true
-	return l.send(c)
+	return stepSend
 }
 
 // sockaddr returns the worker's address for a raw connect (nil: a host
@@ -240,7 +251,7 @@ func (l *loop) connectFailed(c *conn) step {
 				return stepWait
 			}
 			x.prog.connected = true
-			return l.send(c)
+			return stepSend
 		}
 	}
 	x.w.Stats.End(true)
@@ -302,12 +313,12 @@ func (l *loop) send(c *conn) step {
 			x.body.clientLowat = unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, batchLowat) == nil
 		}
 		c.readable = true // try: the body may be queued already
-		return l.upload(c)
+		return stepUpload
 	}
 	x.phase = phaseHead
 	l.setDeadline(c, cfg.ResponseTimeout)
 	if x.sock.upReady {
-		return l.pump(c)
+		return stepRelay
 	}
 	return stepWait
 }
@@ -352,7 +363,7 @@ func (l *loop) upload(c *conn) step {
 			x.phase = phaseHead
 			l.setDeadline(c, cfg.ResponseTimeout)
 			if x.sock.upReady {
-				return l.pump(c)
+				return stepRelay
 			}
 			return stepWait
 		}
@@ -395,7 +406,7 @@ func (l *loop) earlyAnswer(c *conn, wait time.Duration) step {
 	x.phase, x.fr.keep, x.fr.reuse, x.body.cut, x.body.early = phaseHead, false, false, true, true
 	x.sock.upReady = true
 	l.setDeadline(c, wait)
-	return l.pump(c)
+	return stepRelay
 }
 
 // interimAhead reports whether the bytes a worker sent during an upload

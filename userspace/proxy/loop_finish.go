@@ -17,13 +17,13 @@ func (l *loop) end(c *conn) step {
 	keep, cut := c.x.fr.keep, c.x.body.cut
 	l.finishExchange(c)
 	if cut {
-		return l.lingerClose(c) // its body was not all read: no reset over the answer
+		return stepLinger // its body was not all read: no reset over the answer
 	}
 	if !keep {
 		return leaveClose
 	}
 	c.deadline = 0
-	return l.next(c)
+	return stepRead
 }
 
 // finishExchange counts the exchange's end and releases what it held.
@@ -140,13 +140,13 @@ func (l *loop) conclude(c *conn, f fault) step {
 		x.failed, x.fr.reuse, x.status = false, false, status
 		unix.Write(c.fd, errorResponse(status, true))
 		l.finishExchange(c)
-		return l.lingerClose(c)
+		return stepLinger
 	case endGateway:
 		return l.fail(c, status)
 	case endCut:
 		return l.bodyFailed(c)
 	}
-	return l.end(c) // endEarly: the loop relays an early answer as any response
+	return stepFinish // endEarly: the loop relays an early answer as any response
 }
 
 // lingerClose half-closes the client connection and reads what it still

@@ -125,9 +125,7 @@ func (l *loop) next(c *conn) step {
 			return stepWait
 		}
 		c.peekWait = false
-		if st := l.begin(c); st != stepWait {
-			return st // handed to a goroutine, or closed
-		}
+		return stepRoute
 	}
 	return stepWait
 }

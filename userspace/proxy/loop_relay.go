@@ -22,7 +22,7 @@ func (l *loop) pump(c *conn) step {
 			return stepWait // the client takes what it has first (EPOLLOUT)
 		}
 		if x.prog.done {
-			return l.end(c)
+			return stepFinish
 		}
 		// (Not while a read it queued is replayed: that read's bytes are
 		// in ubuf, and a pipe freed meanwhile must not jump them.)
@@ -262,7 +262,7 @@ func (l *loop) flushClient(c *conn) step {
 		if x.phase == phaseBody {
 			l.setDeadline(c, l.bodyTimeout(x))
 		}
-		return l.pump(c)
+		return stepRelay
 	}
 	return stepWait
 }

@@ -10,10 +10,12 @@ package proxy
 // The state machines are not rewritten for it. An I/O site asks the loop
 // for its result (recv, sendUp, writeClient). Where the loop batches, the
 // operation is queued and the site returns as if it had to wait
-// (errQueued); after the batch is submitted, the completion runs the
-// connection's entry again (next, pump or send: ioOp.resume), which walks
-// to the same site, with the same buffer, and is handed the completed
-// result there (replay), exactly once. A client write needs no replay:
+// (errQueued: its phase returns stepWait); after the batch is submitted,
+// the completion drives the connection again from the phase of that site
+// (resumeAt: stepRead, stepRelay or stepSend: next, pump or send), which
+// walks to the same site, with the same buffer, and is handed the
+// completed result there (replay), exactly once; a replay that lands
+// elsewhere is a bug (ringBug; strictRing in the tests). A client write needs no replay:
 // queued, it is pending output (x.pend, as after EAGAIN) and its
 // completion is what EPOLLOUT would have been (sentClient).
 //
@@ -46,8 +48,22 @@ const (
 	opCliSend            // response bytes to the client (writeClient, sentClient)
 )
 
+// resumeAt is the phase a completed operation re-enters (drive), the
+// one whose I/O site queued it.
+func resumeAt(op uint8) step {
+	switch op {
+	case opRead:
+		return stepRead // next → read
+	case opUpRecv:
+		return stepRelay // pump
+	case opUpSend:
+		return stepSend // send
+	}
+	return stepWait
+}
+
 // errQueued: the operation went into the loop's batch; its completion
-// calls the connection's entry again.
+// runs the connection's phases again from the one that queued it.
 var errQueued = errors.New("queued for the ring")
 
 // Test hooks: strictRing makes a broken invariant panic instead of
@@ -272,14 +288,7 @@ func (l *loop) complete(e *ioOp) {
 		st = l.drive(c, l.sentClient(c, e.res))
 	} else {
 		l.res = ioResult{c: c, op: e.op, ptr: e.ptr, n: e.n, res: e.res}
-		switch e.op {
-		case opRead:
-			st = l.drive(c, l.next(c))
-		case opUpRecv:
-			st = l.drive(c, l.pump(c))
-		case opUpSend:
-			st = l.drive(c, l.send(c))
-		}
+		st = l.drive(c, resumeAt(e.op))
 		if l.res.c != nil {
 			l.res = ioResult{}
 			l.ringBug(c, fmt.Sprintf("operation %d completed and was never taken", e.op))
@@ -351,5 +360,5 @@ func (l *loop) sentClient(c *conn, res int32) step {
 	if x.phase == phaseBody {
 		l.setDeadline(c, l.bodyTimeout(x))
 	}
-	return l.pump(c)
+	return stepRelay
 }

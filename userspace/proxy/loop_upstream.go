@@ -140,7 +140,7 @@ func (l *loop) exchangeEvent(c *conn, u *upconn, ev uint32) step {
 		x.prog.connected = true
 		u.connecting = false
 		u.pool.Stats().ConnOpened()
-		return l.send(c)
+		return stepSend
 	}
 	if ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
 		x.sock.upHup = true
@@ -151,7 +151,7 @@ func (l *loop) exchangeEvent(c *conn, u *upconn, ev uint32) step {
 	switch x.phase {
 	case phaseSend:
 		if ev&(unix.EPOLLOUT|unix.EPOLLERR|unix.EPOLLHUP) != 0 {
-			return l.send(c)
+			return stepSend
 		}
 		return stepWait
 	case phaseUpload:
@@ -161,11 +161,11 @@ func (l *loop) exchangeEvent(c *conn, u *upconn, ev uint32) step {
 			return l.earlyAnswer(c, l.s.cfg.ResponseTimeout)
 		}
 		if ev&unix.EPOLLOUT != 0 {
-			return l.upload(c)
+			return stepUpload
 		}
 		return stepWait
 	}
-	return l.pump(c)
+	return stepRelay
 }
 
 // maxIdle is the loop's share of p's MaxIdle: the loops together keep
