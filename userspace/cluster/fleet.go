@@ -384,14 +384,8 @@ func (s *FleetSync) apply(rec FleetRecord, exists bool, keyRev, at int64, fresh,
 			s.log.Warn("cluster: the fleet key names an unknown phase: holding", "phase", rec.Phase)
 			p = fleet.Paused
 		}
-		for u, v := range rec.Versions {
-			if s.fl.Version(u) != v {
-				s.fl.SetVersion(u, v)
-			}
-		}
-		if s.fl.Target() != rec.Target {
-			s.fl.SetTarget(rec.Target)
-		}
+		// Versions and target at once: no worker is fenced in between.
+		s.fl.SetVersions(rec.Target, rec.Versions)
 	}
 	s.remote = p
 	s.resumeLocked(rec.PhaseBy)

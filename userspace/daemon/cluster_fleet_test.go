@@ -112,7 +112,7 @@ func TestClusterWeightSync(t *testing.T) {
 	if rec, ok := fleetKey(t, etcd); !ok || rec.Phase != "paused" || rec.Mode != "abort" || rec.PhaseBy != a.d.InstanceID || rec.At == "" {
 		t.Fatalf("the fleet key after A's answer: %+v (there: %v)", rec, ok)
 	}
-	testenv.WaitForWithin(t, "B and C paused", time.Second, func() bool {
+	testenv.WaitFor(t, "B and C paused", func() bool {
 		return b.d.Fleet.Phase() == fleet.Paused && c.d.Fleet.Phase() == fleet.Paused
 	})
 	if r, err := do(b.client, "GET", b.base+"/fleet", ""); err != nil || r.status != 200 || !strings.Contains(string(r.body), `"phase":"paused"`) {
@@ -137,7 +137,7 @@ func TestClusterWeightSync(t *testing.T) {
 		t.Fatalf("the fleet key after the update: %+v", rec)
 	}
 	for _, fx := range []*fleetFixture{b, c} {
-		testenv.WaitForWithin(t, "the target and fences at "+fx.base, time.Second, func() bool {
+		testenv.WaitFor(t, "the target and fences at "+fx.base, func() bool {
 			f := fx.d.Fleet
 			return f.Target() == "v1" && f.WorkerState(fx.d.Table.Get(1)) == "fenced" &&
 				f.WorkerState(fx.d.Table.Get(0)) == "paused" && f.WorkerState(fx.d.Table.Get(2)) == "paused"
@@ -154,7 +154,7 @@ func TestClusterWeightSync(t *testing.T) {
 	if code != 200 || ans["phase"] != "serving" {
 		t.Fatalf("resume through B: %d %v", code, ans)
 	}
-	testenv.WaitForWithin(t, "A and C serving", time.Second, func() bool {
+	testenv.WaitFor(t, "A and C serving", func() bool {
 		return a.d.Fleet.Phase() == fleet.Serving && c.d.Fleet.Phase() == fleet.Serving
 	})
 	if p, _ := a.d.Fleet.LocalPhase(); p != fleet.Serving {
@@ -177,13 +177,13 @@ func TestClusterWeightSync(t *testing.T) {
 	if code, ans := c.call(t, "/pause_generation", `{"mode":"in_place"}`); code != 200 {
 		t.Fatalf("pause through C: %d %v", code, ans)
 	}
-	testenv.WaitForWithin(t, "A and B paused", time.Second, func() bool {
+	testenv.WaitFor(t, "A and B paused", func() bool {
 		return a.d.Fleet.Phase() == fleet.Paused && b.d.Fleet.Phase() == fleet.Paused
 	})
 	if code, ans := c.call(t, "/update_weights_from_disk", `{"model_path":"/ckpt/v2","weight_version":"v2"}`); code != 200 {
 		t.Fatalf("update through C: %d %v", code, ans)
 	}
-	testenv.WaitForWithin(t, "A and B at v2, nothing fenced", time.Second, func() bool {
+	testenv.WaitFor(t, "A and B at v2, nothing fenced", func() bool {
 		for _, fx := range []*fleetFixture{a, b} {
 			if fx.d.Fleet.Target() != "v2" || fx.d.Fleet.WorkerState(fx.d.Table.Get(1)) != "paused" {
 				return false
@@ -194,7 +194,7 @@ func TestClusterWeightSync(t *testing.T) {
 	if code, ans := a.call(t, "/continue_generation", ""); code != 200 || ans["phase"] != "serving" {
 		t.Fatalf("resume through A: %d %v", code, ans)
 	}
-	testenv.WaitForWithin(t, "B and C serving", time.Second, func() bool {
+	testenv.WaitFor(t, "B and C serving", func() bool {
 		return b.d.Fleet.Phase() == fleet.Serving && c.d.Fleet.Phase() == fleet.Serving
 	})
 	for i, fx := range fxs {
@@ -310,5 +310,5 @@ func TestClusterLinkLossHolds(t *testing.T) {
 	if code, ans := long.call(t, "/resume", ""); code != 200 || ans["phase"] != "serving" {
 		t.Fatalf("resume through the other replica: %d %v", code, ans)
 	}
-	testenv.WaitForWithin(t, "the pausing replica serving", time.Second, func() bool { return short.d.Fleet.Phase() == fleet.Serving })
+	testenv.WaitFor(t, "the pausing replica serving", func() bool { return short.d.Fleet.Phase() == fleet.Serving })
 }

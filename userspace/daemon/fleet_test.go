@@ -216,7 +216,7 @@ func runSyncCycles(t *testing.T, rc syncRecipe) {
 
 	type window struct{ pauseAt, resumed time.Time }
 	var windows []window
-	const bound = 10 * time.Second
+	const bound = 40 * time.Second // the pause's timeout_s, and its fan-out
 	for c := 1; c <= cycles; c++ {
 		// Let requests run (and pile up in the engines) between syncs.
 		testenv.WaitFor(t, "requests between syncs", func() bool {
@@ -226,7 +226,7 @@ func runSyncCycles(t *testing.T, rc syncRecipe) {
 		})
 		version := fmt.Sprintf("v%d", c)
 		w := window{pauseAt: time.Now()}
-		code, ans := fx.call(t, rc.pause+sep(rc.pause)+"timeout_s=10", rc.body)
+		code, ans := fx.call(t, rc.pause+sep(rc.pause)+"timeout_s=30", rc.body)
 		if took := time.Since(w.pauseAt); code != 200 || took > bound {
 			t.Fatalf("cycle %d: pause: %d after %v: %v", c, code, took, ans)
 		}
@@ -597,5 +597,116 @@ func TestControlPerWorker(t *testing.T) {
 		if got := string(e.LastBody("/update_weights_from_distributed")); got != body {
 			t.Fatalf("engine %d got %q", i, got)
 		}
+	}
+}
+
+// A resume that comes while a pause still drains ends the pause: the
+// pause answers 409 and does not pause the engines afterwards, and the
+// fleet serves (the review's "a pause can undo a resume").
+func TestResumeDuringPause(t *testing.T) {
+	fx := newFleetFixtureCfg(t, 2, fakeengine.Config{Kind: fakeengine.VLLM, DecodeStep: 20 * time.Millisecond}, Options{})
+	long := make(chan syncOut, 1)
+	go func() { long <- fx.generate(fakeengine.VLLM, "", "a long one", 200) }()
+	testenv.WaitFor(t, "the long request in flight", func() bool {
+		return fx.engines[0].Stats().Running+fx.engines[1].Stats().Running == 1
+	})
+	type res struct {
+		code int
+		ans  map[string]any
+	}
+	paused := make(chan res, 1)
+	go func() {
+		c, a := fx.call(t, "/pause?mode=wait&timeout_s=20", "")
+		paused <- res{c, a}
+	}()
+	testenv.WaitFor(t, "the pause draining", func() bool { return fx.d.Fleet.Phase() == fleet.Pausing })
+	if code, ans := fx.call(t, "/resume", ""); code != 200 {
+		t.Fatalf("resume: %d %v", code, ans)
+	}
+	r := <-paused
+	if r.code != http.StatusConflict || fx.d.Fleet.Phase() != fleet.Serving {
+		t.Fatalf("the overtaken pause: %d %v; phase %v", r.code, r.ans, fx.d.Fleet.Phase())
+	}
+	for i, e := range fx.engines {
+		if e.Paused() {
+			t.Fatalf("engine %d paused after the resume", i)
+		}
+	}
+	if o := <-long; o.status != 200 || o.finish == "abort" {
+		t.Fatalf("the long request: %d %q %v", o.status, o.finish, o.err)
+	}
+}
+
+// Per-engine updates without a version name, in one sync, get one name
+// (no engine fenced against another's); the next sync gets a new one.
+func TestUnnamedUpdatesShareTheSyncsVersion(t *testing.T) {
+	fx := newFleetFixture(t, 2, fakeengine.SGLang, Options{})
+	names := map[string]bool{}
+	for cycle := 0; cycle < 2; cycle++ {
+		fx.call(t, "/pause_generation", `{"mode":"abort"}`)
+		for i := range fx.engines {
+			req, _ := http.NewRequest("POST", fx.base+"/update_weights_from_tensor", strings.NewReader(`{"serialized_named_tensors":["x"]}`))
+			req.Header.Set("X-SMG-Target-Worker", fmt.Sprint(i))
+			resp, err := fx.client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("cycle %d, worker %d: %d", cycle, i, resp.StatusCode)
+			}
+		}
+		rep := fx.d.Fleet.Report()
+		if rep.TargetVersion == "" || rep.Workers[0].WeightVersion != rep.TargetVersion || rep.Workers[1].WeightVersion != rep.TargetVersion {
+			t.Fatalf("cycle %d: %+v", cycle, rep)
+		}
+		names[rep.TargetVersion] = true
+		if code, ans := fx.call(t, "/continue_generation", ""); code != 200 || len(ans["fenced"].([]any)) != 0 {
+			t.Fatalf("cycle %d: resume: %d %v", cycle, code, ans)
+		}
+	}
+	if len(names) != 2 {
+		t.Fatalf("two syncs got the names %v", names)
+	}
+}
+
+// An engine's own control call a trainer may make while paused
+// (/tokenize, /collective_rpc, ...) is not held.
+func TestControlCallsNotHeld(t *testing.T) {
+	fx := newFleetFixture(t, 1, fakeengine.VLLM, Options{PauseTimeout: time.Minute})
+	fx.call(t, "/pause?mode=abort", "")
+	resp, err := fx.client.Post(fx.base+"/collective_rpc", "application/json", strings.NewReader(`{"method":"check"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode == 503 || fx.d.Fleet.Counts().Held != 0 {
+		t.Fatalf("a control call was held: %d, %+v", resp.StatusCode, fx.d.Fleet.Counts())
+	}
+}
+
+// A request held for its own worker (fenced: its update failed) is placed
+// again when that worker leaves the table, instead of waiting out its
+// hold.
+func TestHeldForRemovedWorker(t *testing.T) {
+	fx := newFleetFixture(t, 2, fakeengine.SGLang, Options{PauseTimeout: time.Minute, BadSession: "spread"})
+	fx.engines[1].SetFailUpdates(true)
+	fx.call(t, "/update_weights_from_disk", `{"model_path":"/m","weight_version":"v2"}`)
+	done := make(chan reply, 1)
+	go func() {
+		r, _ := do(fx.client, "POST", fx.base+"/sessions/w1-0123456789abcdef0123456789abcdef/generate", `{"text":"x","sampling_params":{"max_new_tokens":2}}`)
+		done <- r
+	}()
+	testenv.WaitFor(t, "the session's request held", func() bool { return fx.d.Fleet.HeldNow() == 1 })
+	if _, err := fx.d.Registry.Remove("1"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-done:
+		if r.status == 503 {
+			t.Fatalf("held out its timeout: %d %s", r.status, r.body)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("still held 30 s after its worker left")
 	}
 }

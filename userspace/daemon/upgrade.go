@@ -223,23 +223,28 @@ func (d *Daemon) Sockets() ([]upgrade.File, error) {
 	return files, nil
 }
 
-// forwardHeld: retiring while the fleet holds requests (an upgrade during
-// a weight sync), this process sends what it holds, and what its open
-// connections still bring, to its successor through the data port: the
-// successor holds them until the resume the trainer sends it. Kept here,
-// they would wait until this process's pause timeout.
+// forwardHeld: once retiring (its successor serves and this process
+// accepts nothing more), this process sends every generation request it
+// still reads on its open connections, and every request it holds, to
+// its successor through the data port, and so do the sync's calls
+// (engine.Local): the successor owns the fleet's phase from now on. A
+// pause sent to the successor would not reach this process's hold, and
+// one sent here would not reach the successor's; what this process holds
+// would wait here until its pause timeout. Requests already at an engine
+// finish here.
 func (d *Daemon) forwardHeld() {
-	if p, _ := d.Fleet.LocalPhase(); p == fleet.Serving && d.Fleet.HeldNow() == 0 {
-		return
-	}
 	addr := d.Addr()
 	if host, port, err := net.SplitHostPort(addr); err == nil {
 		if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
-			addr = net.JoinHostPort("127.0.0.1", port)
+			lo := "127.0.0.1"
+			if ip.To4() == nil {
+				lo = "::1"
+			}
+			addr = net.JoinHostPort(lo, port)
 		}
 	}
 	ws := stats.NewHeap().Worker(0)
 	w := &route.Worker{Slot: -1, URL: "http://" + addr, Addr: addr, Stats: ws, Pool: upstream.New(addr, ws, d.opts.Pool)}
-	d.log.Info("retiring while the fleet is held: held requests go to the new tetherd", "held", d.Fleet.HeldNow(), "to", addr)
+	d.log.Info("retiring: generation requests still read here, and the held ones, go to the new tetherd", "held", d.Fleet.HeldNow(), "to", addr)
 	d.Fleet.Forward(w)
 }

@@ -163,7 +163,7 @@ func (e *Engine) Local(method, path []byte) http.Handler {
 	case PathFinishSession:
 		return http.HandlerFunc(e.finishSession)
 	}
-	if h := e.fleetLocal(string(path)); h != nil {
+	if h := e.fleetLocal(path); h != nil {
 		return h
 	}
 	return nil

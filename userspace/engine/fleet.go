@@ -39,8 +39,9 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"net/url"
 	"strconv"
-	"sync/atomic"
+	"strings"
 	"time"
 
 	"github.com/tether-rl/tether/userspace/fleet"
@@ -78,6 +79,7 @@ var controlPaths = map[string]updateKind{
 	"/update_weights_from_disk":        weightsCall,
 	"/update_weights_from_distributed": weightsCall,
 	"/update_weights_from_tensor":      weightsCall,
+	"/update_weights_from_ipc":         weightsCall,
 	"/init_weights_update_group":       plainCall,
 	"/destroy_weights_update_group":    plainCall,
 	"/update_weight_version":           setVersionCall,
@@ -93,12 +95,19 @@ var controlPaths = map[string]updateKind{
 	"/reset_prefix_cache":              plainCall,
 }
 
-// fleetLocal returns the handler of a fleet path, or nil.
-func (e *Engine) fleetLocal(path string) http.Handler {
+// fleetLocal returns the handler of a fleet path, or nil. It runs on
+// every proxied request: no allocation (string(path) in a switch and a
+// map index is not converted).
+func (e *Engine) fleetLocal(path []byte) http.Handler {
 	if e.cfg.Fleet == nil {
 		return nil
 	}
-	switch path {
+	if e.cfg.Fleet.Forwarding() != nil && string(path) != PathFleet {
+		// Retiring: the successor owns the fleet's phase; the call is
+		// proxied there (a POST is held, so forwarded).
+		return nil
+	}
+	switch string(path) {
 	case PathPauseGeneration:
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.pause(w, r, route.EngineSGLang) })
 	case PathPause:
@@ -114,7 +123,7 @@ func (e *Engine) fleetLocal(path string) http.Handler {
 	case PathFleet:
 		return e.FleetHandler()
 	}
-	if k, ok := controlPaths[path]; ok {
+	if k, ok := controlPaths[string(path)]; ok {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.control(w, r, k) })
 	}
 	return nil
@@ -236,18 +245,25 @@ func (e *Engine) pause(w http.ResponseWriter, r *http.Request, client route.Engi
 	f := e.cfg.Fleet
 	start := time.Now()
 	// From here on nothing new is admitted to any engine.
-	f.SetPhase(fleet.Pausing, mode)
+	seq := f.BeginPause(mode)
 	heldSince := time.Now()
 	cerr := e.phaseChanged()
 	ctx, cancel := context.WithDeadline(r.Context(), start.Add(timeout))
 	defer cancel()
 	auth := e.auth(r)
 	ans := PauseAnswer{Mode: mode, Quiet: true, HeldSince: heldSince.UTC().Format(time.RFC3339Nano), Successful: []Result{}, Failed: []Result{}, StillRunning: []Running{}}
+	stillOurs := func() bool { return f.PauseState(seq) == fleet.PauseOurs }
 	switch m {
 	case "abort":
-		ans.Quiet, ans.AbortWaves = e.quiesce(ctx, auth, true)
+		ans.Quiet, ans.AbortWaves = e.quiesce(ctx, auth, true, stillOurs)
 	case "wait":
-		ans.Quiet, _ = e.quiesce(ctx, auth, false)
+		ans.Quiet, _ = e.quiesce(ctx, auth, false, stillOurs)
+	}
+	if st := f.PauseState(seq); st != fleet.PauseOurs {
+		// Resumed (or paused again by another call) while it quiesced:
+		// the engines are not paused by this call.
+		e.pauseOvertaken(w, st, ans, start)
+		return
 	}
 	// The pause itself, to every engine in its dialect (its own deadline:
 	// a quiesce that used the whole timeout still pauses the engines).
@@ -257,16 +273,31 @@ func (e *Engine) pause(w http.ResponseWriter, r *http.Request, client route.Engi
 	res := e.fanoutDialect(pctx, auth, ws, client, 0, func(wk *route.Worker, k route.EngineKind) []call {
 		c := nativePause(wk, k, m, ans.Quiet)
 		if k == client {
-			// The client's own words, byte for byte.
+			// The client's own words: SGLang's body byte for byte; vLLM's
+			// query with the engine's mode (a wait not drained in time
+			// goes as keep) and without tetherd's own timeout_s.
 			if client == route.EngineSGLang && clientBody != nil {
 				c.body = clientBody
 			} else if client == route.EngineVLLM && r.URL.RawQuery != "" {
-				c.path = PathPause + "?" + r.URL.RawQuery
+				q := r.URL.Query()
+				q.Del("timeout_s")
+				native, _ := url.ParseQuery(strings.TrimPrefix(c.path, PathPause+"?"))
+				q.Set("mode", native.Get("mode"))
+				c.path = PathPause + "?" + q.Encode()
 			}
 		}
 		return []call{c}
 	})
-	f.SetPhase(fleet.Paused, mode)
+	if st := f.FinishPause(seq); st != fleet.PauseOurs {
+		// A resume came while the engines were being paused: they may
+		// have paused after it. Resume them again, so that nothing is
+		// parked in an engine of a serving fleet.
+		if st == fleet.PauseResumed {
+			e.fanoutDialect(pctx, auth, ws, client, 0, nativeResume(client, nil))
+		}
+		e.pauseOvertaken(w, st, ans, start)
+		return
+	}
 	if err := e.phaseChanged(); cerr == nil {
 		cerr = err
 	}
@@ -291,10 +322,40 @@ func (e *Engine) pause(w http.ResponseWriter, r *http.Request, client route.Engi
 	writeJSON(w, code, ans)
 }
 
+// pauseOvertaken answers a pause that a resume (or a later pause) took
+// over while it ran: 409, the engines' state is the other call's.
+func (e *Engine) pauseOvertaken(w http.ResponseWriter, st fleet.PauseState, ans PauseAnswer, start time.Time) {
+	ans.Phase = e.cfg.Fleet.Phase().String()
+	ans.Held = e.cfg.Fleet.HeldNow()
+	ans.Epoch = e.cfg.Table.Epoch()
+	ans.ElapsedS = math.Round(time.Since(start).Seconds()*1000) / 1000
+	ans.Message = "a resume came while this pause ran: the fleet serves, the engines were resumed"
+	if st == fleet.PauseSuperseded {
+		ans.Message = "another pause began while this one ran: that one pauses the engines"
+	}
+	writeJSON(w, http.StatusConflict, ans)
+}
+
+// nativeResume builds each engine's resume call; body, in the client's
+// dialect, is sent as it came.
+func nativeResume(client route.EngineKind, body []byte) func(wk *route.Worker, k route.EngineKind) []call {
+	return func(wk *route.Worker, k route.EngineKind) []call {
+		c := call{w: wk, method: http.MethodPost, path: PathContinueGeneration, body: []byte(`{}`)}
+		if k == route.EngineVLLM {
+			c = call{w: wk, method: http.MethodPost, path: PathResume}
+		}
+		if k == client && len(body) > 0 {
+			c.body = body
+		}
+		return []call{c}
+	}
+}
+
 // quiesce waits until nothing is in flight to any worker, aborting what
-// is (abort: in waves, at the owners, in their dialects), until ctx ends.
-// It reports whether the fleet went quiet and the waves sent.
-func (e *Engine) quiesce(ctx context.Context, auth string, abort bool) (bool, int) {
+// is (abort: in waves, at the owners, in their dialects), until ctx ends
+// or the pause is no longer ours (a resume took over). It reports whether
+// the fleet went quiet and the waves sent.
+func (e *Engine) quiesce(ctx context.Context, auth string, abort bool, ours func() bool) (bool, int) {
 	waves := 0
 	var last time.Time
 	tick := time.NewTicker(5 * time.Millisecond)
@@ -304,7 +365,7 @@ func (e *Engine) quiesce(ctx context.Context, auth string, abort bool) (bool, in
 		if len(busy) == 0 {
 			return true, waves
 		}
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || !ours() {
 			return false, waves
 		}
 		if abort && (waves == 0 || time.Since(last) >= e.cfg.WaveInterval) {
@@ -372,17 +433,11 @@ func (e *Engine) resume(w http.ResponseWriter, r *http.Request, client route.Eng
 	ctx, cancel := context.WithTimeout(r.Context(), e.cfg.Timeout)
 	defer cancel()
 	ws := e.workers()
-	hasBody := len(bytes.TrimSpace(body)) > 0
-	res := e.fanoutDialect(ctx, auth, ws, client, 0, func(wk *route.Worker, k route.EngineKind) []call {
-		c := call{w: wk, method: http.MethodPost, path: PathContinueGeneration, body: []byte(`{}`)}
-		if k == route.EngineVLLM {
-			c = call{w: wk, method: http.MethodPost, path: PathResume}
-		}
-		if k == client && hasBody {
-			c.body = body
-		}
-		return []call{c}
-	})
+	var clientBody []byte
+	if len(bytes.TrimSpace(body)) > 0 {
+		clientBody = body
+	}
+	res := e.fanoutDialect(ctx, auth, ws, client, 0, nativeResume(client, clientBody))
 	held := f.HeldNow()
 	// Released whatever the engines said: a dead engine never keeps the
 	// fleet held (it is reported, and health checks take it out).
@@ -426,9 +481,6 @@ type ControlAnswer struct {
 	Failed        []Result `json:"failed"`
 	ClusterError  string   `json:"cluster_error,omitempty"` // the cluster store was not written
 }
-
-// updateSeq numbers the weight versions tetherd names itself.
-var updateSeq atomic.Uint64
 
 func (e *Engine) control(w http.ResponseWriter, r *http.Request, kind updateKind) {
 	if !allowMethods(w, r, http.MethodPost) {
@@ -497,10 +549,16 @@ func (e *Engine) control(w http.ResponseWriter, r *http.Request, kind updateKind
 	newVersion := kind == weightsCall || kind == closeUpdate || kind == setVersionCall
 	if newVersion && len(res.Successful) > 0 {
 		if version == "" {
-			version = "tether-" + strconv.FormatUint(updateSeq.Add(1), 10)
+			version = f.RoundVersion()
+		}
+		// The workers called, by slot (not the table now: a worker put
+		// into a slot during the fan-out did not get the update).
+		called := make(map[int]*route.Worker, len(ws))
+		for _, wk := range ws {
+			called[wk.Slot] = wk
 		}
 		for _, s := range res.Successful {
-			if wk := e.cfg.Table.Get(s.Worker); wk != nil {
+			if wk := called[s.Worker]; wk != nil {
 				f.SetVersion(wk.URL, version)
 			}
 		}
@@ -512,9 +570,12 @@ func (e *Engine) control(w http.ResponseWriter, r *http.Request, kind updateKind
 	}
 	switch kind {
 	case openUpdate:
-		f.SetUpdateOpen(true)
+		f.SetUpdateOpen(true, e.cfg.UpdateTimeout)
 	case closeUpdate:
-		f.SetUpdateOpen(false)
+		f.SetUpdateOpen(false, 0)
+	}
+	if newVersion && len(ws) > 1 {
+		f.CloseRound() // a fleet-wide update is the sync's last word
 	}
 	if !f.UpdateOpen() {
 		for _, wk := range ws {

@@ -14,8 +14,10 @@
 //	Wait(w, gone, t)  the wait itself, FIFO, released in arrival order
 //
 // Only requests that may generate are held: GET, HEAD and OPTIONS go
-// through (model lists, server info, metrics), and tetherd's own control
-// endpoints are answered by tetherd, never proxied.
+// through (model lists, server info, metrics), so do the engines' own
+// control calls a trainer may make while the fleet is paused (Bypass:
+// /collective_rpc, /load_lora_adapter, /tokenize, ...), and tetherd's own
+// control endpoints are answered by tetherd, never proxied.
 package fleet
 
 import (
@@ -25,6 +27,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/route"
 )
 
@@ -98,9 +101,19 @@ type Fleet struct {
 	cycles   uint64 // pauses begun
 	// open: a vLLM start_weight_update was fanned out and its
 	// finish_weight_update not yet: the weights are in flux.
-	open bool
+	open    bool
+	openSeq uint64 // which open update a bound's timer closes
+	// pauseSeq numbers the pauses begun here (BeginPause): a pause that
+	// was resumed, or superseded by another, while it quiesced does not
+	// pause the fleet at its end.
+	pauseSeq uint64
+	// round: the version name tetherd gives a weights update that names
+	// none, the same for every call of one sync (per-engine calls too),
+	// until the phase changes or a fleet-wide update closes it.
+	round  string
+	rounds uint64
 
-	heldTotal, released, full, timeouts atomic.Uint64
+	heldTotal, released, full, timeouts, left atomic.Uint64
 
 	// forward, once set (a tetherd retiring after an upgrade while the
 	// fleet is held), takes every held request: they go to the new
@@ -143,7 +156,7 @@ func New(cfg Config) *Fleet {
 	}
 	f := &Fleet{cfg: cfg, versions: map[string]string{}, updating: map[string]bool{}, since: cfg.Now()}
 	if cfg.Table != nil {
-		cfg.Table.SetPutHook(f.onPut)
+		cfg.Table.SetHook(f.onChange)
 	}
 	return f
 }
@@ -163,16 +176,42 @@ func safe(method []byte) bool {
 	return false
 }
 
-// Held reports whether a request with this method must wait now: the
-// fleet is not serving, or w (nil: not routed yet) is fenced.
-func (f *Fleet) Held(method []byte, w *route.Worker) bool {
-	if f.phase.Load() == int32(Serving) && (w == nil || w.Fenced() == 0) {
+// Bypass are the paths of engine control calls a trainer may send while
+// the fleet is paused (so they are never held), besides tetherd's own:
+// their engines serve them paused, and holding them would deadlock the
+// trainer that waits for them before it resumes.
+var Bypass = map[string]bool{
+	"/collective_rpc": true, "/weight_checker": true, "/start_draft_weight_update": true,
+	"/get_weights_by_name": true, "/load_lora_adapter": true, "/unload_lora_adapter": true,
+	"/v1/load_lora_adapter": true, "/v1/unload_lora_adapter": true,
+	"/tokenize": true, "/detokenize": true, "/v1/tokenize": true, "/v1/detokenize": true,
+	"/get_world_size": true, "/fetch_weights": true,
+	"/init_weights_send_group_for_remote_instance": true, "/send_weights_to_remote_instance": true,
+}
+
+// Held reports whether req must wait now: the fleet is not serving, or w
+// (nil: not routed yet) is fenced, or this tetherd is retiring (Forward).
+// Serving and unfenced, it is one atomic load or two.
+func (f *Fleet) Held(req *httphead.Request, w *route.Worker) bool {
+	fw := f.forward.Load()
+	if fw == nil && f.phase.Load() == int32(Serving) && (w == nil || w.Fenced() == 0) {
 		return false
 	}
-	if w != nil && w == f.forward.Load() {
+	if w != nil && w == fw {
 		return false
 	}
-	return !safe(method)
+	return !safe(req.Method) && !bypass(req.Path)
+}
+
+// bypass reports whether path (its query cut) is a control call never held.
+func bypass(path []byte) bool {
+	for i, c := range path {
+		if c == '?' {
+			path = path[:i]
+			break
+		}
+	}
+	return Bypass[string(path)]
 }
 
 func (f *Fleet) clearLocked(w *route.Worker) bool {
@@ -196,8 +235,10 @@ func (f *Fleet) Forward(w *route.Worker) {
 func (f *Fleet) Forwarding() *route.Worker { return f.forward.Load() }
 
 // Wait holds a request until the fleet serves and w (nil: any) is not
-// fenced, gone closes, or until passes. Waiters are woken in arrival
-// order; one whose worker is still fenced waits again, in its place.
+// fenced, or something changed that may free it (a fence lifted, a worker
+// added, a phase changed: the caller routes it again and asks Held
+// again, so a worker removed or replaced meanwhile is not waited for),
+// gone closes, or until passes. Waiters are woken in arrival order.
 func (f *Fleet) Wait(w *route.Worker, gone <-chan struct{}, until time.Time) route.HoldResult {
 	f.mu.Lock()
 	if f.clearLocked(w) {
@@ -219,28 +260,18 @@ func (f *Fleet) Wait(w *route.Worker, gone <-chan struct{}, until time.Time) rou
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()
-	for {
-		select {
-		case <-wt.ch:
-			f.mu.Lock()
-			if f.clearLocked(w) {
-				f.mu.Unlock()
-				f.released.Add(1)
-				return route.HoldReleased
-			}
-			// Still held (its worker is fenced): wait again, at the back.
-			wt.ch, wt.done = make(chan struct{}), false
-			f.waiters = append(f.waiters, wt)
-			f.mu.Unlock()
-			continue
-		case <-t.C:
-			f.drop(wt)
-			f.timeouts.Add(1)
-			return route.HoldTimeout
-		case <-gone:
-			f.drop(wt)
-			return route.HoldLeft
-		}
+	select {
+	case <-wt.ch:
+		f.released.Add(1)
+		return route.HoldReleased
+	case <-t.C:
+		f.drop(wt)
+		f.timeouts.Add(1)
+		return route.HoldTimeout
+	case <-gone:
+		f.drop(wt)
+		f.left.Add(1)
+		return route.HoldLeft
 	}
 }
 
@@ -329,14 +360,93 @@ func (f *Fleet) effectiveLocked() {
 func (f *Fleet) SetPhase(p Phase, mode string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.setPhaseLocked(p, mode)
+}
+
+func (f *Fleet) setPhaseLocked(p Phase, mode string) {
 	if p != Serving && f.local == Serving {
 		f.cycles++
 	}
 	if p == Serving {
 		mode = ""
 	}
+	if p != f.local && p != Paused {
+		f.round = "" // a pause or a resume begins a new sync
+	}
 	f.local, f.mode = p, mode
 	f.effectiveLocked()
+}
+
+// BeginPause starts a pause (phase pausing: new requests are held from
+// now on) and returns its number, for PauseState and FinishPause.
+func (f *Fleet) BeginPause(mode string) uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.pauseSeq++
+	f.setPhaseLocked(Pausing, mode)
+	return f.pauseSeq
+}
+
+// PauseState says what became of pause seq while it ran.
+type PauseState int
+
+const (
+	PauseOurs       PauseState = iota // still pausing: this pause is in charge
+	PauseSuperseded                   // another pause began since: it is in charge
+	PauseResumed                      // a resume (here or through another replica) ended it
+)
+
+// PauseState reports what became of pause seq.
+func (f *Fleet) PauseState(seq uint64) PauseState {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.pauseStateLocked(seq)
+}
+
+func (f *Fleet) pauseStateLocked(seq uint64) PauseState {
+	switch {
+	case f.local == Serving:
+		return PauseResumed
+	case f.pauseSeq != seq:
+		return PauseSuperseded
+	}
+	return PauseOurs
+}
+
+// FinishPause makes pause seq's phase paused if it is still in charge,
+// and reports what became of it.
+func (f *Fleet) FinishPause(seq uint64) PauseState {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	st := f.pauseStateLocked(seq)
+	if st == PauseOurs {
+		f.setPhaseLocked(Paused, f.mode)
+	}
+	return st
+}
+
+// RoundVersion returns the version name for a weights update that names
+// none: the same through one sync (every per-engine call of it), a new
+// one after the phase changed or a fleet-wide update closed the round
+// (CloseRound). Names are unique across processes and replicas.
+func (f *Fleet) RoundVersion() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.round == "" {
+		// The time (unique across processes and replicas) and a count
+		// (unique within this one, whatever the clock's grain).
+		f.rounds++
+		f.round = "tether-" + strconv.FormatInt(f.cfg.Now().UnixNano(), 36) + "." + strconv.FormatUint(f.rounds, 10)
+	}
+	return f.round
+}
+
+// CloseRound ends the current round: the next unnamed update gets a new
+// name.
+func (f *Fleet) CloseRound() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.round = ""
 }
 
 // LocalPhase returns the phase this replica set (not the cluster's).
@@ -359,15 +469,30 @@ func (f *Fleet) SetRemote(p Phase, linkDown bool) {
 
 // --- weight versions and fences ---
 
-// onPut runs as a worker is put into the table (before it is routable):
-// it starts fenced if the fleet has a target and the worker's version is
-// known to differ or unknown.
-func (f *Fleet) onPut(w *route.Worker) {
+// onChange runs as the table's membership changes. A worker put into it
+// is fenced before it is routable (Putting) and again once it is
+// (PutDone: a target set in between reached it too) if the fleet has a
+// target and the worker's version differs or is unknown. Once a worker is
+// in the table or removed, held requests are woken to be placed again (it
+// may be theirs, or theirs may be gone).
+func (f *Fleet) onChange(w *route.Worker, ev route.TableEvent) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if ev == route.Removed {
+		if len(f.waiters) > 0 {
+			f.wakeLocked()
+		}
+		return
+	}
 	f.fenceLocked(w)
+	if ev == route.Putting {
+		return
+	}
 	if f.target != "" && f.versions[w.URL] == "" && f.ask != nil {
 		go f.ask(w)
+	}
+	if len(f.waiters) > 0 {
+		f.wakeLocked()
 	}
 }
 
@@ -427,6 +552,18 @@ func (f *Fleet) SetVersion(url, v string) {
 	f.refenceLocked()
 }
 
+// SetVersions records workers' versions and sets the target, at once
+// (the cluster's fleet key): no worker is fenced in between.
+func (f *Fleet) SetVersions(target string, versions map[string]string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for u, v := range versions {
+		f.versions[u] = v
+	}
+	f.target = target
+	f.refenceLocked()
+}
+
 // Version returns a worker's weight version ("": unknown).
 func (f *Fleet) Version(url string) string {
 	f.mu.Lock()
@@ -467,8 +604,19 @@ func (f *Fleet) Export() State {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	st := State{Phase: f.local.String(), Mode: f.mode, Target: f.target, Versions: map[string]string{}}
+	var in map[string]bool // the workers in the table: versions of others are not handed on
+	if f.cfg.Table != nil {
+		in = map[string]bool{}
+		for _, w := range f.cfg.Table.Snapshot() {
+			if w != nil {
+				in[w.URL] = true
+			}
+		}
+	}
 	for u, v := range f.versions {
-		st.Versions[u] = v
+		if in == nil || in[u] {
+			st.Versions[u] = v
+		}
 	}
 	return st
 }
@@ -510,6 +658,7 @@ type Report struct {
 	Released      uint64         `json:"released_total"`
 	HoldFull      uint64         `json:"hold_full_total"`
 	HoldTimeouts  uint64         `json:"hold_timeouts_total"`
+	HoldLeft      uint64         `json:"hold_left_total"` // clients that left while held
 	Cycles        uint64         `json:"pauses_total"`
 	ClusterLink   string         `json:"cluster_link,omitempty"` // "down" when the store cannot be seen
 	Workers       []WorkerReport `json:"workers"`
@@ -553,7 +702,7 @@ func (f *Fleet) Report() Report {
 		versions[u] = v
 	}
 	f.mu.Unlock()
-	r.HeldTotal, r.Released, r.HoldFull, r.HoldTimeouts = f.heldTotal.Load(), f.released.Load(), f.full.Load(), f.timeouts.Load()
+	r.HeldTotal, r.Released, r.HoldFull, r.HoldTimeouts, r.HoldLeft = f.heldTotal.Load(), f.released.Load(), f.full.Load(), f.timeouts.Load(), f.left.Load()
 	for _, w := range ws {
 		if w == nil {
 			continue
@@ -571,11 +720,27 @@ func round3(x float64) float64 {
 }
 
 // SetUpdateOpen records that a chunked (vLLM start/finish) weight update
-// is open: the workers stay fenced as updating until it closes.
-func (f *Fleet) SetUpdateOpen(on bool) {
+// is open: the workers stay fenced as updating until it closes, or until
+// bound passes (a trainer that died mid-update does not fence the fleet
+// for good).
+func (f *Fleet) SetUpdateOpen(on bool, bound time.Duration) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.open = on
+	f.openSeq++
+	if !on || bound <= 0 {
+		return
+	}
+	seq := f.openSeq
+	time.AfterFunc(bound, func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.open && f.openSeq == seq {
+			f.open = false
+			clear(f.updating)
+			f.refenceLocked()
+		}
+	})
 }
 
 // UpdateOpen reports whether a chunked weight update is open.

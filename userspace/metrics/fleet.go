@@ -17,7 +17,7 @@ var (
 	dFleetHeld = prometheus.NewDesc("tether_fleet_held",
 		"Generation requests held in tetherd now (the fleet is not serving, or their worker is fenced).", nil, nil)
 	dFleetHeldTotal = prometheus.NewDesc("tether_fleet_held_total",
-		"Requests that waited in the hold, by how the wait ended (released; full and timeout: answered 503 with Retry-After).", []string{"outcome"}, nil)
+		"Requests and the hold, by outcome: released (a wake: the request is placed again, and held again if it must), timeout (answered 503 with Retry-After), left (its client left), full (refused at once: 503 with Retry-After).", []string{"outcome"}, nil)
 	dFleetPauses = prometheus.NewDesc("tether_fleet_pauses_total",
 		"Pauses of the fleet begun through this tetherd.", nil, nil)
 	dFleetEpoch = prometheus.NewDesc("tether_fleet_epoch",
@@ -52,6 +52,7 @@ func (c fleetCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- counter(dFleetHeldTotal, rep.Released, "released")
 	ch <- counter(dFleetHeldTotal, rep.HoldFull, "full")
 	ch <- counter(dFleetHeldTotal, rep.HoldTimeouts, "timeout")
+	ch <- counter(dFleetHeldTotal, rep.HoldLeft, "left")
 	ch <- counter(dFleetPauses, rep.Cycles)
 	ch <- gauge(dFleetEpoch, float64(rep.Epoch))
 	if rep.TargetVersion != "" {

@@ -122,7 +122,10 @@ func (c *conn) serveDecision(dec route.Decision, peek []byte, refused, routed bo
 			dec = c.s.cfg.Router.Route(c.req, peek)
 			if h := c.s.cfg.Hold; h != nil && c.held(dec.Worker) {
 				if fw := h.Forwarding(); fw != nil {
-					// Retiring while the fleet is held: to the successor.
+					// Retiring after an upgrade: to the successor.
+					if dec.Done != nil {
+						dec.Done()
+					}
 					dec = route.Decision{Worker: fw, Reason: route.ReasonReroute}
 				}
 			}

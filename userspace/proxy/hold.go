@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/route"
 )
 
@@ -21,9 +22,10 @@ import (
 // taken back there, so that a pause that saw no such admission knows
 // nothing new can reach an engine.
 type Hold interface {
-	Held(method []byte, w *route.Worker) bool
+	Held(req *httphead.Request, w *route.Worker) bool
 	// Wait blocks until a request held for w (nil: the whole fleet) may be
-	// routed again, gone closes, or until passes.
+	// routed again (or something changed that may free it: the caller
+	// routes it again and asks Held again), gone closes, or until passes.
 	Wait(w *route.Worker, gone <-chan struct{}, until time.Time) route.HoldResult
 	// Timeout bounds a request's whole time in the hold.
 	Timeout() time.Duration
@@ -35,7 +37,7 @@ type Hold interface {
 // held reports whether c's request must wait (w nil: before routing).
 func (c *conn) held(w *route.Worker) bool {
 	h := c.s.cfg.Hold
-	return h != nil && h.Held(c.req.Method, w)
+	return h != nil && h.Held(c.req, w)
 }
 
 // holdWait waits in the fleet's hold while the client is watched; until

@@ -124,14 +124,23 @@ type Table struct {
 	// a slot): a fan-out that began at one epoch and ends at another did
 	// not reach the fleet as it is now.
 	epoch atomic.Uint64
-	// putHook, when set, sees every worker before Put makes it routable
-	// (the fleet fences a worker whose weights are not the fleet's).
-	putHook atomic.Pointer[func(*Worker)]
+	// hook, when set, sees every change of membership (SetHook).
+	hook atomic.Pointer[func(w *Worker, ev TableEvent)]
 }
 
-// SetPutHook sets the function Put calls with each worker before it
-// becomes routable.
-func (t *Table) SetPutHook(f func(*Worker)) { t.putHook.Store(&f) }
+// TableEvent is a change of the table's membership.
+type TableEvent uint8
+
+const (
+	Putting TableEvent = iota // w is about to become routable (Put)
+	PutDone                   // w is routable
+	Removed                   // w left its slot
+)
+
+// SetHook sets the function told of every change of membership: a worker
+// before it becomes routable (the fleet fences a worker whose weights are
+// not the fleet's), once it is, and once it is removed.
+func (t *Table) SetHook(f func(w *Worker, ev TableEvent)) { t.hook.Store(&f) }
 
 // Epoch returns the membership epoch: it changes whenever a worker is
 // put into or removed from a slot.
@@ -160,9 +169,17 @@ func (t *Table) Get(i int) *Worker {
 
 // Put places w in slot w.Slot, replacing whatever was there.
 func (t *Table) Put(w *Worker) {
-	if h := t.putHook.Load(); h != nil {
-		(*h)(w)
+	h := t.hook.Load()
+	if h != nil {
+		(*h)(w, Putting)
 	}
+	t.put(w)
+	if h != nil {
+		(*h)(w, PutDone)
+	}
+}
+
+func (t *Table) put(w *Worker) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	old := t.Snapshot()
@@ -179,6 +196,14 @@ func (t *Table) Put(w *Worker) {
 
 // Remove empties slot i and returns the worker that was there.
 func (t *Table) Remove(i int) *Worker {
+	w := t.remove(i)
+	if h := t.hook.Load(); h != nil && w != nil {
+		(*h)(w, Removed)
+	}
+	return w
+}
+
+func (t *Table) remove(i int) *Worker {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	old := t.Snapshot()
