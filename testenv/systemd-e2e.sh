@@ -118,8 +118,9 @@ ino_after=$(inodes)
 kill $load; wait $load 2>/dev/null || true
 requests=0 failed=0
 for l in $(seq "$LOADERS"); do
-  requests=$((requests + $(grep -c -e '^ok$' -e '^FAIL$' "$counts/$l")))
-  failed=$((failed + $(grep -c '^FAIL$' "$counts/$l")))
+  n=$(grep -c -e '^ok$' -e '^FAIL$' "$counts/$l" || true)
+  f=$(grep -c '^FAIL$' "$counts/$l" || true)
+  requests=$((requests + n)) failed=$((failed + f))
 done
 rm -rf "$counts"
 systemctl is-active --quiet tetherd || fail "not active after the restarts"

@@ -185,6 +185,27 @@ if [[ $MODE == *systemd* ]]; then
     tetherctl status >>"$OUT/deb-defaults.log" 2>&1
     put deb.defaults "$ok/20 requests answered by the unit's defaults ($(systemctl show -p ExecMainPID --value tetherd) $(systemctl show -p ActiveState --value tetherd))"
     [ "$ok" = 20 ] || FAILED=1
+    # apt upgrades a running tetherd in place (postinst: tetherctl upgrade):
+    # the same package with a higher version.
+    before=$(systemctl show -p MainPID --value tetherd)
+    rm -rf /root/up && dpkg-deb -R "/root/$(basename "$deb")" /root/up
+    sed -i 's/^Version: .*/&+vmtest1/' /root/up/DEBIAN/control
+    dpkg-deb -Znone -b /root/up /root/tether-up.deb >/dev/null
+    if DEBIAN_FRONTEND=noninteractive apt-get install -y /root/tether-up.deb >>"$OUT/apt-install.log" 2>&1; then
+      after=$(systemctl show -p MainPID --value tetherd)
+      ok=0
+      for i in $(seq 10); do
+        curl -sf -m 20 -XPOST "http://127.0.0.1:8080/sessions/w$((i % 2))-00000000000000000000000000000b$(printf %02d "$i")/v1/chat/completions" \
+          -d '{"messages":[{"role":"user","content":"hi"}]}' -o /dev/null && ok=$((ok + 1))
+      done
+      if [ "$after" != "$before" ] && systemctl is-active --quiet tetherd && [ "$ok" = 10 ]; then
+        put deb.upgrade "PASS apt upgraded the running tetherd in place: MainPID $before -> $after, $ok/10 requests after"
+      else
+        put deb.upgrade "FAIL MainPID $before -> $after, active $(systemctl is-active tetherd), $ok/10 requests after"; FAILED=1
+      fi
+    else
+      put deb.upgrade "FAIL apt-get install of the higher version"; FAILED=1
+    fi
   else
     put deb.defaults "FAIL: unit not active"; FAILED=1
   fi
