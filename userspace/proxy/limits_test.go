@@ -334,3 +334,62 @@ func TestDefaultMaxConns(t *testing.T) {
 		}
 	}
 }
+
+// Under MaxConns, idle upstream sockets count toward the descriptors the
+// cap budgets for (two per connection): with two clients open at a cap of
+// 2, the two upstream sockets their concurrent requests needed are not
+// both kept idle (that would leave no descriptor for the next connect);
+// one is, and serves the next request.
+func TestIdleUpstreamCountsTowardMaxConns(t *testing.T) {
+	arrived := make(chan struct{}, 2)
+	release := make(chan struct{})
+	var accepts atomic.Int64
+	be := rawBackend(t, func(c net.Conn) {
+		accepts.Add(1)
+		br := bufio.NewReader(c)
+		for first := true; ; first = false {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, req.Body)
+			if first {
+				arrived <- struct{}{}
+				<-release // both requests in flight: two upstream sockets
+			}
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
+	p := startProxy(t, []string{be}, func(c *Config) { c.MaxConns = 2 })
+	get := "GET /x HTTP/1.1\r\nHost: x\r\n\r\n"
+	var cs []net.Conn
+	var brs []*bufio.Reader
+	for range 2 {
+		c, br := p.dial()
+		io.WriteString(c, get)
+		cs, brs = append(cs, c), append(brs, br)
+	}
+	<-arrived
+	<-arrived
+	close(release)
+	for i, br := range brs {
+		if resp, body := readResp(t, br, false); resp.StatusCode != 200 || body != "ok" {
+			t.Fatalf("client %d: %d %q", i, resp.StatusCode, body)
+		}
+	}
+	ctr := p.srv.Counters()
+	testenv.WaitFor(t, "both exchanges to end", func() bool { return ctr.UpstreamIdle.Load()+int64(p.table.Get(0).Pool.Idle()) >= 1 })
+	if idle := ctr.UpstreamIdle.Load() + int64(p.table.Get(0).Pool.Idle()); idle != 1 {
+		t.Fatalf("%d idle upstream sockets kept with 2 clients open at a cap of 2, want 1", idle)
+	}
+	io.WriteString(cs[0], get)
+	if resp, _ := readResp(t, brs[0], false); resp.StatusCode != 200 {
+		t.Fatalf("next request: %d", resp.StatusCode)
+	}
+	if n := accepts.Load(); n != 2 {
+		t.Fatalf("backend saw %d connections, want 2 (the kept one reused)", n)
+	}
+	for _, c := range cs {
+		c.Close()
+	}
+}

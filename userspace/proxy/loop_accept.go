@@ -15,7 +15,9 @@ import (
 // accept takes connections until the queue is empty, the server is at
 // MaxConns (paused until a place frees), or accept fails for want of
 // descriptors (backing off, 5 ms doubling to 500 ms, or until a place
-// frees). Each is logged once per episode.
+// frees). Each is logged once per episode. Under the cap, idle upstream
+// sockets that fill its descriptor budget are given up for a new client,
+// or it waits until the next tick (fdRoom).
 func (l *loop) accept() {
 	s := l.s
 	for l.lfd >= 0 {
@@ -24,6 +26,21 @@ func (l *loop) accept() {
 		}
 		if !s.tryAdmit(l) {
 			return
+		}
+		// Idle upstream sockets count toward the cap's reserve: the
+		// loop gives up its own, oldest first, to make room for the
+		// client's descriptors; if the other loops' and the pools' still
+		// fill it, the client waits in the kernel's queue (accepted, it
+		// would find no descriptor for its upstream connection), looked
+		// at again next tick.
+		for !l.fdRoom(fdsPerConn) {
+			if !l.dropOldestIdle() {
+				s.unadmit()
+				s.wg.Done()
+				l.retryAt = l.now + l.tick
+				l.setDue(l.retryAt)
+				return
+			}
 		}
 		fd, ip, err := sysconn.Accept(l.lfd)
 		if err != nil {

@@ -193,9 +193,9 @@ func (l *loop) begin(c *conn) step {
 		return l.toGoroutine(c, handoff{held: true})
 	}
 	u, err := l.upstream(w.Pool, sa)
-	if err != nil {
-		// The goroutine connects again and decides: placed again, 502,
-		// or (want of descriptors) 502 that blames no worker.
+	if err != nil && !fdShortage(err) {
+		// The goroutine connects again and decides: placed again, or
+		// 502.
 		w.Leave()
 		if up != nil {
 			l.putPipe(up, true)
@@ -208,6 +208,14 @@ func (l *loop) begin(c *conn) step {
 	*x = lx{id: l.nextSeq(), w: w, dec: dec, up: u, start: l.now, bodyAt: c.r, reqLeft: left, pipe: up, rt: s.routeNote(dec),
 		req: reqTraits{head: req.IsMethod("HEAD"), http10: req.Minor == 0}, fr: respFraming{keep: req.KeepAlive}}
 	c.busy = true
+	if u == nil {
+		// No descriptor, even after an idle socket was given up (dial):
+		// a goroutine could not even be lent the socket. 502 here, as
+		// the goroutine path answers upstream.ErrLocal.
+		upstream.LocalFailures.Add(1)
+		s.logLocalShortage(err)
+		return l.fail(c, 502)
+	}
 	u.cl = c
 	out := c.appendUpstreamHead(l.lendOut(c), w)
 	out = append(out, c.buf[c.r:c.r+body]...)

@@ -37,7 +37,25 @@ func (l *loop) upstream(p *upstream.Pool, sa unix.Sockaddr) (*upconn, error) {
 	return l.dial(p, sa)
 }
 
+// dial opens a new connection to p (its connect possibly in progress).
+// Out of descriptors (EMFILE, ENFILE), the loop gives up its oldest idle
+// upstream socket and tries once more: a request is worth more than a
+// connection kept for a later one.
 func (l *loop) dial(p *upstream.Pool, sa unix.Sockaddr) (*upconn, error) {
+	if !l.fdRoom(1) {
+		l.dropOldestIdle() // at the cap's budget: the new socket takes an idle one's place
+	}
+	u, err := l.dialOnce(p, sa)
+	if err != nil && fdShortage(err) && l.dropOldestIdle() {
+		u, err = l.dialOnce(p, sa)
+	}
+	return u, err
+}
+
+// fdShortage reports whether err is the want of a descriptor.
+func fdShortage(err error) bool { return err == unix.EMFILE || err == unix.ENFILE }
+
+func (l *loop) dialOnce(p *upstream.Pool, sa unix.Sockaddr) (*upconn, error) {
 	family := unix.AF_INET
 	if _, ok := sa.(*unix.SockaddrInet6); ok {
 		family = unix.AF_INET6
@@ -59,6 +77,7 @@ func (l *loop) dial(p *upstream.Pool, sa unix.Sockaddr) (*upconn, error) {
 		return nil, err
 	}
 	l.ups[int32(fd)] = u
+	l.s.upSockets.Add(1)
 	if !u.connecting {
 		p.Stats().ConnOpened()
 	}
@@ -72,6 +91,7 @@ func (l *loop) closeUp(u *upconn) {
 	}
 	delete(l.ups, int32(u.fd))
 	unix.Close(u.fd)
+	l.s.upSockets.Add(-1)
 	u.fd = -1
 	if !u.connecting {
 		u.pool.Stats().ConnClosed()
@@ -84,7 +104,9 @@ func (l *loop) closeUp(u *upconn) {
 func (l *loop) putIdle(u *upconn) {
 	u.cl = nil
 	p := u.pool
-	if p.Closed() {
+	if p.Closed() || !l.fdRoom(l.s.nloops.Load()) {
+		// (Kept, it would leave no descriptor for each loop's next
+		// connect: fdRoom.)
 		l.closeUp(u)
 		return
 	}
@@ -98,6 +120,42 @@ func (l *loop) putIdle(u *upconn) {
 	l.idle[p] = append(list, u)
 	l.s.counters.UpstreamIdle.Add(1)
 	l.setDue(u.since + int64(p.Options().IdleTimeout))
+}
+
+// fdRoom reports whether, under Config.MaxConns, n more descriptors fit
+// in the ones the cap budgets for sockets (fdsPerConn per connection: the
+// client's socket and one upstream socket) besides those held now: the
+// open client connections and the upstream sockets, the loops' (in use
+// and idle) and upstream.Pool's idle ones. An idle upstream socket holds a
+// descriptor the cap did not count (it is no client's): past the budget,
+// one is closed rather than kept (putIdle), a new connect takes an idle
+// socket's place (dial), and a new client waits in the kernel's queue
+// (accept), so that under a descriptor limit (ulimit -n, from which the
+// default cap is derived) neither a connect nor an accept fails with
+// EMFILE for want of what idle sockets hold. Without a cap, always true.
+func (l *loop) fdRoom(n int64) bool {
+	max := int64(l.s.cfg.MaxConns)
+	if max <= 0 {
+		return true
+	}
+	held := l.s.counters.Open.Load() + l.s.upSockets.Load() + upstream.IdleConns.Load()
+	return held+n <= fdsPerConn*max
+}
+
+// dropOldestIdle closes the loop's idle upstream socket that has been idle
+// longest (to any worker), for a descriptor; false if the loop has none.
+func (l *loop) dropOldestIdle() bool {
+	var oldest *upconn
+	for _, list := range l.idle {
+		if len(list) > 0 && (oldest == nil || list[0].since < oldest.since) {
+			oldest = list[0]
+		}
+	}
+	if oldest == nil {
+		return false
+	}
+	l.dropIdle(oldest)
+	return true
 }
 
 // dropIdle closes an idle upstream socket the worker closed (or wrote to

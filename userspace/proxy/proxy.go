@@ -231,6 +231,7 @@ type Server struct {
 	capped, acceptFailing episode
 	localBytes            atomic.Int64 // local-endpoint body bytes held now (Config.LocalBodyBudget)
 	localLogged           atomic.Int64 // last logLocalShortage line (UnixNano)
+	upSockets             atomic.Int64 // the event loops' upstream sockets, in use and idle (loop.spareFDs)
 	// idleGrace (ns): while shutting down gently, a keep-alive connection
 	// is closed only once idle this long (ShutdownGently).
 	idleGrace atomic.Int64

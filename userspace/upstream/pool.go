@@ -96,6 +96,11 @@ var ErrLocal = errors.New("local resources exhausted")
 // pool of the process.
 var LocalFailures atomic.Uint64
 
+// IdleConns counts the idle connections of every pool of the process:
+// descriptors held for no request (the proxy's admission counts them
+// against its connection cap).
+var IdleConns atomic.Int64
+
 // LocalShortage reports whether a dial error is this host's shortage:
 // EMFILE / ENFILE (descriptors), ENOBUFS / ENOMEM, EADDRNOTAVAIL (no
 // ephemeral port left). Such a failure says nothing about the worker.
@@ -190,6 +195,7 @@ func (p *Pool) pop() *Conn {
 	c := p.idle[n-1]
 	p.idle[n-1] = nil
 	p.idle = p.idle[:n-1]
+	IdleConns.Add(-1)
 	return c
 }
 
@@ -214,6 +220,9 @@ func (p *Pool) Put(c *Conn) {
 		p.idle = p.idle[:len(p.idle)-1]
 	}
 	p.idle = append(p.idle, c)
+	if evict == nil {
+		IdleConns.Add(1)
+	}
 	p.mu.Unlock()
 	if evict != nil {
 		evict.discard()
@@ -291,6 +300,7 @@ func (p *Pool) Close() {
 	p.closed = true
 	idle := p.idle
 	p.idle = nil
+	IdleConns.Add(-int64(len(idle)))
 	p.mu.Unlock()
 	close(p.stop)
 	for _, c := range idle {
@@ -317,6 +327,7 @@ func (p *Pool) janitor() {
 			if i > 0 {
 				stale = append(stale, p.idle[:i]...)
 				p.idle = append(p.idle[:0], p.idle[i:]...)
+				IdleConns.Add(-int64(i))
 			}
 			p.mu.Unlock()
 			for _, c := range stale {
