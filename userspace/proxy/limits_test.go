@@ -59,6 +59,7 @@ func TestMaxConnsPausesAccept(t *testing.T) {
 		t.Fatalf("%d pause lines, want 1 for the episode:\n%s", n, logs.String())
 	}
 	// Each close lets one waiting client in.
+	stepsFrom := time.Now()
 	for i, w := range ws {
 		held[0].Close()
 		held = held[1:]
@@ -74,14 +75,21 @@ func TestMaxConnsPausesAccept(t *testing.T) {
 	for _, c := range held {
 		c.Close()
 	}
+	steps := time.Since(stepsFrom)
 	testenv.WaitFor(t, "connections closed", func() bool { return p.srv.Counters().Open.Load() == 0 })
-	// The clients came in one by one: one episode, ended once quiet.
-	testenv.WaitFor(t, "the resume line", func() bool { return logs.Count("accepting resumed") == 1 })
-	if n := logs.Count("accepting paused"); n != 1 {
-		t.Fatalf("%d pause lines for one episode:\n%s", n, logs.String())
+	// Each episode is logged once when it begins and once when it has
+	// been over for episodeQuiet, however many clients waited in it.
+	pauses := p.srv.Counters().AcceptPauses.Load()
+	testenv.WaitFor(t, "a resume line per episode", func() bool { return uint64(logs.Count("accepting resumed")) == pauses })
+	if n := logs.Count("accepting paused"); uint64(n) != pauses {
+		t.Fatalf("%d pause lines for %d episodes:\n%s", n, pauses, logs.String())
 	}
-	if pauses := p.srv.Counters().AcceptPauses.Load(); pauses != 1 {
-		t.Fatalf("%d pause episodes for 3 waiting clients, want 1", pauses)
+	// The clients came in one by one, each let in as a place freed: one
+	// episode. Only a stall of the machine past episodeQuiet between two
+	// steps ends it early (then the next pause starts another, at most
+	// one per step).
+	if pauses != 1 && (steps < episodeQuiet || pauses > uint64(1+len(ws))) {
+		t.Fatalf("%d pause episodes for %d waiting clients let in over %v, want 1", pauses, len(ws), steps)
 	}
 }
 

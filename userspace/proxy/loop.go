@@ -513,7 +513,8 @@ func (l *loop) clientEvent(c *conn, ev uint32) step {
 // the loop must win one back each time it wakes: futex wake-ups and
 // context switches on every pass. One P more keeps one idle (measured on
 // 2 cores, 2 loops, keep-alive load: futex calls per request 0.16 → 0.02,
-// context switches 0.58 → 0.37, req/s +16%; docs/ARCHITECTURE.md).
+// context switches 0.58 → 0.37, req/s +16%; bench/measurements.md, "The
+// event loop").
 func ProcsForLoops(loops int) int {
 	n := runtime.GOMAXPROCS(0)
 	if os.Getenv("GOMAXPROCS") != "" || n > loops {

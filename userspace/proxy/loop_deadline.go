@@ -1,8 +1,10 @@
 package proxy
 
-// A loop's time: one deadline per connection, a sweep when one is due
-// (at most every tick), and the scheduling the loop
-// thread needs from the Go runtime (GOMAXPROCS, the yield).
+// A loop's time: one deadline per connection, and a sweep when one is due
+// (at most every tick) that expires them, closes idle upstream sockets past
+// their pool's idle timeout and retries a paused accept. (The scheduling
+// the loop thread needs from the Go runtime, GOMAXPROCS and the yield, is
+// loop.go's: ProcsForLoops, yieldEvery.)
 
 import (
 	"time"

@@ -100,7 +100,7 @@ type Config struct {
 	Waits Waits
 	// SpliceMin: body remainders of at least this many bytes move with
 	// splice(2); smaller ones are copied through the buffer. Default 16 KiB
-	// (see docs/ARCHITECTURE.md for the measurement).
+	// (bench/measurements.md, "Copy or splice: the threshold, measured").
 	SpliceMin int64
 
 	// InstanceID is reported by /health; stable for the process.
@@ -515,7 +515,7 @@ func (c *conn) moveSteps(dst, src *net.TCPConn, n int64, scratch []byte, timeout
 var errSrcEOF = errors.New("source ended early")
 
 // Batching of large bodies (see conn.move). Measured with 16 MiB
-// transfers on loopback: docs/ARCHITECTURE.md.
+// transfers on loopback: bench/measurements.md ("Copy or splice").
 const (
 	batchMin   = 1 << 20
 	batchLowat = 256 << 10

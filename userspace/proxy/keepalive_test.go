@@ -1,12 +1,14 @@
 package proxy
 
+// Keep-alive on both sides: upstream connections pooled across requests
+// and clients, idle client connections that hold nothing.
+
 import (
 	"bufio"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -32,63 +34,6 @@ func okBackend(t *testing.T) (string, *atomic.Int64) {
 		}
 	})
 	return addr, &accepts
-}
-
-// The client watch must outlive the read deadline the head read left: a
-// client leaving after IdleTimeout still closes the upstream at once, and
-// that is not counted against the worker.
-func TestWatchOutlivesIdleDeadline(t *testing.T) {
-	upClosed := make(chan time.Time, 1)
-	be := rawBackend(t, func(c net.Conn) {
-		readHeadFrom(bufio.NewReader(c))
-		var b [1]byte
-		c.SetReadDeadline(time.Now().Add(10 * time.Second))
-		c.Read(b[:]) // until the proxy closes
-		upClosed <- time.Now()
-	})
-	p := startProxy(t, []string{be}, func(cfg *Config) { cfg.IdleTimeout = 200 * time.Millisecond })
-	c, _ := p.dial()
-	io.WriteString(c, "GET /long HTTP/1.1\r\nHost: a\r\n\r\n")
-	time.Sleep(600 * time.Millisecond) // past the idle deadline
-	left := time.Now()
-	c.Close()
-	select {
-	case at := <-upClosed:
-		if d := at.Sub(left); d > time.Second {
-			t.Fatalf("upstream closed %v after the client left", d)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("upstream never closed after the client left")
-	}
-	ctr := p.srv.Counters()
-	testenv.WaitFor(t, "the exchange's end to be counted", func() bool { return ctr.ClientAborted.Load()+ctr.BadGateway.Load() > 0 })
-	w := p.stats.Worker(0).Load()
-	if p.srv.Counters().BadGateway.Load() != 0 || w.Errors != 0 || p.srv.Counters().ClientAborted.Load() != 1 {
-		t.Fatalf("client abort counted as 502 %d / worker errors %d / aborted %d", p.srv.Counters().BadGateway.Load(), w.Errors, p.srv.Counters().ClientAborted.Load())
-	}
-}
-
-// HTTP/1.0 clients are never sent a 1xx (RFC 9110 §15.2).
-func TestHTTP10NoContinue(t *testing.T) {
-	be := rawBackend(t, func(c net.Conn) {
-		br := bufio.NewReader(c)
-		req, err := http.ReadRequest(br)
-		if err != nil {
-			return
-		}
-		if req.Header.Get("Expect") != "" {
-			io.WriteString(c, "HTTP/1.1 100 Continue\r\n\r\n")
-		}
-		io.Copy(io.Discard, req.Body)
-		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-	})
-	p := startProxy(t, []string{be}, nil)
-	c, br := p.dial()
-	io.WriteString(c, "POST /x HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\nhello")
-	line, err := br.ReadString('\n')
-	if err != nil || !strings.HasPrefix(line, "HTTP/1.1 200") {
-		t.Fatalf("first line %q (%v), want the final 200", line, err)
-	}
 }
 
 // A pooled connection keeps no expired deadline: with a short response
