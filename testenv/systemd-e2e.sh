@@ -21,8 +21,10 @@
 #     the process stays; a broken file is refused, the process stays;
 #  4. watchdog: tetherd stopped with SIGSTOP (hung) is killed by systemd
 #     after WatchdogSec and started again, on the stored sockets;
-#  5. stop: a streamed response in progress completes, the unit ends
-#     inactive with Result=success, the port is closed.
+#  5. stop, right after an upgrade (the main process is not systemd's
+#     child): a streamed response in progress completes, the main process
+#     exits by itself (no SIGKILL), the unit ends inactive with
+#     Result=success, the port is closed.
 #
 # It fails on any of these. The configuration it writes to
 # /etc/tether/tetherd.json is replaced by the one that was there at the end.
@@ -172,12 +174,20 @@ until req 0; do [ $((SECONDS - t0)) -lt 240 ] || fail "watchdog: the restarted t
 say "watchdog: killed and restarted after $((SECONDS - t0))s, MainPID $(mainpid), sockets kept: $([ "$ino_before" = "$(inodes)" ] && echo yes || echo no)"
 
 # 5. Stop: a streamed response in progress completes; the port closes.
+# After an upgrade, so that the main process is not systemd's child (systemd
+# does not wait for such a process after SIGTERM: the unit's ExecStop does).
+before=$(mainpid)
+"$BIN/tetherctl" upgrade --pidfile /run/tetherd/tetherd.pid --timeout 60s >/dev/null || fail "upgrade before stop"
+for _ in $(seq 50); do [ "$(mainpid)" != "$before" ] && break; sleep 0.1; done
+until req 0; do [ $((SECONDS - t0)) -lt 300 ] || fail "no answer after the upgrade before stop"; sleep 0.2; done
+since=$(date '+%Y-%m-%d %H:%M:%S')
 stream=$(mktemp)
 curl -sfN -m 60 -XPOST http://127.0.0.1:8080/sessions/w0-0123456789abcdef0123456789abcdef/v1/chat/completions \
   -d '{"messages":[{"role":"user","content":"hi"}],"stream":true}' >"$stream" &
 c=$!
 sleep 0.7
 t0=$SECONDS
+mp=$(mainpid)
 systemctl stop tetherd
 wait "$c" || fail "stop: the stream in progress failed"
 grep -q 'data: \[DONE\]' "$stream" || fail "stop: the stream in progress was cut"
@@ -185,6 +195,7 @@ rm -f "$stream"
 [ "$(systemctl show -p ActiveState --value tetherd)" = inactive ] || fail "stop: not inactive"
 [ "$(systemctl show -p Result --value tetherd)" = success ] || fail "stop: Result=$(systemctl show -p Result --value tetherd)"
 req 0 2>/dev/null && fail "stop: the port still answers"
-say "stop: the stream completed, inactive, Result=success, port closed ($((SECONDS - t0))s)"
+journalctl -u tetherd --since "$since" --no-pager | grep -q "Killing process $mp .*SIGKILL" && fail "stop: systemd killed the main process $mp with SIGKILL"
+say "stop after an upgrade: the stream completed, MainPID $mp exited by itself, inactive, Result=success, port closed ($((SECONDS - t0))s)"
 
 echo "e2e: requests=$requests failed=$failed loaders=$LOADERS upgrades=10 restarts=5 bpf=$bpf fdstore=kept reload=ok watchdog=restarted stop=clean"
