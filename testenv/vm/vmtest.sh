@@ -300,20 +300,21 @@ boot() {
 
 run_all() {
   build_share
+  accel >/dev/null # probe KVM once, here (not in each boot's subshell)
   local total=$SECONDS failed=0 report=$CACHE/summary.md
   for k in $KERNELS; do
     local mode=tests
     [ "$k" = "$SYSTEMD_KERNEL" ] && mode=tests,systemd
     boot "$k" "$mode" || failed=1
   done
-  if [ "$SYSTEMD_KERNEL" != none ] && ! grep -qw -- "$SYSTEMD_KERNEL" <<<"$KERNELS"; then
+  if [ "$SYSTEMD_KERNEL" != none ] && ! grep -qwF -- "$SYSTEMD_KERNEL" <<<"$KERNELS"; then
     build_kernel "$SYSTEMD_KERNEL"; build_image
     boot "$SYSTEMD_KERNEL" systemd || failed=1
   fi
   {
     echo "# make vmtest: $(date -u +%Y-%m-%dT%H:%M:%SZ), $(accel | awk '{print $2}'), $((SECONDS - total))s"
     echo
-    for k in $KERNELS $( [ "$SYSTEMD_KERNEL" != none ] && ! grep -qw -- "$SYSTEMD_KERNEL" <<<"$KERNELS" && echo "$SYSTEMD_KERNEL"); do
+    for k in $KERNELS $( [ "$SYSTEMD_KERNEL" != none ] && ! grep -qwF -- "$SYSTEMD_KERNEL" <<<"$KERNELS" && echo "$SYSTEMD_KERNEL"); do
       echo "## $k"
       echo '```'
       cat "$CACHE/share/out/$k/summary" 2>/dev/null || echo "result=FAIL (no summary)"
@@ -336,7 +337,7 @@ prepare() {
 case "${1:-all}" in
   prepare) prepare ;;                      # root filesystem, kernels, image (cached)
   build) build_share ;;                    # binaries, test binaries, .deb into .vmcache/share
-  boot) prepare; boot "${2:?kernel}" "${3:-tests}" ;;   # one boot of the last build: boot 6.1 tests,systemd
+  boot) prepare; accel >/dev/null; boot "${2:?kernel}" "${3:-tests}" ;;   # one boot of the last build: boot 6.1 tests,systemd
   all) prepare; run_all ;;
   *) echo "usage: $0 [all|prepare|build|boot KERNEL [tests|systemd|tests,systemd]]" >&2; exit 2 ;;
 esac
