@@ -235,8 +235,8 @@ accel() {
       local k probe
       k=$(ls "$CACHE"/kernels/*/vmlinuz | head -n1)
       probe=$(mktemp)
-      timeout 20 qemu-system-x86_64 -nodefaults -no-user-config -machine pc -accel kvm -cpu host -m 256 \
-        -display none -no-reboot -nic none -kernel "$k" -append "console=ttyS0 panic=-1" -serial "file:$probe" >/dev/null 2>&1 || true
+      (timeout 20 qemu-system-x86_64 -nodefaults -no-user-config -machine pc -accel kvm -cpu host -m 256 \
+        -display none -no-reboot -nic none -kernel "$k" -append "console=ttyS0 panic=-1" -serial "file:$probe") >/dev/null 2>&1 || true
       if grep -q 'Linux version' "$probe"; then ACCEL="-accel kvm -cpu host"
       else log "/dev/kvm is there but a kernel does not start under it: software emulation (TCG)"; fi
       rm -f "$probe"
