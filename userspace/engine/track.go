@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"bytes"
 	"encoding/json"
 
 	"github.com/tether-rl/tether/userspace/httphead"
@@ -125,7 +124,7 @@ func bodyRID(b []byte) []byte {
 		if i >= len(b) || b[i] != '"' {
 			return nil
 		}
-		ke, ok := scanString(b, i)
+		ke, ok := route.ScanJSONString(b, i)
 		if !ok {
 			return nil
 		}
@@ -137,13 +136,13 @@ func bodyRID(b []byte) []byte {
 		i = skipWS(b, i+1)
 		if string(key) == "rid" || string(key) == "request_id" { // SGLang, vLLM
 			if i < len(b) && b[i] == '"' {
-				if ve, ok := scanString(b, i); ok {
+				if ve, ok := route.ScanJSONString(b, i); ok {
 					return b[i+1 : ve-1]
 				}
 			}
 			return nil // a list (batch) or another type: not tracked
 		}
-		if i, ok = skipValue(b, i); !ok {
+		if i, ok = route.SkipJSONValue(b, i); !ok {
 			return nil
 		}
 		i = skipWS(b, i)
@@ -159,61 +158,4 @@ func skipWS(b []byte, i int) int {
 		i++
 	}
 	return i
-}
-
-// scanString returns the index after the string starting at b[i] == '"'.
-func scanString(b []byte, i int) (int, bool) {
-	j := i + 1
-	for {
-		k := bytes.IndexByte(b[j:], '"')
-		if k < 0 {
-			return 0, false
-		}
-		j += k
-		n := 0 // backslashes before the quote
-		for p := j - 1; p > i && b[p] == '\\'; p-- {
-			n++
-		}
-		if n%2 == 0 {
-			return j + 1, true
-		}
-		j++
-	}
-}
-
-// skipValue returns the index after the JSON value starting at b[i].
-func skipValue(b []byte, i int) (int, bool) {
-	if i >= len(b) {
-		return 0, false
-	}
-	switch b[i] {
-	case '"':
-		return scanString(b, i)
-	case '{', '[':
-		depth := 0
-		for j := i; j < len(b); j++ {
-			switch b[j] {
-			case '"':
-				e, ok := scanString(b, j)
-				if !ok {
-					return 0, false
-				}
-				j = e - 1
-			case '{', '[':
-				depth++
-			case '}', ']':
-				if depth--; depth == 0 {
-					return j + 1, true
-				}
-			}
-		}
-		return 0, false
-	}
-	for j := i; j < len(b); j++ {
-		switch b[j] {
-		case ',', '}', ']', ' ', '\t', '\n', '\r':
-			return j, true
-		}
-	}
-	return 0, false
 }

@@ -44,7 +44,7 @@ func GroupHash(req *httphead.Request, body []byte) (uint64, bool) {
 		if i >= len(b) || b[i] != '"' {
 			return 0, false
 		}
-		ke, ok := scanJSONString(b, i)
+		ke, ok := ScanJSONString(b, i)
 		if !ok {
 			return 0, false
 		}
@@ -61,7 +61,7 @@ func GroupHash(req *httphead.Request, body []byte) (uint64, bool) {
 				break
 			}
 		}
-		end, complete := skipJSONValue(b, i)
+		end, complete := SkipJSONValue(b, i)
 		if field >= 0 {
 			if end <= i {
 				return 0, false // the value is not there at all
@@ -92,9 +92,9 @@ func GroupHash(req *httphead.Request, body []byte) (uint64, bool) {
 	}
 }
 
-// scanJSONString returns the index after the string starting at b[i] ==
-// '"'; false when it is cut.
-func scanJSONString(b []byte, i int) (int, bool) {
+// ScanJSONString returns the index after the JSON string starting at
+// b[i] == '"'; false when it is cut (engine's request ids use it too).
+func ScanJSONString(b []byte, i int) (int, bool) {
 	j := i + 1
 	for {
 		k := bytes.IndexByte(b[j:], '"')
@@ -113,16 +113,16 @@ func scanJSONString(b []byte, i int) (int, bool) {
 	}
 }
 
-// skipJSONValue returns the end of the JSON value at b[i] and whether it
+// SkipJSONValue returns the end of the JSON value at b[i] and whether it
 // is complete within b (else the end is len(b)). A flat array of numbers
 // (input_ids) is skipped with one scan for ']'.
-func skipJSONValue(b []byte, i int) (int, bool) {
+func SkipJSONValue(b []byte, i int) (int, bool) {
 	if i >= len(b) {
 		return len(b), false
 	}
 	switch b[i] {
 	case '"':
-		return scanJSONString(b, i)
+		return ScanJSONString(b, i)
 	case '[', '{':
 		if b[i] == '[' {
 			if k := bytes.IndexByte(b[i+1:], ']'); k >= 0 {
@@ -138,7 +138,7 @@ func skipJSONValue(b []byte, i int) (int, bool) {
 		for j := i; j < len(b); j++ {
 			switch b[j] {
 			case '"':
-				e, ok := scanJSONString(b, j)
+				e, ok := ScanJSONString(b, j)
 				if !ok {
 					return len(b), false
 				}
