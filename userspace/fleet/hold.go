@@ -1,0 +1,174 @@
+package fleet
+
+import (
+	"time"
+
+	"github.com/tether-rl/tether/userspace/httphead"
+	"github.com/tether-rl/tether/userspace/route"
+)
+
+// safe reports whether a method never generates (never held).
+func safe(method []byte) bool {
+	switch string(method) {
+	case "GET", "HEAD", "OPTIONS":
+		return true
+	}
+	return false
+}
+
+// Bypass are the paths of engine control calls a trainer may send while
+// the fleet is paused (so they are never held), besides tetherd's own:
+// their engines serve them paused, and holding them would deadlock the
+// trainer that waits for them before it resumes.
+var Bypass = map[string]bool{
+	"/collective_rpc": true, "/weight_checker": true, "/start_draft_weight_update": true,
+	"/get_weights_by_name": true, "/load_lora_adapter": true, "/unload_lora_adapter": true,
+	"/v1/load_lora_adapter": true, "/v1/unload_lora_adapter": true,
+	"/tokenize": true, "/detokenize": true, "/v1/tokenize": true, "/v1/detokenize": true,
+	"/get_world_size": true, "/fetch_weights": true,
+	"/init_weights_send_group_for_remote_instance": true, "/send_weights_to_remote_instance": true,
+}
+
+// Held reports whether req must wait now: the fleet is not serving, or w
+// (nil: not routed yet) is fenced, or this tetherd is retiring (Forward).
+// Serving and unfenced, it is one atomic load or two.
+func (f *Fleet) Held(req *httphead.Request, w *route.Worker) bool {
+	fw := f.forward.Load()
+	if fw == nil && f.phase.Load() == int32(Serving) && (w == nil || w.Fenced() == 0) {
+		return false
+	}
+	if w != nil && w == fw {
+		return false
+	}
+	return !safe(req.Method) && !bypass(req.Path)
+}
+
+// bypass reports whether path (its query cut) is a control call never held.
+func bypass(path []byte) bool {
+	for i, c := range path {
+		if c == '?' {
+			path = path[:i]
+			break
+		}
+	}
+	return Bypass[string(path)]
+}
+
+func (f *Fleet) clearLocked(w *route.Worker) bool {
+	return f.forward.Load() != nil || f.Phase() == Serving && (w == nil || w.Fenced() == 0)
+}
+
+// Forward hands every held request, now and from now on, to w (nil: no
+// more): a tetherd that retires after an upgrade while the fleet is held
+// sends them to its successor through the data port, where they are held
+// again until the resume, instead of keeping them until its pause timeout.
+func (f *Fleet) Forward(w *route.Worker) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.forward.Store(w)
+	if w != nil {
+		f.wakeLocked()
+	}
+}
+
+// Forwarding returns where held requests go instead (nil: they wait).
+func (f *Fleet) Forwarding() *route.Worker { return f.forward.Load() }
+
+// Wait holds a request until the fleet serves and w (nil: any) is not
+// fenced, or something changed that may free it (a fence lifted, a worker
+// added, a phase changed: the caller routes it again and asks Held
+// again, so a worker removed or replaced meanwhile is not waited for),
+// gone closes, or until passes. Waiters are woken in arrival order.
+func (f *Fleet) Wait(w *route.Worker, gone <-chan struct{}, until time.Time) route.HoldResult {
+	f.mu.Lock()
+	if f.clearLocked(w) {
+		f.mu.Unlock()
+		return route.HoldReleased
+	}
+	if len(f.waiters) >= f.maxHeldLocked() {
+		f.mu.Unlock()
+		f.full.Add(1)
+		return route.HoldFull
+	}
+	wt := &waiter{ch: make(chan struct{})}
+	f.waiters = append(f.waiters, wt)
+	f.heldTotal.Add(1)
+	f.mu.Unlock()
+	d := until.Sub(f.cfg.Now())
+	if d < 0 {
+		d = 0
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-wt.ch:
+		f.released.Add(1)
+		return route.HoldReleased
+	case <-t.C:
+		f.drop(wt)
+		f.timeouts.Add(1)
+		return route.HoldTimeout
+	case <-gone:
+		f.drop(wt)
+		f.left.Add(1)
+		return route.HoldLeft
+	}
+}
+
+// drop removes a waiter that stopped waiting.
+func (f *Fleet) drop(wt *waiter) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i, x := range f.waiters {
+		if x == wt {
+			f.waiters = append(f.waiters[:i], f.waiters[i+1:]...)
+			return
+		}
+	}
+}
+
+func (f *Fleet) maxHeldLocked() int {
+	n := 0
+	if f.cfg.Table != nil {
+		for _, w := range f.cfg.Table.Snapshot() {
+			if w != nil {
+				n++
+			}
+		}
+	}
+	return f.cfg.MaxHeldPerWorker * max(n, 1)
+}
+
+// wakeLocked wakes every waiter, in arrival order: each checks whether
+// it may go (f.mu held).
+func (f *Fleet) wakeLocked() {
+	ws := f.waiters
+	f.waiters = nil
+	for _, wt := range ws {
+		if !wt.done {
+			wt.done = true
+			close(wt.ch)
+		}
+	}
+}
+
+// Held returns how many requests wait in the hold now.
+func (f *Fleet) HeldNow() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.waiters)
+}
+
+// Counts are the hold's totals.
+type Counts struct {
+	Held, Released, Full, Timeouts uint64
+	Cycles                         uint64
+}
+
+// Counts returns the hold's totals.
+func (f *Fleet) Counts() Counts {
+	f.mu.Lock()
+	c := f.cycles
+	f.mu.Unlock()
+	return Counts{Held: f.heldTotal.Load(), Released: f.released.Load(), Full: f.full.Load(), Timeouts: f.timeouts.Load(), Cycles: c}
+}
