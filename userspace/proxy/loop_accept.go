@@ -27,13 +27,13 @@ func (l *loop) accept() {
 		if !s.tryAdmit(l) {
 			return
 		}
-		// Idle upstream sockets count toward the cap's reserve: the
-		// loop gives up its own, oldest first, to make room for the
-		// client's descriptors; if the other loops' and the pools' still
-		// fill it, the client waits in the kernel's queue (accepted, it
-		// would find no descriptor for its upstream connection), looked
-		// at again next tick.
-		for !l.fdRoom(fdsPerConn) {
+		// The loops' idle upstream sockets count toward the cap's
+		// reserve: the loop gives up its own, oldest first, to make room
+		// for the client's descriptors; if the other loops' still fill
+		// it, the client waits in the kernel's queue (accepted, it would
+		// find no descriptor for its upstream connection), looked at
+		// again next tick.
+		for !l.fdRoomForClient() {
 			if !l.dropOldestIdle() {
 				s.unadmit()
 				s.wg.Done()

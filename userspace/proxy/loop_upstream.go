@@ -134,11 +134,21 @@ func (l *loop) putIdle(u *upconn) {
 // default cap is derived) neither a connect nor an accept fails with
 // EMFILE for want of what idle sockets hold. Without a cap, always true.
 func (l *loop) fdRoom(n int64) bool {
+	return l.fdRoomOf(n, upstream.IdleConns.Load())
+}
+
+// fdRoomForClient is fdRoom for a new client: without the goroutine
+// path's idle pools, which no loop can close (their janitor does, within
+// a minute): counted, they could keep clients in the kernel's queue while
+// far below the cap.
+func (l *loop) fdRoomForClient() bool { return l.fdRoomOf(fdsPerConn, 0) }
+
+func (l *loop) fdRoomOf(n, poolIdle int64) bool {
 	max := int64(l.s.cfg.MaxConns)
 	if max <= 0 {
 		return true
 	}
-	held := l.s.counters.Open.Load() + l.s.upSockets.Load() + upstream.IdleConns.Load()
+	held := l.s.counters.Open.Load() + l.s.upSockets.Load() + poolIdle
 	return held+n <= fdsPerConn*max
 }
 
