@@ -606,7 +606,9 @@ func TestControlPerWorker(t *testing.T) {
 func TestResumeDuringPause(t *testing.T) {
 	fx := newFleetFixtureCfg(t, 2, fakeengine.Config{Kind: fakeengine.VLLM, DecodeStep: 20 * time.Millisecond}, Options{})
 	long := make(chan syncOut, 1)
-	go func() { long <- fx.generate(fakeengine.VLLM, "", "a long one", 200) }()
+	// Long enough (40 s) to be in flight whatever the machine's load;
+	// aborted at the end.
+	go func() { long <- fx.generate(fakeengine.VLLM, "", "a long one", 2000) }()
 	testenv.WaitFor(t, "the long request in flight", func() bool {
 		return fx.engines[0].Stats().Running+fx.engines[1].Stats().Running == 1
 	})
@@ -632,7 +634,10 @@ func TestResumeDuringPause(t *testing.T) {
 			t.Fatalf("engine %d paused after the resume", i)
 		}
 	}
-	if o := <-long; o.status != 200 || o.finish == "abort" {
+	if code, ans := fx.call(t, "/abort_requests", `{}`); code != 200 {
+		t.Fatalf("abort: %d %v", code, ans)
+	}
+	if o := <-long; o.status != 200 {
 		t.Fatalf("the long request: %d %q %v", o.status, o.finish, o.err)
 	}
 }
