@@ -181,7 +181,7 @@ func New(opts Options) (*Daemon, error) {
 	if err := opts.checkRanges(); err != nil {
 		return nil, err
 	}
-	if err := validateDataPlane(&opts.Proxy); err != nil {
+	if err := opts.Proxy.Validate(); err != nil {
 		return nil, err
 	}
 	provisionDataPlane(&opts.Proxy)

@@ -16,6 +16,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -121,37 +122,111 @@ type Config struct {
 	Log *slog.Logger
 }
 
-func (c *Config) setDefaults() {
-	if c.ResponseTimeout <= 0 {
-		c.ResponseTimeout = 30 * time.Minute
-	}
-	if c.IdleTimeout <= 0 {
-		c.IdleTimeout = 120 * time.Second
-	}
-	if c.StreamIdleTimeout <= 0 {
-		c.StreamIdleTimeout = 5 * time.Minute
-	}
-	if c.HeadTimeout <= 0 {
-		c.HeadTimeout = 30 * time.Second
-	}
-	if c.IOTimeout <= 0 {
-		c.IOTimeout = 120 * time.Second
+// Defaults of Config's settings: the values tetherd's flags show
+// (daemon.DataPlaneDefaults is Defaults), written here once.
+const (
+	DefaultResponseTimeout   = 30 * time.Minute // agent turns are long
+	DefaultStreamIdleTimeout = 5 * time.Minute
+	DefaultIdleTimeout       = 120 * time.Second
+	DefaultHeadTimeout       = 30 * time.Second
+	DefaultIOTimeout         = 120 * time.Second
+	DefaultQueueSize         = 1024 // also the fleet's hold per worker (tetherd)
+	DefaultQueueTimeout      = 30 * time.Second
+	DefaultLocalBodyBudget   = 64 << 20
+	DefaultSpliceMin         = 16 << 10 // bench/measurements.md
+)
+
+// Defaults returns a Config whose settings are all at their defaults, and
+// no wiring. Settings whose zero is a meaning of its own stay zero:
+// MaxBodyBytes (no limit), MaxConns (no cap), ParkAfter (park at once),
+// NoRing (batch through io_uring).
+func Defaults() Config {
+	var c Config
+	c.Provision()
+	return c
+}
+
+// Provision fills c's zero (or, for durations and sizes, negative)
+// settings with their defaults: the Default* constants and httphead's
+// limits. A negative QueueSize (no queue) is kept; the wiring is not
+// touched.
+func (c *Config) Provision() {
+	for _, d := range []struct {
+		p   *time.Duration
+		def time.Duration
+	}{
+		{&c.ResponseTimeout, DefaultResponseTimeout},
+		{&c.StreamIdleTimeout, DefaultStreamIdleTimeout},
+		{&c.IdleTimeout, DefaultIdleTimeout},
+		{&c.HeadTimeout, DefaultHeadTimeout},
+		{&c.IOTimeout, DefaultIOTimeout},
+		{&c.QueueTimeout, DefaultQueueTimeout},
+	} {
+		if *d.p <= 0 {
+			*d.p = d.def
+		}
 	}
 	if c.QueueSize == 0 {
-		c.QueueSize = 1024
-	} else if c.QueueSize < 0 {
-		c.QueueSize = 0
-	}
-	if c.QueueTimeout <= 0 {
-		c.QueueTimeout = 30 * time.Second
+		c.QueueSize = DefaultQueueSize
 	}
 	if c.LocalBodyBudget <= 0 {
-		c.LocalBodyBudget = 64 << 20
+		c.LocalBodyBudget = DefaultLocalBodyBudget
+	}
+	if c.SpliceMin <= 0 {
+		c.SpliceMin = DefaultSpliceMin
+	}
+	for _, n := range []struct {
+		p   *int
+		def int
+	}{
+		{&c.Limits.RequestLine, httphead.DefaultRequestLine},
+		{&c.Limits.Head, httphead.DefaultHead},
+		{&c.Limits.Fields, httphead.DefaultFields},
+		{&c.Limits.ChunkExt, httphead.MaxChunkExtBytes},
+	} {
+		if *n.p == 0 {
+			*n.p = n.def
+		}
+	}
+}
+
+// Validate refuses out-of-range settings (zero is the default), naming
+// tetherd's flag of each.
+func (c *Config) Validate() error {
+	for _, b := range []struct {
+		flag string
+		bad  bool
+		want string
+	}{
+		{"response-timeout", c.ResponseTimeout < 0, "a duration > 0"},
+		{"stream-idle-timeout", c.StreamIdleTimeout < 0, "a duration > 0"},
+		{"idle-timeout", c.IdleTimeout < 0, "a duration > 0"},
+		{"head-timeout", c.HeadTimeout < 0, "a duration > 0"},
+		{"io-timeout", c.IOTimeout < 0, "a duration > 0"},
+		{"queue-timeout", c.QueueTimeout < 0, "a duration > 0"},
+		{"splice-min", c.SpliceMin < 0, "a size > 0"},
+		{"max-body-bytes", c.MaxBodyBytes < 0, "a size >= 0 (0: no limit)"},
+		{"max-conns", c.MaxConns < 0, "a count >= 0 (0: from the descriptor limit)"},
+		{"max-queue", c.QueueSize < -1, "a count > 0, or -1: no queue"},
+		{"local-body-budget", c.LocalBodyBudget < 0, "a size > 0"},
+		{"max-request-line", c.Limits.RequestLine < 0, "a size > 0"},
+		{"max-head-bytes", c.Limits.Head < 0, "a size > 0"},
+		{"max-header-fields", c.Limits.Fields < 0, "a count > 0"},
+		{"max-chunk-ext-bytes", c.Limits.ChunkExt < 0, "a size > 0"},
+	} {
+		if b.bad {
+			return fmt.Errorf("--%s: negative; want %s", b.flag, b.want)
+		}
+	}
+	return nil
+}
+
+func (c *Config) setDefaults() {
+	c.Provision()
+	if c.QueueSize < 0 {
+		c.QueueSize = 0
 	}
 	c.Waits.setDefaults()
-	if c.SpliceMin <= 0 {
-		c.SpliceMin = 16 << 10
-	}
 	if c.Log == nil {
 		c.Log = slog.Default()
 	}
