@@ -33,6 +33,8 @@ vet:
 	if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	@# imports in three groups: standard library, third-party, this module's
 	$(GO) run ./tools/importgroups $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.*')
+	@# no file under userspace/ over 600 lines (tests and generated files aside)
+	$(GO) run ./tools/filelines -max 600 userspace
 	$(GO) vet ./...
 
 # Regenerate the committed bpf2go output (needs clang, libbpf-dev).
