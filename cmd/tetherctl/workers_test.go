@@ -26,8 +26,8 @@ func adminServer(t *testing.T, token string) string {
 			}
 			return nil
 		},
-		StartupTimeout: 100 * time.Millisecond,
-		Log:            slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Config: registry.Config{StartupTimeout: 100 * time.Millisecond},
+		Log:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	srv := httptest.NewServer(admin.New(admin.Config{Registry: reg, Token: token}))
 	t.Cleanup(func() { srv.Close(); reg.Close() })

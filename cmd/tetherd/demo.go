@@ -26,7 +26,7 @@ func startDemos(opts *daemon.Options, n int) (stop func(), err error) {
 			s.Close()
 		}
 	}
-	first := opts.Spawn + len(opts.Workers)
+	first := opts.Spawn.N + len(opts.Workers)
 	for i := range n {
 		s, err := demo.Start("127.0.0.1:0", demo.Options{Index: first + i})
 		if err != nil {

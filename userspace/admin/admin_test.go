@@ -39,9 +39,8 @@ func newEnv(t *testing.T, token string) *env {
 			}
 			return nil
 		},
-		StartupTimeout: 200 * time.Millisecond,
-		RemoveGrace:    time.Second,
-		Log:            slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Config: registry.Config{StartupTimeout: 200 * time.Millisecond, RemoveGrace: time.Second},
+		Log:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	metrics := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "tether_x 1\n") })
 	e.srv = httptest.NewServer(New(Config{Registry: e.reg, Metrics: metrics, Token: token}))

@@ -160,7 +160,7 @@ func checkCluster(o *Options) error {
 	if o.ClusterShareSessions && o.Cluster == "" {
 		return errors.New("--cluster-share-sessions without --cluster")
 	}
-	if o.Spawn > 0 {
+	if o.Spawn.N > 0 {
 		return fmt.Errorf("--spawn and --cluster: spawned workers are local to one host; register them with 'tetherctl workers register' instead")
 	}
 	return nil

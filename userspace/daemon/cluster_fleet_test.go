@@ -225,8 +225,8 @@ func TestClusterLinkLossHolds(t *testing.T) {
 	})
 	logs := &testenv.Buffer{}
 	fxs := clusterFleet(t, etcd, engines,
-		Options{PauseTimeout: 300 * time.Millisecond},
-		Options{PauseTimeout: time.Minute, Log: slog.New(slog.NewTextHandler(logs, nil))})
+		Options{Fleet: fleet.Settings{HoldTimeout: 300 * time.Millisecond}},
+		Options{Fleet: fleet.Settings{HoldTimeout: time.Minute}, Log: slog.New(slog.NewTextHandler(logs, nil))})
 	short, long := fxs[0], fxs[1]
 
 	etcd.Stop()

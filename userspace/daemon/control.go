@@ -53,18 +53,14 @@ type control struct {
 // --spawn processes and puts the start-up workers (Workers, then
 // StartedWorkers) in the slots after them.
 func (d *Daemon) newRegistry(opts Options) error {
-	d.ctl.prober = health.NewProberWith(health.ProbeOptions{Timeout: opts.HealthTimeout, Path: opts.HealthPath, APIKey: opts.WorkerAPIKey})
+	d.ctl.prober = opts.Health.Prober(opts.WorkerAPIKey)
 	d.Registry = registry.New(registry.Options{
-		Table:          d.Table,
-		Stats:          d.Stats,
-		Pool:           opts.Pool,
-		Failures:       opts.HealthFailures,
-		Successes:      opts.HealthSuccesses,
-		StartupTimeout: opts.WorkerStartupTimeout,
-		RemoveGrace:    opts.RemoveGrace,
-		MaxInFlight:    opts.MaxInFlight,
-		Self:           selfEndpoints(d.Addr(), opts.Admin),
-		Probe:          d.ctl.prober,
+		Config: opts.Registry,
+		Table:  d.Table,
+		Stats:  d.Stats,
+		Pool:   opts.Pool,
+		Self:   selfEndpoints(d.Addr(), opts.Admin),
+		Probe:  d.ctl.prober,
 		OnPut: func(w *route.Worker) {
 			if d.Metrics != nil {
 				d.Metrics.SetWorker(w)
@@ -72,12 +68,10 @@ func (d *Daemon) newRegistry(opts Options) error {
 		},
 		Log: d.log,
 	})
-	if opts.Spawn > 0 {
+	if opts.Spawn.N > 0 {
 		sup, err := supervisor.New(supervisor.Options{
-			N:              opts.Spawn,
-			Command:        opts.SpawnCommand,
-			Grace:          opts.SpawnGrace,
-			StartupTimeout: opts.WorkerStartupTimeout,
+			Config:         opts.Spawn,
+			StartupTimeout: opts.Registry.StartupTimeout,
 			Probe:          d.ctl.prober,
 			Registry:       d.Registry,
 			Stdout:         opts.SpawnOutput,
@@ -103,7 +97,7 @@ func (d *Daemon) newRegistry(opts Options) error {
 		if i >= len(opts.Workers) {
 			origin = originStarted
 		}
-		if _, err := d.Registry.Put(opts.Spawn+i, u, origin); err != nil {
+		if _, err := d.Registry.Put(opts.Spawn.N+i, u, origin); err != nil {
 			return fmt.Errorf("worker %s: %w", u, err)
 		}
 	}
@@ -316,10 +310,9 @@ func (d *Daemon) startControl(opts Options) {
 		d.log.Info("admin API serving", "admin", ln.Addr().String(), "token", opts.AdminToken != "", "on_data_port", opts.AdminOnDataPort)
 	}
 	d.Health = health.New(d.Registry, health.Options{
-		Interval: opts.HealthInterval,
-		Timeout:  opts.HealthTimeout,
-		Probe:    d.ctl.prober,
-		Log:      d.log,
+		Config: opts.Health,
+		Probe:  d.ctl.prober,
+		Log:    d.log,
 	})
 	d.Health.Start()
 	if d.Supervisor != nil {

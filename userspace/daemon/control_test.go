@@ -23,6 +23,7 @@ import (
 	"github.com/tether-rl/tether/userspace/demo"
 	"github.com/tether-rl/tether/userspace/registry"
 	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/supervisor"
 )
 
 // ctlDaemon runs tetherd in-process with its admin API on a loopback port.
@@ -36,14 +37,14 @@ func ctlDaemon(t *testing.T, opts Options) *Daemon {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	if opts.HealthInterval == 0 {
-		opts.HealthInterval = 50 * time.Millisecond
+	if opts.Health.Interval == 0 {
+		opts.Health.Interval = 50 * time.Millisecond
 	}
-	if opts.RemoveGrace == 0 {
-		opts.RemoveGrace = 2 * time.Second
+	if opts.Registry.RemoveGrace == 0 {
+		opts.Registry.RemoveGrace = 2 * time.Second
 	}
-	if opts.WorkerStartupTimeout == 0 {
-		opts.WorkerStartupTimeout = 3 * time.Second
+	if opts.Registry.StartupTimeout == 0 {
+		opts.Registry.StartupTimeout = 3 * time.Second
 	}
 	return serveDaemon(t, opts)
 }
@@ -321,7 +322,7 @@ func TestMetricsMove(t *testing.T) {
 func TestHealthPanicAndBack(t *testing.T) {
 	w0 := startDemo(t, 0)
 	demos := demoWorkers(t, 1, 1)
-	d := ctlDaemon(t, Options{Workers: []string{w0.URL()}, StartedWorkers: urlsOf(demos), HealthFailures: 2, HealthSuccesses: 1})
+	d := ctlDaemon(t, Options{Workers: []string{w0.URL()}, StartedWorkers: urlsOf(demos), Registry: registry.Config{Failures: 2, Successes: 1}})
 	admin := "http://" + d.AdminAddr()
 	addr := strings.TrimPrefix(w0.URL(), "http://")
 	w0.Close()
@@ -451,10 +452,10 @@ func TestSpawn(t *testing.T) {
 		t.Skip("builds tether-demo")
 	}
 	bin := buildDemo(t)
-	opts := Options{Spawn: 2, SpawnCommand: []string{bin, "--listen", "127.0.0.1:{port}", "--index", "{index}"},
-		SpawnGrace: 5 * time.Second, SpawnOutput: io.Discard, WorkerStartupTimeout: 20 * time.Second}
+	opts := Options{Spawn: supervisor.Config{N: 2, Command: []string{bin, "--listen", "127.0.0.1:{port}", "--index", "{index}"}, Grace: 5 * time.Second},
+		SpawnOutput: io.Discard, Registry: registry.Config{StartupTimeout: 20 * time.Second}}
 	opts.Listen, opts.BPF, opts.Admin = "127.0.0.1:0", "off", "127.0.0.1:0"
-	opts.HealthInterval = 100 * time.Millisecond
+	opts.Health.Interval = 100 * time.Millisecond
 	opts.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	d, err := New(opts)
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/tether-rl/tether/userspace/admin"
+	"github.com/tether-rl/tether/userspace/engine"
 	"github.com/tether-rl/tether/userspace/fleet"
 	"github.com/tether-rl/tether/userspace/health"
 	"github.com/tether-rl/tether/userspace/listener"
@@ -57,16 +58,17 @@ type Options struct {
 	// Observe, Hold, PeekBody, RouteHeader, InstanceID, Log): whatever is
 	// there is replaced.
 	Proxy proxy.Config
-	// PauseTimeout bounds a request's time in the fleet's hold during a
-	// weight sync (--pause-timeout; default fleet.DefaultHoldTimeout); past it 503 with
-	// Retry-After. The hold takes Proxy.QueueSize requests per worker.
-	PauseTimeout time.Duration
-	// UpdateTimeout bounds each worker's weight-update call of a
-	// fanned-out update (--update-timeout; default
+	// Fleet: the weight sync's hold; HoldTimeout bounds a request's time
+	// in it (--pause-timeout; default fleet.DefaultHoldTimeout), past it
+	// 503 with Retry-After. The hold takes Proxy.QueueSize requests per
+	// worker.
+	Fleet fleet.Settings
+	// Engine: the engine endpoints; UpdateTimeout bounds each worker's
+	// weight-update call of a fanned-out update (--update-timeout; default
 	// engine.DefaultUpdateTimeout).
-	UpdateTimeout time.Duration
-	Pool          upstream.Options
-	Log           *slog.Logger
+	Engine engine.Settings
+	Pool   upstream.Options
+	Log    *slog.Logger
 	// Routing: the policy for requests that name no session, and the
 	// engine endpoints (routing.go).
 	Routing RoutingOptions
@@ -80,26 +82,28 @@ type Options struct {
 	// by every replica (cluster.SharedSessions).
 	ClusterShareSessions bool
 
-	// Control plane (control.go). Zero values take the defaults.
-	Admin           string        // admin API address; "" turns it off (cmd/tetherd: DefaultAdmin)
-	AdminOnDataPort bool          // also serve the admin API on the data port
-	AdminToken      string        // Bearer token the admin API requires, wherever served
-	HealthInterval  time.Duration // active checks; default health.DefaultInterval
-	HealthTimeout   time.Duration // of one check; default health.DefaultTimeout
-	HealthFailures  int           // consecutive failures to unhealthy; default health.DefaultFailures
-	HealthSuccesses int           // consecutive successes to healthy; default health.DefaultSuccesses
-	HealthPath      string        // the endpoint checked on every worker; default health.Path
+	// Control plane (control.go). Each component's settings are its own
+	// config, which cmd/tetherd's flags write into and whose zero fields
+	// take the component's defaults (its Provision); New passes them on
+	// whole, with the wiring.
+	Admin           string // admin API address; "" turns it off (cmd/tetherd: DefaultAdmin)
+	AdminOnDataPort bool   // also serve the admin API on the data port
+	AdminToken      string // Bearer token the admin API requires, wherever served
+	// Health: the active checks (--health-interval, --health-timeout,
+	// --health-path); also the load poll's timeout (routing.go).
+	Health health.Config
+	// Registry: the hysteresis (--health-failures, --health-successes),
+	// --worker-startup-timeout (the supervisor's too), --remove-grace and
+	// --max-in-flight.
+	Registry registry.Config
 	// WorkerAPIKey is sent as "Authorization: Bearer KEY" on health checks
 	// and on the engine fan-outs of clients that sent no Authorization
 	// (engines started with --api-key).
-	WorkerAPIKey         string
-	WorkerStartupTimeout time.Duration // wait for a new worker's /health; default registry.DefaultStartupTimeout
-	RemoveGrace          time.Duration // wait for a removed worker's requests; default registry.DefaultRemoveGrace
-	MaxInFlight          uint64        // every worker's capacity unless the admin API set its own; 0: none
-	Spawn                int           // start this many worker processes in slots 0..Spawn-1
-	SpawnCommand         []string      // their command, with {index} {count} {port} {host} {fd}
-	SpawnGrace           time.Duration // SIGTERM to SIGKILL on stop; default supervisor.DefaultGrace
-	SpawnOutput          io.Writer     // their stdout and stderr; default tetherd's stderr
+	WorkerAPIKey string
+	// Spawn: start Spawn.N worker processes in slots 0..N-1 (--spawn N --
+	// CMD, --spawn-grace).
+	Spawn       supervisor.Config
+	SpawnOutput io.Writer // their stdout and stderr; default tetherd's stderr
 }
 
 // Daemon is a running tetherd.
@@ -143,28 +147,24 @@ func badSessionMode(s string) (route.BadSession, error) {
 	return 0, fmt.Errorf("--bad-session %q: want spread or reject", s)
 }
 
-// checkRanges refuses negative counts, sizes and durations (zero means
-// the default), naming the flag.
+// checkRanges refuses out-of-range settings (zero means the default),
+// naming the flag: each component's own Validate, and the daemon's.
 func (o *Options) checkRanges() error {
 	for _, c := range []struct {
 		flag string
 		bad  bool
 	}{
 		{"listeners", o.Listeners < 0},
-		{"pause-timeout", o.PauseTimeout < 0},
-		{"update-timeout", o.UpdateTimeout < 0},
-		{"health-interval", o.HealthInterval < 0},
-		{"health-timeout", o.HealthTimeout < 0},
-		{"health-failures", o.HealthFailures < 0},
-		{"health-successes", o.HealthSuccesses < 0},
-		{"worker-startup-timeout", o.WorkerStartupTimeout < 0},
-		{"remove-grace", o.RemoveGrace < 0},
-		{"spawn-grace", o.SpawnGrace < 0},
 		{"peek-bytes", o.Routing.PeekBytes < -1},
 		{"max-tracked-requests", o.Routing.MaxTrackedRequests < 0},
 	} {
 		if c.bad {
 			return fmt.Errorf("--%s: negative", c.flag)
+		}
+	}
+	for _, v := range []interface{ Validate() error }{&o.Proxy, o.Health, o.Registry, o.Spawn, o.Fleet, o.Engine} {
+		if err := v.Validate(); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -181,9 +181,6 @@ func New(opts Options) (*Daemon, error) {
 	if err := opts.checkRanges(); err != nil {
 		return nil, err
 	}
-	if err := opts.Proxy.Validate(); err != nil {
-		return nil, err
-	}
 	provisionDataPlane(&opts.Proxy)
 	if opts.Listeners == 0 {
 		opts.Listeners = 1
@@ -195,13 +192,10 @@ func New(opts Options) (*Daemon, error) {
 	if err != nil {
 		return nil, err
 	}
-	if opts.Spawn < 0 {
-		return nil, fmt.Errorf("--spawn %d: want 0 or more", opts.Spawn)
-	}
-	if len(opts.Workers) == 0 && len(opts.StartedWorkers) == 0 && opts.Spawn == 0 && opts.Admin == "" && !opts.AdminOnDataPort {
+	if len(opts.Workers) == 0 && len(opts.StartedWorkers) == 0 && opts.Spawn.N == 0 && opts.Admin == "" && !opts.AdminOnDataPort {
 		return nil, errors.New("no workers: give --worker URL (repeatable), --demo N or --spawn N, or an admin API (--admin) to add them later")
 	}
-	if len(opts.Workers)+len(opts.StartedWorkers)+opts.Spawn > stats.MaxWorkers {
+	if len(opts.Workers)+len(opts.StartedWorkers)+opts.Spawn.N > stats.MaxWorkers {
 		return nil, fmt.Errorf("too many workers: at most %d", stats.MaxWorkers)
 	}
 	for _, w := range append(opts.Workers[:len(opts.Workers):len(opts.Workers)], opts.StartedWorkers...) {
@@ -228,7 +222,7 @@ func New(opts Options) (*Daemon, error) {
 	if perWorker <= 0 { // no queue (-1): the hold keeps its own bound
 		perWorker = DefaultMaxQueue
 	}
-	d.Fleet = fleet.New(fleet.Config{Table: d.Table, MaxHeldPerWorker: perWorker, HoldTimeout: opts.PauseTimeout})
+	d.Fleet = fleet.New(fleet.Config{Table: d.Table, MaxHeldPerWorker: perWorker, Settings: opts.Fleet})
 	ok := false
 	defer func() {
 		if !ok {

@@ -12,8 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-rl/tether/userspace/health"
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/proxy"
+	"github.com/tether-rl/tether/userspace/registry"
 )
 
 // apiKeyEngine is a fake SGLang/vLLM engine started with --api-key: every
@@ -69,7 +71,7 @@ func TestDropInClients(t *testing.T) {
 	const key = "sk-engine"
 	engines := []*apiKeyEngine{startAPIKeyEngine(t, 0, key), startAPIKeyEngine(t, 1, key), startAPIKeyEngine(t, 2, key)}
 	d := serveDaemon(t, Options{BPF: "off", AdminOnDataPort: true, WorkerAPIKey: key, InstanceID: "miles-7f3a",
-		HealthInterval: 50 * time.Millisecond, WorkerStartupTimeout: 5 * time.Second})
+		Health: health.Config{Interval: 50 * time.Millisecond}, Registry: registry.Config{StartupTimeout: 5 * time.Second}})
 	base := "http://" + d.Addr()
 	c := &http.Client{Timeout: 10 * time.Second}
 	call := func(method, path, body string, hdr ...string) (int, http.Header, []byte) {

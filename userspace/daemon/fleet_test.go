@@ -383,7 +383,7 @@ func TestPauseHoldsArrivals(t *testing.T) {
 // The hold is bounded: past --pause-timeout a held request gets 503 with
 // Retry-After, never a silent drop.
 func TestHoldTimeout(t *testing.T) {
-	fx := newFleetFixture(t, 1, fakeengine.VLLM, Options{PauseTimeout: 200 * time.Millisecond})
+	fx := newFleetFixture(t, 1, fakeengine.VLLM, Options{Fleet: fleet.Settings{HoldTimeout: 200 * time.Millisecond}})
 	if code, ans := fx.call(t, "/pause?mode=keep", ""); code != 200 {
 		t.Fatalf("pause: %d %v", code, ans)
 	}
@@ -678,7 +678,7 @@ func TestUnnamedUpdatesShareTheSyncsVersion(t *testing.T) {
 // An engine's own control call a trainer may make while paused
 // (/tokenize, /collective_rpc, ...) is not held.
 func TestControlCallsNotHeld(t *testing.T) {
-	fx := newFleetFixture(t, 1, fakeengine.VLLM, Options{PauseTimeout: time.Minute})
+	fx := newFleetFixture(t, 1, fakeengine.VLLM, Options{Fleet: fleet.Settings{HoldTimeout: time.Minute}})
 	fx.call(t, "/pause?mode=abort", "")
 	resp, err := fx.client.Post(fx.base+"/collective_rpc", "application/json", strings.NewReader(`{"method":"check"}`))
 	if err != nil {
@@ -694,7 +694,7 @@ func TestControlCallsNotHeld(t *testing.T) {
 // again when that worker leaves the table, instead of waiting out its
 // hold.
 func TestHeldForRemovedWorker(t *testing.T) {
-	fx := newFleetFixture(t, 2, fakeengine.SGLang, Options{PauseTimeout: time.Minute, BadSession: "spread"})
+	fx := newFleetFixture(t, 2, fakeengine.SGLang, Options{Fleet: fleet.Settings{HoldTimeout: time.Minute}, BadSession: "spread"})
 	fx.engines[1].SetFailUpdates(true)
 	fx.call(t, "/update_weights_from_disk", `{"model_path":"/m","weight_version":"v2"}`)
 	done := make(chan reply, 1)

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/tether-rl/tether/testenv"
+	"github.com/tether-rl/tether/userspace/registry"
+	"github.com/tether-rl/tether/userspace/supervisor"
 )
 
 // bareSessionServers starts n session servers that know nothing of tether:
@@ -158,10 +160,10 @@ func TestLearnedSessionsSpawned(t *testing.T) {
 		t.Skip("builds tether-demo")
 	}
 	bin := buildDemo(t)
-	opts := Options{Spawn: 4, SpawnCommand: []string{bin, "--listen", "127.0.0.1:{port}", "--index", "{index}", "--bare-ids"},
-		SpawnGrace: 5 * time.Second, SpawnOutput: io.Discard, WorkerStartupTimeout: 20 * time.Second, BadSession: "reject"}
+	opts := Options{Spawn: supervisor.Config{N: 4, Command: []string{bin, "--listen", "127.0.0.1:{port}", "--index", "{index}", "--bare-ids"}, Grace: 5 * time.Second},
+		SpawnOutput: io.Discard, Registry: registry.Config{StartupTimeout: 20 * time.Second}, BadSession: "reject"}
 	opts.BPF = "off"
-	opts.HealthInterval = 100 * time.Millisecond
+	opts.Health.Interval = 100 * time.Millisecond
 	d := serveDaemon(t, opts)
 	deadline := time.Now().Add(30 * time.Second)
 	for d.Registry.Counts()["healthy"] < 4 {

@@ -14,7 +14,6 @@ import (
 	"github.com/tether-rl/tether/bpf"
 	"github.com/tether-rl/tether/userspace/engine"
 	"github.com/tether-rl/tether/userspace/fleet"
-	"github.com/tether-rl/tether/userspace/health"
 	"github.com/tether-rl/tether/userspace/listener"
 	"github.com/tether-rl/tether/userspace/loadpoll"
 	"github.com/tether-rl/tether/userspace/proxy"
@@ -178,7 +177,7 @@ func setupRouting(opts Options, g *listener.Group, rt *route.Router, share func(
 			WorkerAPIKey:  opts.WorkerAPIKey,
 			Fleet:         fl,
 			OnPhase:       onPhase,
-			UpdateTimeout: opts.UpdateTimeout,
+			Settings:      opts.Engine,
 			Log:           opts.Log,
 		})
 		r.local = r.engine.Local
@@ -223,10 +222,9 @@ func newEnginePlacement(o RoutingOptions) (*route.EnginePlacement, error) {
 }
 
 func healthTimeout(opts Options) time.Duration {
-	if opts.HealthTimeout > 0 {
-		return opts.HealthTimeout
-	}
-	return health.DefaultTimeout
+	h := opts.Health
+	h.Provision()
+	return h.Timeout
 }
 
 // newLearning builds the learning of bare session ids from o (nil: off).

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-rl/tether/userspace/health"
 	"github.com/tether-rl/tether/userspace/proxy"
 	"github.com/tether-rl/tether/userspace/route"
 )
@@ -260,7 +261,7 @@ func TestRefusedConnectRerouted(t *testing.T) {
 		srvs = append(srvs, srv)
 		urls = append(urls, "http://"+ln.Addr().String())
 	}
-	d := startDaemon(t, Options{Workers: urls, HealthInterval: time.Hour})
+	d := startDaemon(t, Options{Workers: urls, Health: health.Config{Interval: time.Hour}})
 	kc := newKeyClient(t, d.Addr(), 8)
 	owner := map[string]string{}
 	for k := 0; k < 100; k++ {

@@ -80,10 +80,9 @@ type Config struct {
 	// the target or versions. An error (the store was not written) is
 	// reported in the call's answer; the change holds here regardless.
 	OnPhase func(st fleet.State, phase bool) error
-	// UpdateTimeout bounds each worker's weight-update call;
-	// DefaultUpdateTimeout.
-	UpdateTimeout time.Duration
-	Log           *slog.Logger
+	// Settings: UpdateTimeout (--update-timeout).
+	Settings
+	Log *slog.Logger
 }
 
 // Engine serves the endpoints.
@@ -93,9 +92,41 @@ type Engine struct {
 	tr     *http.Transport
 }
 
-// DefaultUpdateTimeout is Config.UpdateTimeout's default (tetherd
+// DefaultUpdateTimeout is Settings.UpdateTimeout's default (tetherd
 // --update-timeout's): a weight update can take long.
 const DefaultUpdateTimeout = 30 * time.Minute
+
+// Settings are the engine endpoints' settings (tetherd's
+// --update-timeout), apart from the wiring (Config). Zero fields take the
+// defaults (Provision).
+type Settings struct {
+	// UpdateTimeout bounds each worker's weight-update call;
+	// DefaultUpdateTimeout.
+	UpdateTimeout time.Duration
+}
+
+// DefaultSettings is Settings with every field at its default.
+func DefaultSettings() Settings {
+	var s Settings
+	s.Provision()
+	return s
+}
+
+// Provision fills s's zero (or negative) fields with the defaults.
+func (s *Settings) Provision() {
+	if s.UpdateTimeout <= 0 {
+		s.UpdateTimeout = DefaultUpdateTimeout
+	}
+}
+
+// Validate refuses a negative setting (zero is the default), naming
+// tetherd's flag.
+func (s Settings) Validate() error {
+	if s.UpdateTimeout < 0 {
+		return errors.New("--update-timeout: negative")
+	}
+	return nil
+}
 
 // New returns an Engine.
 func New(cfg Config) *Engine {
@@ -108,9 +139,7 @@ func New(cfg Config) *Engine {
 	if cfg.MaxIdleTimeout <= 0 {
 		cfg.MaxIdleTimeout = time.Hour
 	}
-	if cfg.UpdateTimeout <= 0 {
-		cfg.UpdateTimeout = DefaultUpdateTimeout
-	}
+	cfg.Settings.Provision()
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}

@@ -21,6 +21,7 @@
 package fleet
 
 import (
+	"errors"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -68,9 +69,8 @@ type Config struct {
 	// worker in the table (at least this many in all) wait at once; past
 	// it 503 with Retry-After. Default 1024 (--max-queue).
 	MaxHeldPerWorker int
-	// HoldTimeout bounds one request's time in the hold (--pause-timeout);
-	// DefaultHoldTimeout.
-	HoldTimeout time.Duration
+	// Settings: HoldTimeout (--pause-timeout).
+	Settings
 	// Now is the clock (tests); default time.Now.
 	Now func() time.Time
 }
@@ -137,18 +137,47 @@ type waiter struct {
 	done bool // ch closed
 }
 
-// DefaultHoldTimeout is Config.HoldTimeout's default (tetherd
+// DefaultHoldTimeout is Settings.HoldTimeout's default (tetherd
 // --pause-timeout's).
 const DefaultHoldTimeout = 5 * time.Minute
+
+// Settings are the fleet's settings (tetherd's --pause-timeout), apart
+// from the wiring (Config). Zero fields take the defaults (Provision).
+type Settings struct {
+	// HoldTimeout bounds one request's time in the hold;
+	// DefaultHoldTimeout.
+	HoldTimeout time.Duration
+}
+
+// DefaultSettings is Settings with every field at its default.
+func DefaultSettings() Settings {
+	var s Settings
+	s.Provision()
+	return s
+}
+
+// Provision fills s's zero (or negative) fields with the defaults.
+func (s *Settings) Provision() {
+	if s.HoldTimeout <= 0 {
+		s.HoldTimeout = DefaultHoldTimeout
+	}
+}
+
+// Validate refuses a negative setting (zero is the default), naming
+// tetherd's flag.
+func (s Settings) Validate() error {
+	if s.HoldTimeout < 0 {
+		return errors.New("--pause-timeout: negative")
+	}
+	return nil
+}
 
 // New returns a serving fleet.
 func New(cfg Config) *Fleet {
 	if cfg.MaxHeldPerWorker <= 0 {
 		cfg.MaxHeldPerWorker = 1024
 	}
-	if cfg.HoldTimeout <= 0 {
-		cfg.HoldTimeout = DefaultHoldTimeout
-	}
+	cfg.Settings.Provision()
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}

@@ -16,7 +16,7 @@ func req(method, path string) *httphead.Request {
 
 func newFleet(t *testing.T, n int) (*Fleet, *route.Table) {
 	tab := route.NewTable()
-	f := New(Config{Table: tab, HoldTimeout: time.Minute})
+	f := New(Config{Table: tab, Settings: Settings{HoldTimeout: time.Minute}})
 	st := stats.NewHeap()
 	for i := 0; i < n; i++ {
 		tab.Put(&route.Worker{Slot: i, URL: "http://w" + string(rune('0'+i)), Stats: st.Worker(i)})

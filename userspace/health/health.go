@@ -12,6 +12,7 @@ package health
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -26,17 +27,68 @@ import (
 	"github.com/tether-rl/tether/userspace/upstream"
 )
 
-// Defaults of the --health-* flags. The hysteresis (failures, successes)
-// is the registry's: its defaults are written there.
+// Defaults of Config, and of the flags that set them (cmd/tetherd:
+// --health-interval, --health-timeout, --health-path). The hysteresis
+// (--health-failures, --health-successes) is the registry's: its settings
+// and defaults are registry.Config's.
 const (
-	DefaultInterval  = 5 * time.Second
-	DefaultTimeout   = 2 * time.Second
-	DefaultFailures  = registry.DefaultFailures
-	DefaultSuccesses = registry.DefaultSuccesses
+	DefaultInterval = 5 * time.Second
+	DefaultTimeout  = 2 * time.Second
 )
 
-// Path is the endpoint checked on every worker.
+// Path is the endpoint checked on every worker (--health-path's default).
 const Path = "/health"
+
+// Config is the active checks' settings (tetherd's --health-interval,
+// --health-timeout, --health-path), apart from the wiring (Options).
+// Zero fields take the defaults (Provision).
+type Config struct {
+	Interval time.Duration // between active checks of a worker; DefaultInterval
+	Timeout  time.Duration // of one check; DefaultTimeout
+	// Path is the endpoint checked (SGLang users often check
+	// /health_generate); default Path.
+	Path string
+}
+
+// DefaultConfig is Config with every field at its default.
+func DefaultConfig() Config {
+	var c Config
+	c.Provision()
+	return c
+}
+
+// Provision fills c's zero (or negative) fields with the defaults.
+func (c *Config) Provision() {
+	if c.Interval <= 0 {
+		c.Interval = DefaultInterval
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.Path == "" {
+		c.Path = Path
+	}
+}
+
+// Validate refuses out-of-range settings (zero is the default), naming
+// tetherd's flag.
+func (c Config) Validate() error {
+	switch {
+	case c.Interval < 0:
+		return errors.New("--health-interval: negative")
+	case c.Timeout < 0:
+		return errors.New("--health-timeout: negative")
+	case c.Path != "" && !strings.HasPrefix(c.Path, "/"):
+		return fmt.Errorf("--health-path %q: want an absolute path such as /health", c.Path)
+	}
+	return nil
+}
+
+// Prober returns the prober of c's timeout and path, sending apiKey as a
+// Bearer token when set (NewProberWith).
+func (c Config) Prober(apiKey string) registry.Prober {
+	return NewProberWith(ProbeOptions{Timeout: c.Timeout, Path: c.Path, APIKey: apiKey})
+}
 
 // NewProber returns a prober that GETs url+"/health" with the given
 // timeout on a fresh connection (so that a worker that went away is seen
@@ -99,10 +151,10 @@ func NewProberWith(o ProbeOptions) registry.Prober {
 	}
 }
 
-// Options configure a Checker. Zero values take the defaults.
+// Options configure a Checker: its settings (Config) and wiring. Zero
+// values take the defaults.
 type Options struct {
-	Interval time.Duration // between active checks of a worker; default 5s
-	Timeout  time.Duration // of one check; default 2s
+	Config
 	// PassiveInterval: how often the connect-failure counters are read;
 	// default min(Interval, 250ms).
 	PassiveInterval time.Duration
@@ -129,12 +181,7 @@ type Checker struct {
 
 // New returns a checker for reg; Start runs it.
 func New(reg *registry.Registry, opts Options) *Checker {
-	if opts.Interval <= 0 {
-		opts.Interval = DefaultInterval
-	}
-	if opts.Timeout <= 0 {
-		opts.Timeout = DefaultTimeout
-	}
+	opts.Config.Provision()
 	if opts.PassiveInterval <= 0 {
 		opts.PassiveInterval = min(opts.Interval, 250*time.Millisecond)
 	}

@@ -17,6 +17,7 @@ package registry
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -62,9 +63,9 @@ var (
 	ErrClosed         = errors.New("registry closed")
 )
 
-// Defaults of Options, and of the flags that set them (cmd/tetherd:
+// Defaults of Config, and of the flags that set them (cmd/tetherd:
 // --health-failures, --health-successes, --worker-startup-timeout,
-// --remove-grace).
+// --remove-grace), and of Options.MaxPending.
 const (
 	DefaultFailures       = 3
 	DefaultSuccesses      = 2
@@ -73,16 +74,11 @@ const (
 	DefaultMaxPending     = 64
 )
 
-// Prober checks a worker's health (GET url/health); nil means healthy.
-type Prober func(ctx context.Context, url string) error
-
-// Options configure a Registry. Zero values take the defaults.
-type Options struct {
-	Table *route.Table
-	Stats *stats.Table
-	Pool  upstream.Options
-	// MaxWorkers bounds the slots; default and maximum stats.MaxWorkers.
-	MaxWorkers int
+// Config is the registry's settings (tetherd's --health-failures,
+// --health-successes, --worker-startup-timeout, --remove-grace,
+// --max-in-flight), apart from the wiring (Options). Zero fields take the
+// defaults (Provision).
+type Config struct {
 	// Failures: consecutive failed checks that make a healthy worker
 	// unhealthy (DefaultFailures). Successes: consecutive good checks that
 	// make an unhealthy worker healthy again (DefaultSuccesses).
@@ -94,6 +90,66 @@ type Options struct {
 	// before its pool is closed and its slot becomes free;
 	// DefaultRemoveGrace.
 	RemoveGrace time.Duration
+	// MaxInFlight is every worker's capacity unless SetCapacity gave it its
+	// own: at or above it in flight a worker takes no new keys (0: none).
+	MaxInFlight uint64
+}
+
+// DefaultConfig is Config with every field at its default.
+func DefaultConfig() Config {
+	var c Config
+	c.Provision()
+	return c
+}
+
+// Provision fills c's zero (or negative) fields with the defaults;
+// MaxInFlight 0 stays none.
+func (c *Config) Provision() {
+	if c.Failures <= 0 {
+		c.Failures = DefaultFailures
+	}
+	if c.Successes <= 0 {
+		c.Successes = DefaultSuccesses
+	}
+	if c.StartupTimeout <= 0 {
+		c.StartupTimeout = DefaultStartupTimeout
+	}
+	if c.RemoveGrace <= 0 {
+		c.RemoveGrace = DefaultRemoveGrace
+	}
+}
+
+// Validate refuses negative settings (zero is the default), naming
+// tetherd's flag.
+func (c Config) Validate() error {
+	for _, b := range []struct {
+		flag string
+		bad  bool
+	}{
+		{"health-failures", c.Failures < 0},
+		{"health-successes", c.Successes < 0},
+		{"worker-startup-timeout", c.StartupTimeout < 0},
+		{"remove-grace", c.RemoveGrace < 0},
+	} {
+		if b.bad {
+			return fmt.Errorf("--%s: negative", b.flag)
+		}
+	}
+	return nil
+}
+
+// Prober checks a worker's health (GET url/health); nil means healthy.
+type Prober func(ctx context.Context, url string) error
+
+// Options configure a Registry: its settings (Config) and wiring. Zero
+// values take the defaults.
+type Options struct {
+	Config
+	Table *route.Table
+	Stats *stats.Table
+	Pool  upstream.Options
+	// MaxWorkers bounds the slots; default and maximum stats.MaxWorkers.
+	MaxWorkers int
 	// Probe checks a pending worker; required for Add.
 	Probe Prober
 	// Self lists tetherd's own endpoints (ip:port of its data and admin
@@ -105,9 +161,6 @@ type Options struct {
 	// add is refused (ErrTooManyPending), so that adds of unreachable URLs
 	// cannot fill the slots; DefaultMaxPending.
 	MaxPending int
-	// MaxInFlight is every worker's capacity unless SetCapacity gave it its
-	// own: at or above it in flight a worker takes no new keys (0: none).
-	MaxInFlight uint64
 	// OnPut is called (outside the registry's lock) when a worker takes a
 	// slot, e.g. to create its metric children.
 	OnPut func(w *route.Worker)
@@ -118,18 +171,7 @@ func (o *Options) setDefaults() {
 	if o.MaxWorkers <= 0 || o.MaxWorkers > stats.MaxWorkers {
 		o.MaxWorkers = stats.MaxWorkers
 	}
-	if o.Failures <= 0 {
-		o.Failures = DefaultFailures
-	}
-	if o.Successes <= 0 {
-		o.Successes = DefaultSuccesses
-	}
-	if o.StartupTimeout <= 0 {
-		o.StartupTimeout = DefaultStartupTimeout
-	}
-	if o.RemoveGrace <= 0 {
-		o.RemoveGrace = DefaultRemoveGrace
-	}
+	o.Config.Provision()
 	if o.MaxPending <= 0 {
 		o.MaxPending = DefaultMaxPending
 	}

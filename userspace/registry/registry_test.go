@@ -44,11 +44,10 @@ func (f *fakeHealth) probe(ctx context.Context, url string) error {
 func newReg(t *testing.T, fh *fakeHealth, mod func(*Options)) *Registry {
 	t.Helper()
 	o := Options{
-		Stats:          stats.NewHeap(),
-		Probe:          fh.probe,
-		StartupTimeout: 2 * time.Second,
-		RemoveGrace:    2 * time.Second,
-		Log:            slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Stats:  stats.NewHeap(),
+		Probe:  fh.probe,
+		Config: Config{StartupTimeout: 2 * time.Second, RemoveGrace: 2 * time.Second},
+		Log:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
 	if mod != nil {
 		mod(&o)

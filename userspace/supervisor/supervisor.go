@@ -42,18 +42,58 @@ import (
 	"github.com/tether-rl/tether/userspace/registry"
 )
 
-// DefaultGrace is Options.Grace's default (--spawn-grace).
+// DefaultGrace is Config.Grace's default (--spawn-grace).
 const DefaultGrace = 10 * time.Second
 
-// Options configure a Supervisor. Zero values take the defaults.
-type Options struct {
+// Config is the supervisor's settings (tetherd's --spawn N -- CMD and
+// --spawn-grace), apart from the wiring (Options). Zero fields take the
+// defaults (Provision); N 0 is no supervisor.
+type Config struct {
 	N       int      // processes; slots 0..N-1
 	Command []string // program and arguments, with placeholders
-	Host    string   // where the workers listen; default 127.0.0.1
 	// Grace between SIGTERM and SIGKILL on Stop; DefaultGrace.
 	Grace time.Duration
+}
+
+// DefaultConfig is Config with every field at its default (no process).
+func DefaultConfig() Config {
+	var c Config
+	c.Provision()
+	return c
+}
+
+// Provision fills c's zero (or negative) fields with the defaults.
+func (c *Config) Provision() {
+	if c.Grace <= 0 {
+		c.Grace = DefaultGrace
+	}
+}
+
+// errNoCommand: N processes of no command.
+var errNoCommand = errors.New("--spawn: give the worker command after --, e.g. tetherd --spawn 2 -- tether-demo --listen 127.0.0.1:{port} --index {index}")
+
+// Validate refuses out-of-range settings (zero is the default), naming
+// tetherd's flag.
+func (c Config) Validate() error {
+	switch {
+	case c.N < 0:
+		return fmt.Errorf("--spawn %d: want 0 or more", c.N)
+	case c.Grace < 0:
+		return errors.New("--spawn-grace: negative")
+	case c.N > 0 && (len(c.Command) == 0 || strings.TrimSpace(c.Command[0]) == ""):
+		return errNoCommand
+	}
+	return nil
+}
+
+// Options configure a Supervisor: its settings (Config) and wiring. Zero
+// values take the defaults.
+type Options struct {
+	Config
+	Host string // where the workers listen; default 127.0.0.1
 	// StartupTimeout bounds the wait for a started process's /health;
-	// default 5 minutes. A process that misses it is killed and restarted.
+	// default registry.DefaultStartupTimeout (tetherd passes
+	// --worker-startup-timeout). A process that misses it is killed and restarted.
 	StartupTimeout time.Duration
 	// Backoff before a restart, doubling from BackoffMin (default 250ms)
 	// to BackoffMax (default 30s); back to the minimum after a process ran
@@ -115,8 +155,8 @@ func New(opts Options) (*Supervisor, error) {
 	if opts.N <= 0 {
 		return nil, fmt.Errorf("--spawn %d: want at least 1", opts.N)
 	}
-	if len(opts.Command) == 0 || strings.TrimSpace(opts.Command[0]) == "" {
-		return nil, errors.New("--spawn: give the worker command after --, e.g. tetherd --spawn 2 -- tether-demo --listen 127.0.0.1:{port} --index {index}")
+	if err := opts.Config.Validate(); err != nil {
+		return nil, err
 	}
 	if opts.Probe == nil {
 		return nil, errors.New("supervisor: no health prober")
@@ -124,11 +164,9 @@ func New(opts Options) (*Supervisor, error) {
 	if opts.Host == "" {
 		opts.Host = "127.0.0.1"
 	}
-	if opts.Grace <= 0 {
-		opts.Grace = DefaultGrace
-	}
+	opts.Config.Provision()
 	if opts.StartupTimeout <= 0 {
-		opts.StartupTimeout = 5 * time.Minute
+		opts.StartupTimeout = registry.DefaultStartupTimeout
 	}
 	if opts.BackoffMin <= 0 {
 		opts.BackoffMin = 250 * time.Millisecond

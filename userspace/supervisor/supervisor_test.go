@@ -88,7 +88,7 @@ func helperWorker(args []string) {
 // helperParent supervises one worker, prints its pid, and waits to be
 // killed.
 func helperParent() {
-	s, err := New(Options{N: 1, Command: workerCmd("--listen", "127.0.0.1:{port}"), Probe: health.NewProber(time.Second),
+	s, err := New(Options{Config: Config{N: 1, Command: workerCmd("--listen", "127.0.0.1:{port}")}, Probe: health.NewProber(time.Second),
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Stdout: io.Discard, Stderr: io.Discard})
 	if err != nil {
 		fmt.Println("error", err)
@@ -113,8 +113,8 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 func newSup(t *testing.T, n int, reg *registry.Registry, args ...string) *Supervisor {
 	t.Helper()
-	s, err := New(Options{N: n, Command: workerCmd(args...), Probe: health.NewProber(time.Second), Registry: reg,
-		Grace: 2 * time.Second, BackoffMin: 20 * time.Millisecond, StartupTimeout: 20 * time.Second,
+	s, err := New(Options{Config: Config{N: n, Command: workerCmd(args...), Grace: 2 * time.Second}, Probe: health.NewProber(time.Second), Registry: reg,
+		BackoffMin: 20 * time.Millisecond, StartupTimeout: 20 * time.Second,
 		Stdout: io.Discard, Stderr: os.Stderr, Log: quiet})
 	if err != nil {
 		t.Fatal(err)
@@ -173,7 +173,7 @@ func portFree(t *testing.T, url string) bool {
 
 func TestValidation(t *testing.T) {
 	p := health.NewProber(time.Second)
-	for _, o := range []Options{{N: 0, Command: []string{"x"}, Probe: p}, {N: 1, Probe: p}, {N: 1, Command: []string{" "}, Probe: p}, {N: 1, Command: []string{"x"}}} {
+	for _, o := range []Options{{Config: Config{N: 0, Command: []string{"x"}}, Probe: p}, {Config: Config{N: 1}, Probe: p}, {Config: Config{N: 1, Command: []string{" "}}, Probe: p}, {Config: Config{N: 1, Command: []string{"x"}}}} {
 		if _, err := New(o); err == nil {
 			t.Errorf("%+v accepted", o)
 		}
@@ -273,8 +273,8 @@ func TestSpawnCrashRestartStop(t *testing.T) {
 
 // TestStopKillsAfterGrace: a worker that ignores SIGTERM is killed.
 func TestStopKillsAfterGrace(t *testing.T) {
-	s, err := New(Options{N: 1, Command: workerCmd("--listen", "127.0.0.1:{port}", "--ignore-term"),
-		Probe: health.NewProber(time.Second), Grace: 300 * time.Millisecond, Stdout: io.Discard, Stderr: io.Discard, Log: quiet})
+	s, err := New(Options{Config: Config{N: 1, Command: workerCmd("--listen", "127.0.0.1:{port}", "--ignore-term"), Grace: 300 * time.Millisecond},
+		Probe: health.NewProber(time.Second), Stdout: io.Discard, Stderr: io.Discard, Log: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
