@@ -74,7 +74,7 @@ func routingFlags(fs *flag.FlagSet, o *daemon.RoutingOptions) func() {
 	fs.StringVar(&o.Keyless, "keyless", "least", "requests without a key: least (fewest in flight, rotating tie-break), p2c (less loaded of two random workers) or prefix (hash the first --peek-bytes of the body, bounded load)")
 	positiveOrNoneVar(fs, &o.PeekBytes, "peek-bytes", route.DefaultPrefixBytes, "body bytes read before routing (request id \"rid\", --keyless=prefix, the prompt of GRPO groups), at most 16384; -1: none")
 	positiveVar(fs, &o.MaxTrackedRequests, "max-tracked-requests", engine.DefaultMaxOwners, "request ids remembered for abort routing (oldest dropped beyond)")
-	fs.DurationVar(&o.EnginePoll, "engine-poll", loadpoll.DefaultInterval, "read every worker's engine load (SGLang /v1/loads, vLLM or SGLang /metrics) this often and place keyless work, new keys and sessions by it; 0: off (placement by tetherd's in-flight counts alone)")
+	fs.DurationVar(&o.EnginePoll, "engine-poll", loadpoll.DefaultConfig().Interval, "read every worker's engine load (SGLang /v1/loads, vLLM or SGLang /metrics) this often and place keyless work, new keys and sessions by it; 0: off (placement by tetherd's in-flight counts alone)")
 	positiveVar(fs, &o.KVVeto, "kv-veto", route.DefaultKVVeto, "an engine at this KV cache usage (0..1) or above takes no new keys, sessions or keyless work until it is 0.1 below (>= 1: never)")
 	waitingVeto := &count{name: "waiting-veto", n: route.DefaultWaitingVeto}
 	fs.Var(waitingVeto, "waiting-veto", "an engine with more than this many requests waiting takes no new keys, sessions or keyless work until at most half wait; 0: no bound")

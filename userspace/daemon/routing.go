@@ -117,7 +117,7 @@ func setupRouting(opts Options, g *listener.Group, rt *route.Router, share func(
 		o.StickyPinDir = opts.PinDir
 	}
 	if o.EnginePoll == 0 {
-		o.EnginePoll = loadpoll.DefaultInterval
+		o.EnginePoll = loadpoll.DefaultConfig().Interval
 	}
 	var err error
 	peek := o.PeekBytes
@@ -157,12 +157,11 @@ func setupRouting(opts Options, g *listener.Group, rt *route.Router, share func(
 	rt.SetEnginePlacement(ep)
 	if ep != nil {
 		r.poller = loadpoll.New(loadpoll.Options{
-			Interval: o.EnginePoll,
-			Timeout:  min(o.EnginePoll, healthTimeout(opts)),
-			APIKey:   opts.WorkerAPIKey,
-			Table:    rt.Table,
-			Router:   rt,
-			Log:      opts.Log,
+			Config: loadpoll.Config{Interval: o.EnginePoll, Timeout: min(o.EnginePoll, healthTimeout(opts))},
+			APIKey: opts.WorkerAPIKey,
+			Table:  rt.Table,
+			Router: rt,
+			Log:    opts.Log,
 		})
 		r.poller.Start()
 	}

@@ -35,7 +35,7 @@ func setup(t *testing.T, urls ...string) (*route.Router, []*route.Worker, *Polle
 		t.Fatal(err)
 	}
 	rt.SetEnginePlacement(ep)
-	p := New(Options{Interval: time.Hour, Timeout: 200 * time.Millisecond, APIKey: "k", Table: tab, Router: rt,
+	p := New(Options{Config: Config{Interval: time.Hour, Timeout: 200 * time.Millisecond}, APIKey: "k", Table: tab, Router: rt,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	t.Cleanup(p.Stop)
 	return rt, tab.Snapshot(), p
