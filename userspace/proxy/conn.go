@@ -33,12 +33,12 @@ type conn struct {
 	fd        int // -1: a goroutine-only connection (a listener that is not TCP)
 	lp        *loop
 	seq       uint32
-	linger    int32 // > 0: answered and half-closed; what the client still sends is read and dropped (this many bytes at most)
-	readable  bool  // the socket may hold bytes (an edge not yet drained)
-	peekWait  bool  // a whole head waits for the body bytes the router reads (Config.PeekBody)
-	hup       bool  // the peer's FIN (or an error) was signalled: read to it
-	busy      bool  // x is running
-	ioq       bool  // an operation of its is queued for the loop's ring (loop_ring.go)
+	linger    lingering // on: answered and half-closed; what the client still sends is read and dropped (linger.go)
+	readable  bool      // the socket may hold bytes (an edge not yet drained)
+	peekWait  bool      // a whole head waits for the body bytes the router reads (Config.PeekBody)
+	hup       bool      // the peer's FIN (or an error) was signalled: read to it
+	busy      bool      // x is running
+	ioq       bool      // an operation of its is queued for the loop's ring (loop_ring.go)
 	deadline  int64
 	headSince int64 // when the head now being read began (0: none)
 	x         *lx   // the loop's exchange, while busy (from the loop's free list)

@@ -214,16 +214,19 @@ func (c *conn) rejectAndClose(status int) {
 	c.lingerClose()
 }
 
-// lingerClose half-closes and reads what the client still sends (at most
-// lingerBytes, Waits.Linger): closing with unread bytes would send a reset that can
-// destroy the answer before the client reads it. The caller then closes.
+// lingerClose half-closes and reads what the client still sends, for as
+// long and as much as linger.go's lingering allows: closing with unread
+// bytes would send a reset that can destroy the answer before the client
+// reads it. The caller then closes.
 func (c *conn) lingerClose() {
 	c.c.CloseWrite()
-	c.c.SetReadDeadline(time.Now().Add(c.s.cfg.Waits.Linger))
-	var b [4096]byte
-	for i := 0; i < lingerBytes/len(b); i++ {
-		if _, err := c.c.Read(b[:]); err != nil {
-			return
+	var g lingering
+	c.c.SetReadDeadline(time.Now().Add(g.begin(&c.s.cfg)))
+	var b [lingerChunk]byte
+	for {
+		n, err := c.c.Read(b[:])
+		if g.read(n, err) != lingerAgain {
+			return // (no lingerWait: the read blocks until the deadline)
 		}
 	}
 }

@@ -469,7 +469,7 @@ func (l *loop) leave(c *conn, why step) {
 
 // clientEvent handles an event on a client socket.
 func (l *loop) clientEvent(c *conn, ev uint32) step {
-	if c.linger > 0 {
+	if c.linger.on() {
 		c.readable = true
 		return l.drain(c)
 	}

@@ -38,7 +38,7 @@ func (l *loop) sweep() {
 	closing := s.closing.Load()
 	grace := s.idleGrace.Load()
 	for _, c := range l.conns {
-		idle := !c.busy && c.buf == nil && c.linger == 0
+		idle := !c.busy && c.buf == nil && !c.linger.on()
 		if closing && idle && now-c.idleSince.Load() >= grace {
 			l.leave(c, leaveClose)
 			continue
@@ -85,7 +85,7 @@ func (l *loop) sweep() {
 func (l *loop) expire(c *conn) step {
 	c.deadline = 0
 	switch {
-	case c.linger > 0:
+	case c.linger.on():
 		return leaveClose // lingered long enough
 	case c.busy:
 		return l.expireExchange(c) // loop_finish.go

@@ -150,38 +150,30 @@ func (l *loop) conclude(c *conn, f fault) step {
 }
 
 // lingerClose half-closes the client connection and reads what it still
-// sends (at most lingerBytes, Waits.Linger) before the close: closing with
-// unread bytes would send a reset that can destroy the answer before the
-// client reads it (gor_head.go's lingerClose, in the loop).
+// sends, for as long and as much as linger.go's lingering allows, before
+// the close: closing with unread bytes would send a reset that can destroy
+// the answer before the client reads it (gor_head.go's lingerClose, in the
+// loop). Its deadline is the connection's one deadline (expire closes).
 func (l *loop) lingerClose(c *conn) step {
 	unix.Shutdown(c.fd, unix.SHUT_WR)
-	c.linger = lingerBytes
 	c.readable = true
-	c.deadline = 0
-	l.setDeadline(c, l.s.cfg.Waits.Linger)
+	l.setDeadline(c, c.linger.begin(&l.s.cfg))
 	return l.drain(c)
 }
 
-// drain reads and drops what a lingering client sends; at its end (or the
-// limit) the connection closes.
+// drain reads and drops what a lingering client sends, until lingering
+// says to close or the socket has nothing more for now.
 func (l *loop) drain(c *conn) step {
-	var scratch [4096]byte
+	var scratch [lingerChunk]byte
 	for c.readable {
 		n, err := unix.Read(c.fd, scratch[:])
-		switch {
-		case n > 0:
-			c.linger -= int32(n)
-			if c.linger <= 0 {
-				return leaveClose
-			}
-			continue
-		case err == unix.EINTR:
-			continue
-		case err == unix.EAGAIN:
+		switch c.linger.read(n, err) {
+		case lingerWait:
 			c.readable = false
 			return stepWait
+		case lingerDone:
+			return leaveClose
 		}
-		return leaveClose
 	}
 	return stepWait
 }
