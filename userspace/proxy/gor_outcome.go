@@ -61,11 +61,18 @@ func (c *conn) conclude(x *exchange, f fault) bool {
 // (nothing was sent): reported as refused when the request may be placed
 // again, else a 502 not-sent. When the connect failed for want of this
 // host's descriptors or ports (upstream.ErrLocal), no other worker would
-// fare better: 502 at once, and the log says so (once per episode).
+// fare better: 502 at once, and the log says so (once per episode); the
+// connection of a request with a body then lingers (lingerClose), so that
+// no reset over a body not all read destroys the answer (the loop's
+// noDescriptor likewise).
 func (c *conn) refusedOrFail(x *exchange, err error) bool {
 	if errors.Is(err, upstream.ErrLocal) {
 		c.s.logLocalShortage(err)
-		return c.fail(x, 502)
+		c.fail(x, 502)
+		if c.req.HasBody() {
+			c.lingerClose()
+		}
+		return false
 	}
 	if x.reroutable {
 		x.refused, x.failed = true, true

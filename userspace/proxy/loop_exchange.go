@@ -24,7 +24,8 @@ package proxy
 //	stepRelay   pump (head, relayHead, body,  loop_relay.go,    → stepFinish, a failure
 //	            pumpSplice)                   loop_splice.go
 //	stepFinish  end                           loop_finish.go    → stepRead, stepLinger, close
-//	stepLinger  lingerClose (drain)           loop_finish.go    → close
+//	stepLinger  lingerClose (drain)           loop_finish.go,   → close
+//	                                          linger.go
 //
 // A failure is decided by outcome.go's decide and carried out by conclude
 // (loop_finish.go: fail, bodyFailed, or the ending leaveAborted). The
@@ -195,7 +196,7 @@ func (l *loop) begin(c *conn) step {
 	u, err := l.upstream(w.Pool, sa)
 	if err != nil && !fdShortage(err) {
 		// The goroutine connects again and decides: placed again, or
-		// 502.
+		// 502 (without a descriptor: noDescriptor, here).
 		w.Leave()
 		if up != nil {
 			l.putPipe(up, true)
@@ -209,12 +210,7 @@ func (l *loop) begin(c *conn) step {
 		req: reqTraits{head: req.IsMethod("HEAD"), http10: req.Minor == 0}, fr: respFraming{keep: req.KeepAlive}}
 	c.busy = true
 	if u == nil {
-		// No descriptor, even after an idle socket was given up (dial):
-		// a goroutine could not even be lent the socket. 502 here, as
-		// the goroutine path answers upstream.ErrLocal.
-		upstream.LocalFailures.Add(1)
-		s.logLocalShortage(err)
-		return l.fail(c, 502)
+		return l.noDescriptor(c, err)
 	}
 	u.cl = c
 	out := c.appendUpstreamHead(l.lendOut(c), w)
@@ -241,10 +237,29 @@ func (l *loop) sockaddr(p *upstream.Pool) unix.Sockaddr {
 	return sa
 }
 
+// noDescriptor ends an exchange whose connect, the first or a redial,
+// found no descriptor (EMFILE, ENFILE), even after an idle socket was
+// given up (dial): no other worker would fare better, and a goroutine
+// could not even be lent the client's socket. 502 not-sent here, as the
+// goroutine path answers upstream.ErrLocal (gor_outcome.go's
+// refusedOrFail), logged once per episode; then the client connection
+// lingers over a request body not all read (lingerClose), so that no
+// reset destroys the answer.
+func (l *loop) noDescriptor(c *conn, err error) step {
+	upstream.LocalFailures.Add(1)
+	l.s.logLocalShortage(err)
+	unread := c.x.reqLeft > 0
+	if st := l.fail(c, 502); !unread {
+		return st
+	}
+	return stepLinger
+}
+
 // connectFailed: the worker refused (or did not answer) the connect;
 // nothing was sent. It is tried once more (as upstream.Pool does); then a
 // goroutine places the request again (or answers 502 not-sent), as the
-// goroutine path does (conn.serveDecision).
+// goroutine path does (conn.serveDecision). A redial without a descriptor
+// ends as a first connect's would (noDescriptor).
 func (l *loop) connectFailed(c *conn) step {
 	x := c.x
 	u := x.up
@@ -252,7 +267,8 @@ func (l *loop) connectFailed(c *conn) step {
 	if !x.prog.redialed && !x.prog.connected {
 		x.prog.redialed = true
 		u.pool.Retried(upstream.RetryConnect)
-		if nu, err := l.dial(u.pool, l.sockaddr(u.pool)); err == nil {
+		nu, err := l.dial(u.pool, l.sockaddr(u.pool))
+		if err == nil {
 			nu.cl, x.up, x.sock.upReady, x.sock.upHup = c, nu, false, false
 			if nu.connecting {
 				l.setDeadline(c, u.pool.Options().DialTimeout)
@@ -260,6 +276,9 @@ func (l *loop) connectFailed(c *conn) step {
 			}
 			x.prog.connected = true
 			return stepSend
+		}
+		if fdShortage(err) {
+			return l.noDescriptor(c, err)
 		}
 	}
 	x.w.Stats.End(true)
@@ -301,6 +320,9 @@ func (l *loop) send(c *conn) step {
 			l.closeUp(u)
 			u.pool.Retried(upstream.RetryDeadPooled)
 			nu, err := l.dial(u.pool, l.sockaddr(u.pool))
+			if err != nil && fdShortage(err) {
+				return l.noDescriptor(c, err)
+			}
 			if err != nil {
 				return l.connectFailed(c)
 			}

@@ -32,6 +32,14 @@ import (
 // After the head (stageRelay, or a client that stopped reading): the
 // client left → nothing; else the cut is made visible (close; a reset for
 // a close-delimited body).
+//
+// Before any of these, the connect (nothing sent): a refusal is retried
+// once, then the request is placed again (or 502 not-sent); a connect,
+// first or retried, that finds no descriptor or port on this host
+// (upstream.ErrLocal; the loop's EMFILE, ENFILE) is 502 not-sent at once,
+// since no other worker would fare better, and the client connection
+// lingers over a request body not read (loop_exchange.go's noDescriptor,
+// gor_outcome.go's refusedOrFail).
 
 // exchangeEnded is the accounting of every proxied exchange, on either
 // path, once it ended: its result on w (failed: a worker error), its place
