@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -628,6 +629,94 @@ func TestHTTP10ClientLargeChunked(t *testing.T) {
 	}
 }
 
+// Long chunks move by splice (the rest of each chunk past the copied first
+// bytes), short ones are copied and framed: whatever the mix and however
+// the worker's writes fall, an HTTP/1.1 client gets the chunked body byte
+// for byte, an HTTP/1.0 client its data, and both connections stay in
+// step (the next request on each is answered).
+func TestLongChunksRelayedExactly(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(1, 2))
+	piece := func(n int) []byte {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(rnd.Uint32())
+		}
+		return b
+	}
+	var body, data []byte
+	for _, n := range []int{1 << 20, 5, 70 << 10, 16 << 10, (16 << 10) - 1, 300 << 10, 3} {
+		d := piece(n)
+		data = append(data, d...)
+		body = fmt.Appendf(body, "%x", n)
+		if n == 5 {
+			body = append(body, ";ext=1"...)
+		}
+		body = append(body, "\r\n"...)
+		body = append(body, d...)
+		body = append(body, "\r\n"...)
+	}
+	body = append(body, "0\r\nX-Trailer: t\r\n\r\n"...)
+	be := newBackend(t, func(c *bconn) {
+		for {
+			if _, err := readHeadFrom(c.br); err != nil {
+				return
+			}
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+			// In uneven writes, some ending inside a size line or a
+			// chunk's end, so that a read of the copy meets every state.
+			for rest, k := body, 0; len(rest) > 0; k++ {
+				n := min(len(rest), []int{7, 100 << 10, 3, 1 << 20, 40 << 10}[k%5])
+				if _, err := c.Write(rest[:n]); err != nil {
+					return
+				}
+				rest = rest[n:]
+			}
+		}
+	})
+	p := startProxy(t, []string{be.addr}, nil)
+	c, br := p.dial()
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	for i := 0; i < 2; i++ { // the second proves the client connection kept in step
+		fmt.Fprintf(c, "GET /sessions/w0-a/x HTTP/1.1\r\nHost: x\r\n\r\n")
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("response %d: %v", i, err)
+		}
+		got, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || !bytes.Equal(got, data) || resp.Trailer.Get("X-Trailer") != "t" {
+			t.Fatalf("response %d: %d data bytes (want %d, equal %v), trailer %q, err %v", i, len(got), len(data), bytes.Equal(got, data), resp.Trailer.Get("X-Trailer"), err)
+		}
+	}
+	// The wire bytes themselves, chunk sizes and extensions included.
+	c2, br2 := p.dial()
+	defer c2.Close()
+	c2.SetDeadline(time.Now().Add(20 * time.Second))
+	fmt.Fprintf(c2, "GET /sessions/w0-a/x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+	if _, raw := splitRawHead(t, readAll(t, c2, br2)); !bytes.Equal(raw, body) {
+		t.Fatalf("chunked body of %d bytes differs from the worker's %d", len(raw), len(body))
+	}
+	// HTTP/1.0: the data alone, to the close.
+	c3, br3 := p.dial()
+	defer c3.Close()
+	c3.SetDeadline(time.Now().Add(20 * time.Second))
+	fmt.Fprintf(c3, "GET /sessions/w0-a/x HTTP/1.0\r\n\r\n")
+	if _, raw := splitRawHead(t, readAll(t, c3, br3)); !bytes.Equal(raw, data) {
+		t.Fatalf("HTTP/1.0: %d bytes, want the %d data bytes", len(raw), len(data))
+	}
+}
+
+// splitRawHead splits a raw response at the end of its head.
+func splitRawHead(t *testing.T, raw []byte) (string, []byte) {
+	t.Helper()
+	i := bytes.Index(raw, []byte("\r\n\r\n"))
+	if i < 0 {
+		t.Fatalf("no head in %d bytes", len(raw))
+	}
+	return string(raw[:i+4]), raw[i+4:]
+}
+
 // --- 10. backend dies in the middle of a body ---
 
 func TestBackendDiesMidBody(t *testing.T) {
@@ -645,6 +734,8 @@ func TestBackendDiesMidBody(t *testing.T) {
 		// with less than a batch queued must still end the response.
 		{"large content-length", "HTTP/1.1 200 OK\r\nContent-Length: 4194304\r\n\r\n", big, false},
 		{"large content-length reset", "HTTP/1.1 200 OK\r\nContent-Length: 4194304\r\n\r\n", big, true},
+		{"large chunk", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", "400000\r\n" + big, false},
+		{"large chunk reset", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", "400000\r\n" + big, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -10,6 +10,8 @@ package proxy
 //   - frameFirst, frameChunk: which body bytes go to the client, and
 //     whether bytes past the framing forbid reusing the upstream
 //     connection (rules 14, 22, 23, 24);
+//   - spliceBody: which response body bytes may move by splice(2),
+//     unseen by the framing;
 //   - bodyIdle: how long a body may go without a byte;
 //   - lingerBytes: what a lingering close reads at most.
 
@@ -138,6 +140,30 @@ func appendDechunked(out []byte, sc *httphead.Chunked, p []byte) ([]byte, int, e
 		used++
 	}
 	return out, used, nil
+}
+
+// spliceBody returns how many response body bytes may move by splice(2)
+// next, unseen by the framing, or 0 if the next bytes must be read and
+// framed (copied). left is a Content-Length body's bytes still to come;
+// sc the scanner of a chunked one, whose chunk data, the rest of the
+// current chunk, moves by splice when at least min bytes of it are left
+// (so SSE events and small chunks are copied and framed at once) and the
+// client reads chunked (a dechunked body is rewritten). A body that ends
+// at the close moves by splice to its end (-1: no bound).
+func spliceBody(kind httphead.BodyKind, left int64, sc *httphead.Chunked, dechunk bool, min int64) int64 {
+	switch kind {
+	case httphead.BodyLength:
+		if left >= min {
+			return left
+		}
+	case httphead.BodyClose:
+		return -1
+	case httphead.BodyChunked:
+		if d := sc.Data(); d >= min && !dechunk {
+			return d
+		}
+	}
+	return 0
 }
 
 // bodyIdle is how long a response body may go without a byte: a

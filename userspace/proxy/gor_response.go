@@ -153,7 +153,7 @@ func (c *conn) relayResponse(x *exchange, uw int, bodyRead bool) bool {
 func (c *conn) relayChunkedResponse(x *exchange, sc *httphead.Chunked, dechunk bool) error {
 	cfg := &c.s.cfg
 	for !sc.Done() {
-		if d := sc.Data(); d >= cfg.SpliceMin && !dechunk && c.learn == nil {
+		if d := spliceBody(httphead.BodyChunked, 0, sc, dechunk, cfg.SpliceMin); d > 0 && c.learn == nil {
 			n, err := c.move(c.c, x.up.TCPConn, d, nil, cfg.StreamIdleTimeout)
 			sc.Skip(n)
 			x.w.Stats.AddDown(n)

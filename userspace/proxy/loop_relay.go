@@ -30,10 +30,14 @@ func (l *loop) pump(c *conn) step {
 			if st := l.pumpSplice(c); st != stepOn {
 				return st
 			}
-			if !x.prog.done {
+			if x.prog.done {
+				continue
+			}
+			if x.fr.kind != httphead.BodyChunked || x.inPipe > 0 || x.sc.Data() > 0 {
 				return stepWait
 			}
-			continue
+			// A chunk's data went through the pipe: its end and the
+			// next chunk's size line are read and framed below.
 		}
 		if x.sock.reparse {
 			x.sock.reparse = false

@@ -3,9 +3,15 @@ package proxy
 // Splicing a long response body (pumpSplice): the bytes go from the
 // worker's socket into a pipe and from the pipe to the client's socket
 // with splice(2), never through user space, as the goroutine path's
-// conn.move does. A body of at least batchMin also raises the upstream
-// socket's SO_RCVLOWAT to batchLowat, so that one wake-up moves a big
-// batch, and lowers it again for the last batchLowat bytes.
+// conn.move does. framing.go's spliceBody says which bytes may: a
+// Content-Length remainder of at least SpliceMin, a body that ends at the
+// close, and the rest of a chunked body's current chunk when at least
+// SpliceMin of it is left (its end and the next chunk's size line are
+// read and framed by the copy in pump, then the next chunk's data is
+// spliced again). A Content-Length rest or a chunk's data of at least
+// batchMin also raises the upstream socket's SO_RCVLOWAT to batchLowat, so
+// that one wake-up moves a big batch, and lowers it again for the last
+// batchLowat bytes (markLowat).
 
 import (
 	"golang.org/x/sys/unix"
@@ -19,29 +25,28 @@ type pipe struct {
 	size int
 }
 
-// splicing reports whether x's body moves by splice (and gives it a pipe).
+// splicing reports whether x's next body bytes move by splice (and gives
+// it a pipe): while its pipe holds bytes, or spliceBody says so.
 func (l *loop) splicing(x *lx) bool {
+	if x.inPipe > 0 {
+		return true
+	}
+	if spliceBody(x.fr.kind, x.left, &x.sc, x.fr.dechunk, l.s.cfg.SpliceMin) == 0 {
+		return x.pipe != nil && x.fr.kind != httphead.BodyChunked
+	}
 	if x.pipe != nil {
 		return true
 	}
-	if x.fr.dechunk || !(x.fr.kind == httphead.BodyClose || x.fr.kind == httphead.BodyLength && x.left >= l.s.cfg.SpliceMin) {
-		return false
-	}
 	x.pipe = l.getPipe()
-	if x.pipe == nil {
-		return false
-	}
-	if x.fr.kind == httphead.BodyLength && x.left >= batchMin {
-		x.body.upLowat = unix.SetsockoptInt(x.up.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, batchLowat) == nil
-	}
-	return true
+	return x.pipe != nil
 }
 
 // pumpSplice moves the body: the pipe is emptied to the client first, then
 // filled from the worker (an EAGAIN on an empty pipe is the socket's). It
 // returns the ending when the exchange ended; otherwise stepOn, with
 // x.prog.done, or a socket that would block (x.sock.blocked: the client's;
-// !x.sock.upReady: the worker's).
+// !x.sock.upReady: the worker's), or (chunked) the current chunk's data
+// all through the pipe, its end to be read by the copy (x.sc.Data() 0).
 func (l *loop) pumpSplice(c *conn) step {
 	x := c.x
 	p := x.pipe
@@ -67,31 +72,34 @@ func (l *loop) pumpSplice(c *conn) step {
 			x.prog.done = true // the pipe is empty too
 			return stepOn
 		}
+		rest := spliceRest(x)
+		if rest == 0 {
+			return stepOn // a chunk's data is through: its end and the next size line are pump's copy
+		}
 		if !x.sock.upReady {
 			return stepOn
 		}
+		l.markLowat(x, rest)
 		want := p.size
-		if x.fr.kind == httphead.BodyLength && x.left < int64(want) {
-			want = int(x.left)
-		}
-		if x.body.upLowat && x.left <= batchLowat {
-			l.lowerLowat(x)
+		if rest > 0 {
+			want = int(min(rest, int64(want)))
 		}
 		n, err := unix.Splice(x.up.fd, nil, p.w, nil, want, flags)
 		switch {
 		case n > 0:
 			x.w.Stats.AddDown(n)
 			x.inPipe += int(n)
-			if x.fr.kind == httphead.BodyLength {
+			switch x.fr.kind {
+			case httphead.BodyLength:
 				x.left -= n
-				if x.body.upLowat && x.left <= batchLowat {
-					// One splice can take the body past the mark and to
-					// its end: the socket goes back to its pool with the
-					// default mark, or a later body's tail would never
-					// wake the loop.
-					l.lowerLowat(x)
-				}
+			case httphead.BodyChunked:
+				x.sc.Skip(n)
 			}
+			// One splice can take the body (or chunk) past the mark and
+			// to its end: the mark is lowered at once, or the next bytes
+			// the framing must read (a later body's on a reused socket,
+			// the chunk's end) would never wake the loop.
+			l.markLowat(x, spliceRest(x))
 			continue
 		case err == unix.EINTR:
 			continue
@@ -138,6 +146,32 @@ func (l *loop) putPipe(p *pipe, empty bool) {
 	}
 	unix.Close(p.r)
 	unix.Close(p.w)
+}
+
+// spliceRest is how many body bytes the splice may still take before the
+// framing must read: a Content-Length body's rest, the rest of a chunk's
+// data (0 between chunks), or -1 for a body that ends at the close.
+func spliceRest(x *lx) int64 {
+	switch x.fr.kind {
+	case httphead.BodyLength:
+		return x.left
+	case httphead.BodyChunked:
+		return x.sc.Data()
+	}
+	return -1
+}
+
+// markLowat raises the upstream socket's SO_RCVLOWAT to batchLowat for a
+// rest of at least batchMin, so that a wake-up brings a batch, and gives
+// it back its default for the last batchLowat bytes, so that the end
+// never waits for a batch that will not come.
+func (l *loop) markLowat(x *lx, rest int64) {
+	switch {
+	case x.body.upLowat && rest <= batchLowat:
+		l.lowerLowat(x)
+	case !x.body.upLowat && rest >= batchMin:
+		x.body.upLowat = unix.SetsockoptInt(x.up.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, batchLowat) == nil
+	}
 }
 
 // lowerLowat gives the upstream socket its default SO_RCVLOWAT back.

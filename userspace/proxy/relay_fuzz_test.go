@@ -77,7 +77,14 @@ func FuzzRelayPaths(f *testing.F) {
 	p := startProxy(f, []string{be}, func(c *Config) {
 		c.ResponseTimeout, c.StreamIdleTimeout, c.IOTimeout = 3*time.Second, 3*time.Second, 3*time.Second
 	})
-	fetch := func(t *testing.T, raw string) string {
+	// The same with every body remainder (a Content-Length rest, a body to
+	// the close, a chunk's data) moved by splice: the fuzzer's few bytes
+	// take the paths a long body takes.
+	ps := startProxy(f, []string{be}, func(c *Config) {
+		c.ResponseTimeout, c.StreamIdleTimeout, c.IOTimeout = 3*time.Second, 3*time.Second, 3*time.Second
+		c.SpliceMin = 1
+	})
+	fetch := func(t *testing.T, p *testProxy, raw string) string {
 		// A pooled upstream connection the worker closed is dropped when
 		// the close is seen (the loop) or peeked at reuse (the pool):
 		// let the loop see it, so both paths start from a fresh connect.
@@ -113,10 +120,18 @@ func FuzzRelayPaths(f *testing.F) {
 			return
 		}
 		cur.Store(&[2][]byte{resp, cuts})
-		loop := fetch(t, "GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-		goroutine := fetch(t, "POST /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+		const get = "GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+		const post = "POST /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+		loop := fetch(t, p, get)
+		goroutine := fetch(t, p, post)
 		if loop != goroutine {
 			t.Fatalf("worker answered %q (cuts %v):\nloop:      %q\ngoroutine: %q", resp, cuts, loop, goroutine)
+		}
+		if got := fetch(t, ps, get); got != loop {
+			t.Fatalf("worker answered %q (cuts %v):\nloop:         %q\nloop, splice: %q", resp, cuts, loop, got)
+		}
+		if got := fetch(t, ps, post); got != loop {
+			t.Fatalf("worker answered %q (cuts %v):\nloop:              %q\ngoroutine, splice: %q", resp, cuts, loop, got)
 		}
 		if bytes.Contains([]byte(loop), []byte("stalled")) {
 			t.Fatalf("worker answered %q: the client stalled: %q", resp, loop)
