@@ -33,10 +33,18 @@ package proxy
 // sentClient (loop_ring.go), expire (loop_deadline.go) each return the
 // phase to drive.
 //
-// lx.phase says which of send, upload, head and body the events of the
-// exchange's sockets go to (clientEvent, exchangeEvent). Before a byte
-// went up, anything unusual goes to a goroutine that decides it
-// (connectFailed: placed again, or 502 not-sent).
+// A step lives only until drive runs it: when the connection waits, what
+// it was doing is gone. lx.phase is where the exchange is between two
+// entries, what the steps cannot say: which of send, upload, head and
+// body the events of its sockets go to (clientEvent, exchangeEvent,
+// sentClient), which buffer and deadline pump uses, and the stage a
+// failure is decided at (expireExchange). It is outcome.go's stage under
+// the loop's names: phaseSend and phaseUpload resume at stepSend and
+// stepUpload, phaseHead and phaseBody both at stepRelay (phaseBody is set
+// with prog.sentHead, in relayHead). Before a byte went up, anything
+// unusual goes to a goroutine that decides it (connectFailed: placed
+// again, or 502 not-sent), except a connect that finds no descriptor
+// (noDescriptor: 502 not-sent here).
 
 import (
 	"time"
@@ -76,13 +84,12 @@ func (l *loop) handoff(c *conn) {
 	go c.serve()
 }
 
-type phase uint8
-
+// The phases of an exchange: outcome.go's stages (lx.phase; above).
 const (
-	phaseSend   phase = iota // the request head (and buffered body bytes) go up
-	phaseUpload              // the rest of the request body is spliced up
-	phaseHead                // waiting for the response head
-	phaseBody                // relaying the response body
+	phaseSend   = stageHeadUp // the request head (and buffered body bytes) go up
+	phaseUpload = stageBodyUp // the rest of the request body is spliced up
+	phaseHead   = stageWait   // waiting for the response head
+	phaseBody   = stageRelay  // relaying the response body
 )
 
 // lx is the state of an exchange on the loop: what it holds (worker,
@@ -94,7 +101,7 @@ type lx struct {
 	dec     route.Decision
 	up      *upconn
 	start   int64
-	phase   phase
+	phase   stage  // where the exchange is between entries (phaseSend, ...)
 	send    []byte // request bytes not yet written up (in conn.out)
 	bodyAt  int    // where the request body starts in conn.buf (a fallback rewinds to it)
 	reqLeft int64  // request body bytes still to splice up (phaseUpload)

@@ -110,18 +110,12 @@ func (l *loop) expireExchange(c *conn) step {
 	if x.up != nil && x.up.connecting {
 		return l.connectFailed(c) // the worker did not answer the connect: nothing sent
 	}
-	f := fault{timeout: true}
-	switch {
-	case len(x.pend) > 0 || x.sock.blocked:
-		f.stage = stageRelay // the client stopped reading
-	case x.phase == phaseSend:
-		f.stage = stageHeadUp
-	case x.phase == phaseUpload:
-		f.stage = stageBodyUp // the client stopped sending (or the worker taking)
-	case x.phase == phaseHead:
-		f.stage, f.early = stageWait, x.body.early
-	default:
-		f.stage = stageRelay // the worker went silent mid-body
+	// Where it was: its phase (an upload: the client stopped sending, or
+	// the worker taking; the body: the worker went silent), unless the
+	// client stopped reading.
+	f := fault{stage: x.phase, timeout: true, early: x.body.early}
+	if len(x.pend) > 0 || x.sock.blocked {
+		f.stage = stageRelay
 	}
 	return l.conclude(c, f)
 }

@@ -53,7 +53,9 @@ func (s *Server) exchangeEnded(w *route.Worker, failed, observe bool, status int
 	}
 }
 
-// stage is where an exchange was when it failed.
+// stage is where an exchange was when it failed (on the loop, where its
+// exchange is between two entries: lx.phase, under the names phaseSend,
+// phaseUpload, phaseHead, phaseBody).
 type stage uint8
 
 const (
