@@ -12,6 +12,7 @@ import (
 	"github.com/tether-rl/tether/userspace/loadpoll"
 	"github.com/tether-rl/tether/userspace/proxy"
 	"github.com/tether-rl/tether/userspace/registry"
+	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/supervisor"
 )
 
@@ -48,6 +49,17 @@ var componentFlags = []struct{ flag, field, other string }{
 	{"max-in-flight", "Registry.MaxInFlight", "8"},
 	{"spawn-grace", "Spawn.Grace", "77s"},
 	{"engine-poll", "Routing.EnginePoll", "3s"},
+	{"key-header", "Routing.Keys.KeyHeaders", "X-A"},
+	{"hash-load-factor", "Routing.Keys.LoadFactor", "2"},
+	{"hash-spill-min", "Routing.Keys.SpillMin", "5"},
+	{"hash-spill-ttl", "Routing.Keys.SpillTTL", "77s"},
+	{"sticky-ttl", "Routing.Keys.StickyTTL", "77s"},
+	{"learn-session-path", "Routing.Learn.CreatePath", "/s2"},
+	{"learn-session-field", "Routing.Learn.IDField", "id"},
+	{"learn-session-ttl", "Routing.Learn.TTL", "77s"},
+	{"kv-veto", "Routing.Engine.KVVeto", "0.5"},
+	{"waiting-veto", "Routing.Engine.WaitingVeto", "5"},
+	{"group-max", "Routing.Engine.GroupMax", "5"},
 }
 
 // notFlags: component settings no flag writes (the wiring, tests' knobs;
@@ -56,6 +68,7 @@ var notFlags = map[string]bool{
 	"Proxy.Router": true, "Proxy.Table": true, "Proxy.PeekBody": true, "Proxy.RouteHeader": true,
 	"Proxy.InstanceID": true, "Proxy.Local": true, "Proxy.Observe": true, "Proxy.Hold": true, "Proxy.Log": true,
 	"Proxy.Waits": true, "Spawn.N": true, "Spawn.Command": true,
+	"Routing.Learn.MaxScan": true, "Routing.Engine.MoveMargin": true, "Routing.Engine.MoveSlack": true,
 }
 
 // provisioned is what the components make of zero settings: each
@@ -72,7 +85,12 @@ func provisioned() daemon.Options {
 		Health:   health.DefaultConfig(),
 		Registry: registry.DefaultConfig(),
 		Spawn:    supervisor.DefaultConfig(),
-		Routing:  daemon.RoutingOptions{EnginePoll: loadpoll.DefaultConfig().Interval},
+		Routing: daemon.RoutingOptions{
+			EnginePoll: loadpoll.DefaultConfig().Interval,
+			Keys:       route.DefaultPolicySettings(),
+			Learn:      route.DefaultLearnSettings(),
+			Engine:     route.DefaultEngineConfig(),
+		},
 	}
 }
 
@@ -90,8 +108,10 @@ func field(o *daemon.Options, path string) reflect.Value {
 // TestFlagDefaultsAreTheComponents': a default is written once. For every
 // flag that writes a component's setting, tetherd without that flag holds
 // the component's provisioned default, and the flag does write that field;
-// every setting of the components' configs has its flag in the table (or
-// is wiring), so a new setting cannot bring a second default.
+// every setting of the components' configs (proxy, health, registry,
+// supervisor, fleet, engine, route's policy, learning and engine-aware
+// placement) has its flag in the table (or is wiring), so a new setting
+// cannot bring a second default.
 func TestFlagDefaultsAreTheComponents(t *testing.T) {
 	base := []string{"--listen", "127.0.0.1:0", "--demo", "1"}
 	c, err := parse(base)
@@ -127,7 +147,7 @@ func TestFlagDefaultsAreTheComponents(t *testing.T) {
 	if c.opts.Spawn.N != want.Spawn.N {
 		t.Errorf("--spawn defaults to %d", c.opts.Spawn.N)
 	}
-	for _, comp := range []string{"Proxy", "Fleet", "Engine", "Health", "Registry", "Spawn"} {
+	for _, comp := range []string{"Proxy", "Fleet", "Engine", "Health", "Registry", "Spawn", "Routing.Keys", "Routing.Learn", "Routing.Engine"} {
 		walk(field(&want, comp).Type(), comp, func(path string) {
 			if !covered[path] && !notFlags[path] {
 				t.Errorf("%s: a component setting with no flag in componentFlags (nor in notFlags)", path)

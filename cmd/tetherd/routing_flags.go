@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -12,27 +13,27 @@ import (
 	"github.com/tether-rl/tether/userspace/route"
 )
 
-// keyHeaders is --key-header: repeatable, each a comma-separated list; the
-// first use replaces the default list.
+// keyHeaders is --key-header: repeatable, each a comma-separated list,
+// writing into p; the first use replaces the default list.
 type keyHeaders struct {
-	list []string
-	set  bool
+	p   *[]string
+	set bool
 }
 
 func (k *keyHeaders) String() string {
-	if !k.set {
+	if k.p == nil { // the zero value (flag's -h): the default, as ever
 		return strings.Join(route.DefaultKeyHeaders, ",")
 	}
-	return strings.Join(k.list, ",")
+	return strings.Join(*k.p, ",")
 }
 
 func (k *keyHeaders) Set(v string) error {
 	if !k.set {
-		k.list, k.set = nil, true
+		*k.p, k.set = nil, true
 	}
 	for _, h := range strings.Split(v, ",") {
 		if h = strings.TrimSpace(h); h != "" {
-			k.list = append(k.list, h)
+			*k.p = append(*k.p, h)
 		}
 	}
 	return nil
@@ -58,49 +59,49 @@ func (c *count) Set(v string) error {
 // routingFlags registers the routing policy and engine endpoint flags; the
 // returned func copies them into o after Parse.
 func routingFlags(fs *flag.FlagSet, o *daemon.RoutingOptions) func() {
-	var keys keyHeaders
+	ks, kdef := &o.Keys, route.DefaultPolicySettings() // the policy's settings
+	ls, ldef := &o.Learn, route.DefaultLearnSettings() // the learning's
+	es, edef := &o.Engine, route.DefaultEngineConfig() // engine-aware placement's
 	fs.StringVar(&o.Policy, "policy", "hash", "placement of requests with a routing key (no /sessions/ path): hash (consistent hashing, bounded load) or sticky (sticky least loaded)")
-	fs.Var(&keys, "key-header", "routing key header, first non-empty value wins (repeatable or comma list; case-insensitive; default X-Session-ID,X-SMG-Routing-Key)")
-	positiveVar(fs, &o.HashLoadFactor, "hash-load-factor", route.DefaultLoadFactor, "--policy=hash: relative overload bound c: a key spills from its owner only above c × the mean in flight (and above --hash-spill-min)")
-	spillMin := &count{name: "hash-spill-min", n: route.DefaultSpillMin}
+	ks.KeyHeaders = slices.Clone(kdef.KeyHeaders)
+	fs.Var(&keyHeaders{p: &ks.KeyHeaders}, "key-header", "routing key header, first non-empty value wins (repeatable or comma list; case-insensitive; default X-Session-ID,X-SMG-Routing-Key)")
+	positiveVar(fs, &ks.LoadFactor, "hash-load-factor", kdef.LoadFactor, "--policy=hash: relative overload bound c: a key spills from its owner only above c × the mean in flight (and above --hash-spill-min)")
+	spillMin := &count{name: "hash-spill-min", n: kdef.SpillMin}
 	fs.Var(spillMin, "hash-spill-min", "--policy=hash: absolute overload bound: a key spills from its owner only more than this many requests in flight above the mean (and above --hash-load-factor); 0: the relative bound alone")
-	positiveVar(fs, &o.HashSpillTTL, "hash-spill-ttl", route.DefaultSpillTTL, "--policy=hash: a spilled key keeps going to the worker it spilled to while its owner stays overloaded, remembered this long after its last request")
-	positiveVar(fs, &o.StickyTTL, "sticky-ttl", route.DefaultStickyTTL, "--policy=sticky: a key's assignment expires this long after its last use (or on POST /finish_session)")
+	positiveVar(fs, &ks.SpillTTL, "hash-spill-ttl", kdef.SpillTTL, "--policy=hash: a spilled key keeps going to the worker it spilled to while its owner stays overloaded, remembered this long after its last request")
+	positiveVar(fs, &ks.StickyTTL, "sticky-ttl", kdef.StickyTTL, "--policy=sticky: a key's assignment expires this long after its last use (or on POST /finish_session)")
 	fs.StringVar(&o.StickyStore, "sticky-store", "auto", "sticky table (--policy=sticky keys, spills, learned session ids): auto (pinned BPF LRU map shared by every tetherd and kept across restarts, else in-process), bpf (required) or memory (forgotten on restart)")
 	learn := fs.Bool("learn-sessions", true, "learn the worker of bare (not w<idx>-) session ids from the 2xx JSON answers to POST --learn-session-path, and route /sessions/{id}/... there")
-	fs.StringVar(&o.LearnPath, "learn-session-path", route.DefaultCreatePath, "the path whose POST creates a session (--learn-sessions)")
-	fs.StringVar(&o.LearnField, "learn-session-field", route.DefaultIDField, "top-level field of the create answer holding the new session id (--learn-sessions)")
-	positiveVar(fs, &o.LearnTTL, "learn-session-ttl", route.DefaultLearnTTL, "a learned session id is forgotten this long after its last request (or on DELETE /sessions/{id})")
+	fs.StringVar(&ls.CreatePath, "learn-session-path", ldef.CreatePath, "the path whose POST creates a session (--learn-sessions)")
+	fs.StringVar(&ls.IDField, "learn-session-field", ldef.IDField, "top-level field of the create answer holding the new session id (--learn-sessions)")
+	positiveVar(fs, &ls.TTL, "learn-session-ttl", ldef.TTL, "a learned session id is forgotten this long after its last request (or on DELETE /sessions/{id})")
 	fs.StringVar(&o.Keyless, "keyless", "least", "requests without a key: least (fewest in flight, rotating tie-break), p2c (less loaded of two random workers) or prefix (hash the first --peek-bytes of the body, bounded load)")
 	positiveOrNoneVar(fs, &o.PeekBytes, "peek-bytes", route.DefaultPrefixBytes, "body bytes read before routing (request id \"rid\", --keyless=prefix, the prompt of GRPO groups), at most 16384; -1: none")
 	positiveVar(fs, &o.MaxTrackedRequests, "max-tracked-requests", engine.DefaultMaxOwners, "request ids remembered for abort routing (oldest dropped beyond)")
 	fs.DurationVar(&o.EnginePoll, "engine-poll", loadpoll.DefaultConfig().Interval, "read every worker's engine load (SGLang /v1/loads, vLLM or SGLang /metrics) this often and place keyless work, new keys and sessions by it; 0: off (placement by tetherd's in-flight counts alone)")
-	positiveVar(fs, &o.KVVeto, "kv-veto", route.DefaultKVVeto, "an engine at this KV cache usage (0..1) or above takes no new keys, sessions or keyless work until it is 0.1 below (>= 1: never)")
-	waitingVeto := &count{name: "waiting-veto", n: route.DefaultWaitingVeto}
+	positiveVar(fs, &es.KVVeto, "kv-veto", edef.KVVeto, "an engine at this KV cache usage (0..1) or above takes no new keys, sessions or keyless work until it is 0.1 below (>= 1: never)")
+	waitingVeto := &count{name: "waiting-veto", n: edef.WaitingVeto}
 	fs.Var(waitingVeto, "waiting-veto", "an engine with more than this many requests waiting takes no new keys, sessions or keyless work until at most half wait; 0: no bound")
-	groupMax := &count{name: "group-max", n: route.DefaultGroupMax}
+	groupMax := &count{name: "group-max", n: edef.GroupMax}
 	fs.Var(groupMax, "group-max", "keyless requests with the same prompt (a GRPO group's samples) go to one engine, up to this many in flight there, then to the next best; 0: no grouping")
 	routeHeader := fs.Bool("route-header", false, "add X-Tether-Route: <slot> <reason> to every proxied response (debugging a rollout)")
 	engineEndpoints := fs.Bool("engine-endpoints", true, "serve /abort_request, /abort_requests, /abort_until_idle, /flush_cache, /get_loads and /finish_session on the data port (false: proxy them)")
 	return func() {
-		if keys.set {
-			o.KeyHeaders = keys.list
-		}
-		o.HashSpillMin = spillMin.n
-		if o.HashSpillMin == 0 {
-			o.HashSpillMin = -1 // none (0 in RoutingOptions is the default)
+		ks.SpillMin = spillMin.n
+		if ks.SpillMin == 0 {
+			ks.SpillMin = -1 // none (0 in route.PolicySettings is the default)
 		}
 		o.NoLearnSessions = !*learn
 		if o.EnginePoll == 0 {
 			o.EnginePoll = -1 // off (0 in RoutingOptions is the default)
 		}
-		o.WaitingVeto = waitingVeto.n
-		if o.WaitingVeto == 0 {
-			o.WaitingVeto = -1
+		es.WaitingVeto = waitingVeto.n
+		if es.WaitingVeto == 0 {
+			es.WaitingVeto = -1 // none (0 in route.EngineConfig is the default)
 		}
-		o.GroupMax = groupMax.n
-		if o.GroupMax == 0 {
-			o.GroupMax = -1
+		es.GroupMax = groupMax.n
+		if es.GroupMax == 0 {
+			es.GroupMax = -1
 		}
 		if *routeHeader {
 			o.RouteHeader = RouteHeaderName

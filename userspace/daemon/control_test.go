@@ -373,7 +373,7 @@ func TestReload(t *testing.T) {
 		// Valid workers and bad-session, invalid routing: nothing applies
 		// (the routing check once ran after the workers had changed).
 		{Workers: []string{b.URL()}, BadSession: "reject", Routing: RoutingOptions{Policy: "bogus"}},
-		{Workers: []string{b.URL()}, BadSession: "reject", Routing: RoutingOptions{HashLoadFactor: 0.5}},
+		{Workers: []string{b.URL()}, BadSession: "reject", Routing: RoutingOptions{Keys: route.PolicySettings{LoadFactor: 0.5}}},
 		{Workers: []string{b.URL()}, BadSession: "reject", Routing: RoutingOptions{Keyless: "nope"}},
 	} {
 		if err := d.Reload(bad); err == nil {

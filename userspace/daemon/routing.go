@@ -23,27 +23,24 @@ import (
 
 // RoutingOptions are the settings of the routing policy for requests that
 // name no session, and of the engine endpoints (abort, fan-out). Zero
-// values take the defaults: --policy=hash over X-Session-ID then
-// X-SMG-Routing-Key, c = 1.25, keyless requests to the fewest in flight
-// with a rotating tie-break (issue 2's rule; "p2c" gives two random
-// choices, "prefix" hashes the body's start), request ids tracked from X-Request-ID and the first 4 KiB of the body.
+// values take the defaults, package route's (route.Default*: --policy=hash
+// over route.DefaultKeyHeaders, keyless requests to the fewest in flight
+// with a rotating tie-break ("p2c" gives two random choices, "prefix"
+// hashes the body's start), request ids tracked from X-Request-ID and the
+// first route.DefaultPrefixBytes of the body). Keys, Learn and Engine are
+// route's own settings structs, passed on whole.
 type RoutingOptions struct {
-	Policy         string   // "hash" (default) or "sticky"
-	KeyHeaders     []string // routing key headers in order; nil: route.DefaultKeyHeaders
-	HashLoadFactor float64  // relative overload bound c; 0: 1.25
-	// HashSpillMin: the absolute overload bound, requests in flight above
-	// the mean; 0: route.DefaultSpillMin, negative: none.
-	HashSpillMin int
-	HashSpillTTL time.Duration // a spilled key is remembered this long; 0: 2m
-	StickyTTL    time.Duration // 0: 30m
+	Policy string // "hash" (default) or "sticky"
+	// Keys: the policy's settings (--key-header, --hash-load-factor,
+	// --hash-spill-min, --hash-spill-ttl, --sticky-ttl).
+	Keys route.PolicySettings
 	// NoLearnSessions turns off the learning of bare session ids (on by
-	// default): LearnPath (default /sessions) is the create path whose 2xx
-	// JSON answer's LearnField (default session_id) is remembered for
-	// LearnTTL (default 2h) after the session's last request.
+	// default): Learn.CreatePath is the create path whose 2xx JSON
+	// answer's Learn.IDField is remembered for Learn.TTL after the
+	// session's last request (--learn-session-path, --learn-session-field,
+	// --learn-session-ttl).
 	NoLearnSessions bool
-	LearnPath       string
-	LearnField      string
-	LearnTTL        time.Duration
+	Learn           route.LearnSettings
 	// StickyStore: where the sticky table (--policy=sticky assignments,
 	// remembered spills, learned session ids) is kept. "auto" (default):
 	// StickyMap if set, else the sticky_sessions map pinned in StickyPinDir
@@ -59,24 +56,23 @@ type RoutingOptions struct {
 	StickyPinDir string
 	Keyless      string // "least" (default), "p2c" or "prefix"
 	// PeekBytes: body bytes buffered before routing, for the request id
-	// ("rid") and --keyless=prefix; default 4096, -1 disables (ids from
-	// X-Request-ID only; prefix then needs it).
+	// ("rid") and --keyless=prefix; default route.DefaultPrefixBytes, -1
+	// disables (ids from X-Request-ID only; prefix then needs it).
 	PeekBytes int
-	// MaxTrackedRequests bounds the request id table; default 1<<20.
+	// MaxTrackedRequests bounds the request id table; default
+	// engine.DefaultMaxOwners.
 	MaxTrackedRequests int
 	// NoEngineEndpoints leaves /abort_request, /abort_requests,
 	// /abort_until_idle, /flush_cache, /get_loads and /finish_session to
 	// the workers (proxied) instead of serving them.
 	NoEngineEndpoints bool
 	// Engine-aware placement (route/policy_engine.go, userspace/loadpoll).
-	// EnginePoll: how often every worker's engine load is read; 0: 1s,
-	// negative: never (placement as without engines). KVVeto (0: 0.9),
-	// WaitingVeto (0: 64, negative: none) and GroupMax (0: 16) are
-	// route.EngineConfig's.
-	EnginePoll  time.Duration
-	KVVeto      float64
-	WaitingVeto int
-	GroupMax    int
+	// EnginePoll: how often every worker's engine load is read; 0:
+	// loadpoll's default, negative: never (placement as without engines).
+	EnginePoll time.Duration
+	// Engine: the placement's settings (--kv-veto, --waiting-veto,
+	// --group-max).
+	Engine route.EngineConfig
 	// RouteHeader: the response header naming the worker and the reason
 	// of each request (--route-header; "" none).
 	RouteHeader string
@@ -199,15 +195,11 @@ func (r *routing) newPolicy(o RoutingOptions) (*route.Policy, error) {
 		return nil, errors.New("--keyless=prefix needs --peek-bytes > 0")
 	}
 	return route.NewPolicy(route.PolicyConfig{
-		Kind:        kind,
-		KeyHeaders:  o.KeyHeaders,
-		LoadFactor:  o.HashLoadFactor,
-		SpillMin:    o.HashSpillMin,
-		SpillTTL:    o.HashSpillTTL,
-		Keyless:     keyless,
-		PrefixBytes: max(r.peek, 1),
-		Sticky:      r.sticky,
-		StickyTTL:   o.StickyTTL,
+		Kind:           kind,
+		PolicySettings: o.Keys,
+		Keyless:        keyless,
+		PrefixBytes:    max(r.peek, 1),
+		Sticky:         r.sticky,
 	})
 }
 
@@ -217,7 +209,7 @@ func newEnginePlacement(o RoutingOptions) (*route.EnginePlacement, error) {
 	if o.EnginePoll < 0 {
 		return nil, nil
 	}
-	return route.NewEnginePlacement(route.EngineConfig{KVVeto: o.KVVeto, WaitingVeto: o.WaitingVeto, GroupMax: o.GroupMax})
+	return route.NewEnginePlacement(o.Engine)
 }
 
 func healthTimeout(opts Options) time.Duration {
@@ -232,10 +224,8 @@ func (r *routing) newLearning(o RoutingOptions) (*route.Learning, error) {
 		return nil, nil
 	}
 	return route.NewLearning(route.LearnConfig{
-		CreatePath: o.LearnPath,
-		IDField:    o.LearnField,
-		TTL:        o.LearnTTL,
-		Table:      r.sticky,
+		LearnSettings: o.Learn,
+		Table:         r.sticky,
 	})
 }
 

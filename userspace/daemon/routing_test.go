@@ -96,7 +96,7 @@ func TestRoutingPolicyEndToEnd(t *testing.T) {
 	// SIGHUP: switch to sticky (kept in process with --bpf=off).
 	opts := d.opts
 	opts.Routing.Policy = "sticky"
-	opts.Routing.StickyTTL = time.Minute
+	opts.Routing.Keys.StickyTTL = time.Minute
 	if err := d.Reload(opts); err != nil {
 		t.Fatal(err)
 	}
@@ -126,12 +126,12 @@ func TestRoutingPolicyEndToEnd(t *testing.T) {
 		t.Fatalf("learning on by default: %+v", l)
 	}
 	bad = opts
-	bad.Routing.LearnPath = "sessions"
+	bad.Routing.Learn.CreatePath = "sessions"
 	if err := d.Reload(bad); err == nil || d.Router.CurrentLearning().Config().CreatePath != "/sessions" {
 		t.Errorf("bad learn path: %v", err)
 	}
 	opts.Routing.NoLearnSessions = true
-	opts.Routing.HashSpillMin = 5
+	opts.Routing.Keys.SpillMin = 5
 	if err := d.Reload(opts); err != nil {
 		t.Fatal(err)
 	}
@@ -139,8 +139,9 @@ func TestRoutingPolicyEndToEnd(t *testing.T) {
 		t.Error("reload did not turn learning off or set the spill bound")
 	}
 	// Invalid options refuse to start.
-	for _, ro := range []RoutingOptions{{Policy: "x"}, {Keyless: "x"}, {HashLoadFactor: 0.5}, {Keyless: "prefix", PeekBytes: -1}, {PeekBytes: 1 << 20}, {KeyHeaders: []string{"a b"}},
-		{HashSpillTTL: time.Millisecond}, {LearnPath: "/sessions?x"}, {LearnTTL: time.Millisecond}} {
+	for _, ro := range []RoutingOptions{{Policy: "x"}, {Keyless: "x"}, {Keys: route.PolicySettings{LoadFactor: 0.5}}, {Keyless: "prefix", PeekBytes: -1}, {PeekBytes: 1 << 20},
+		{Keys: route.PolicySettings{KeyHeaders: []string{"a b"}}}, {Keys: route.PolicySettings{SpillTTL: time.Millisecond}},
+		{Learn: route.LearnSettings{CreatePath: "/sessions?x"}}, {Learn: route.LearnSettings{TTL: time.Millisecond}}} {
 		o := Options{Listen: "127.0.0.1:0", StartedWorkers: demoURLs(t, 0, 1), BPF: "off", Routing: ro, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 		if d, err := New(o); err == nil {
 			d.Close()

@@ -35,8 +35,11 @@ const (
 	DefaultLearnScan  = 4096
 )
 
-// LearnConfig configures a Learning. Zero values take the defaults.
-type LearnConfig struct {
+// LearnSettings are the learning's settings (tetherd's
+// --learn-session-path, --learn-session-field, --learn-session-ttl),
+// apart from its wiring (LearnConfig). Zero fields take the defaults
+// (Provision); NewLearning validates them.
+type LearnSettings struct {
 	// CreatePath is the path whose POST creates a session (a query is
 	// allowed after it); default DefaultCreatePath.
 	CreatePath string
@@ -49,6 +52,35 @@ type LearnConfig struct {
 	// MaxScan bounds the answer bytes read for the id; default
 	// DefaultLearnScan.
 	MaxScan int
+}
+
+// DefaultLearnSettings is LearnSettings with every field at its default.
+func DefaultLearnSettings() LearnSettings {
+	var s LearnSettings
+	s.Provision()
+	return s
+}
+
+// Provision fills s's zero fields with the defaults.
+func (s *LearnSettings) Provision() {
+	if s.CreatePath == "" {
+		s.CreatePath = DefaultCreatePath
+	}
+	if s.IDField == "" {
+		s.IDField = DefaultIDField
+	}
+	if s.TTL == 0 {
+		s.TTL = DefaultLearnTTL
+	}
+	if s.MaxScan <= 0 {
+		s.MaxScan = DefaultLearnScan
+	}
+}
+
+// LearnConfig configures a Learning: its settings and its wiring. Zero
+// values take the defaults.
+type LearnConfig struct {
+	LearnSettings
 	// Table holds the entries; required.
 	Table sticky.Table
 	// Now is the clock of expiries (CLOCK_MONOTONIC ns); default sticky.Now.
@@ -74,23 +106,12 @@ type learnCounters struct {
 
 // NewLearning validates cfg and returns the learning.
 func NewLearning(cfg LearnConfig) (*Learning, error) {
-	if cfg.CreatePath == "" {
-		cfg.CreatePath = DefaultCreatePath
-	}
+	cfg.LearnSettings.Provision()
 	if !strings.HasPrefix(cfg.CreatePath, "/") || strings.ContainsAny(cfg.CreatePath, "?# \t") {
 		return nil, fmt.Errorf("--learn-session-path %q: want an absolute path without query", cfg.CreatePath)
 	}
-	if cfg.IDField == "" {
-		cfg.IDField = DefaultIDField
-	}
-	if cfg.TTL == 0 {
-		cfg.TTL = DefaultLearnTTL
-	}
 	if cfg.TTL < time.Second {
 		return nil, fmt.Errorf("--learn-session-ttl %v: want at least 1s", cfg.TTL)
-	}
-	if cfg.MaxScan <= 0 {
-		cfg.MaxScan = DefaultLearnScan
 	}
 	if cfg.Table == nil {
 		return nil, errors.New("learned sessions without a sticky table")

@@ -138,9 +138,11 @@ const (
 // DefaultKeyHeaders are the routing key headers, in order.
 var DefaultKeyHeaders = []string{"X-Session-ID", "X-SMG-Routing-Key"}
 
-// PolicyConfig configures a Policy. Zero values take the defaults.
-type PolicyConfig struct {
-	Kind       PolicyKind
+// PolicySettings are a policy's settings (tetherd's --key-header,
+// --hash-load-factor, --hash-spill-min, --hash-spill-ttl, --sticky-ttl),
+// apart from its kind, keyless mode and wiring (PolicyConfig). Zero
+// fields take the defaults (Provision); NewPolicy validates them.
+type PolicySettings struct {
 	KeyHeaders []string // routing key headers in order; nil: DefaultKeyHeaders
 	LoadFactor float64  // c of the bounded load, >= 1; 0: DefaultLoadFactor
 	// SpillMin: the absolute overload bound (in flight above the mean);
@@ -149,14 +151,50 @@ type PolicyConfig struct {
 	// SpillTTL: a spilled key is remembered this long after its last
 	// request; 0: DefaultSpillTTL.
 	SpillTTL time.Duration
-	Keyless  KeylessMode
+	// StickyTTL: a sticky key's assignment expires this long after its
+	// last use; 0: DefaultStickyTTL.
+	StickyTTL time.Duration
+}
+
+// DefaultPolicySettings is PolicySettings with every field at its default.
+func DefaultPolicySettings() PolicySettings {
+	var s PolicySettings
+	s.Provision()
+	return s
+}
+
+// Provision fills s's zero fields with the defaults (a negative SpillMin,
+// none, is kept).
+func (s *PolicySettings) Provision() {
+	if s.KeyHeaders == nil {
+		s.KeyHeaders = DefaultKeyHeaders
+	}
+	if s.LoadFactor == 0 {
+		s.LoadFactor = DefaultLoadFactor
+	}
+	if s.SpillMin == 0 {
+		s.SpillMin = DefaultSpillMin
+	}
+	if s.SpillTTL == 0 {
+		s.SpillTTL = DefaultSpillTTL
+	}
+	if s.StickyTTL == 0 {
+		s.StickyTTL = DefaultStickyTTL
+	}
+}
+
+// PolicyConfig configures a Policy: its kind, its settings and its
+// wiring. Zero values take the defaults.
+type PolicyConfig struct {
+	Kind PolicyKind
+	PolicySettings
+	Keyless KeylessMode
 	// PrefixBytes bounds the body bytes hashed by KeylessPrefix; the proxy
 	// must peek at least as many (proxy Config.PeekBody).
 	PrefixBytes int
 	// Sticky holds the sticky assignments (required for PolicySticky) and
 	// the remembered spills of PolicyHash (none remembered when nil).
-	Sticky    sticky.Table
-	StickyTTL time.Duration
+	Sticky sticky.Table
 	// StickyRefresh: a used entry's TTL is pushed back (one table write)
 	// at most this often. Default min(DefaultStickyRefresh, StickyTTL/4).
 	StickyRefresh time.Duration
@@ -179,9 +217,7 @@ type Policy struct {
 
 // NewPolicy validates cfg and returns the policy.
 func NewPolicy(cfg PolicyConfig) (*Policy, error) {
-	if cfg.KeyHeaders == nil {
-		cfg.KeyHeaders = DefaultKeyHeaders
-	}
+	cfg.PolicySettings.Provision()
 	hs := make([]string, 0, len(cfg.KeyHeaders))
 	for _, h := range cfg.KeyHeaders {
 		h = strings.TrimSpace(h)
@@ -194,20 +230,11 @@ func NewPolicy(cfg PolicyConfig) (*Policy, error) {
 		hs = append(hs, h)
 	}
 	cfg.KeyHeaders = hs
-	if cfg.LoadFactor == 0 {
-		cfg.LoadFactor = DefaultLoadFactor
-	}
 	if !(cfg.LoadFactor >= 1 && cfg.LoadFactor <= 100) {
 		return nil, fmt.Errorf("--hash-load-factor %v: want 1 <= c <= 100", cfg.LoadFactor)
 	}
-	switch {
-	case cfg.SpillMin == 0:
-		cfg.SpillMin = DefaultSpillMin
-	case cfg.SpillMin < 0:
-		cfg.SpillMin = 0
-	}
-	if cfg.SpillTTL == 0 {
-		cfg.SpillTTL = DefaultSpillTTL
+	if cfg.SpillMin < 0 {
+		cfg.SpillMin = 0 // none
 	}
 	if cfg.SpillTTL < time.Second {
 		return nil, fmt.Errorf("--hash-spill-ttl %v: want at least 1s", cfg.SpillTTL)
@@ -217,9 +244,6 @@ func NewPolicy(cfg PolicyConfig) (*Policy, error) {
 	}
 	if cfg.PrefixBytes < 0 {
 		return nil, fmt.Errorf("prefix bytes %d: want > 0", cfg.PrefixBytes)
-	}
-	if cfg.StickyTTL == 0 {
-		cfg.StickyTTL = DefaultStickyTTL
 	}
 	if cfg.StickyTTL < time.Second {
 		return nil, fmt.Errorf("--sticky-ttl %v: want at least 1s", cfg.StickyTTL)

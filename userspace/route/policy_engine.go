@@ -54,14 +54,41 @@ const (
 	tieSlack = 0.5
 )
 
-// EngineConfig configures engine-aware placement. Zero values take the
-// defaults.
+// EngineConfig is engine-aware placement's settings (tetherd's --kv-veto,
+// --waiting-veto, --group-max). Zero values take the defaults
+// (Provision); NewEnginePlacement validates them.
 type EngineConfig struct {
-	KVVeto      float64 // veto at KV usage >= this; default 0.9; >= 1: never
-	WaitingVeto int     // veto above this many waiting; 0: default 64, negative: none
-	GroupMax    int     // a prompt's samples in flight per engine; 0: default 16, negative: no grouping
-	MoveMargin  float64 // 0: default 1.5
-	MoveSlack   float64 // 0: default 4
+	KVVeto      float64 // veto at KV usage >= this; DefaultKVVeto; >= 1: never
+	WaitingVeto int     // veto above this many waiting; 0: DefaultWaitingVeto, negative: none
+	GroupMax    int     // a prompt's samples in flight per engine; 0: DefaultGroupMax, negative: no grouping
+	MoveMargin  float64 // 0: DefaultMoveMargin
+	MoveSlack   float64 // 0: DefaultMoveSlack
+}
+
+// DefaultEngineConfig is EngineConfig with every field at its default.
+func DefaultEngineConfig() EngineConfig {
+	var c EngineConfig
+	c.Provision()
+	return c
+}
+
+// Provision fills c's zero fields with the defaults.
+func (c *EngineConfig) Provision() {
+	if c.KVVeto == 0 {
+		c.KVVeto = DefaultKVVeto
+	}
+	if c.WaitingVeto == 0 {
+		c.WaitingVeto = DefaultWaitingVeto
+	}
+	if c.GroupMax == 0 {
+		c.GroupMax = DefaultGroupMax
+	}
+	if c.MoveMargin == 0 {
+		c.MoveMargin = DefaultMoveMargin
+	}
+	if c.MoveSlack == 0 {
+		c.MoveSlack = DefaultMoveSlack
+	}
 }
 
 // EnginePlacement is the engine-aware placement of a Router
@@ -74,23 +101,9 @@ type EnginePlacement struct {
 
 // NewEnginePlacement validates cfg.
 func NewEnginePlacement(cfg EngineConfig) (*EnginePlacement, error) {
-	if cfg.KVVeto == 0 {
-		cfg.KVVeto = DefaultKVVeto
-	}
+	cfg.Provision()
 	if !(cfg.KVVeto > 0) {
 		return nil, fmt.Errorf("--kv-veto %v: want > 0 (>= 1: never)", cfg.KVVeto)
-	}
-	if cfg.WaitingVeto == 0 {
-		cfg.WaitingVeto = DefaultWaitingVeto
-	}
-	if cfg.GroupMax == 0 {
-		cfg.GroupMax = DefaultGroupMax
-	}
-	if cfg.MoveMargin == 0 {
-		cfg.MoveMargin = DefaultMoveMargin
-	}
-	if cfg.MoveSlack == 0 {
-		cfg.MoveSlack = DefaultMoveSlack
 	}
 	if cfg.MoveMargin < 1 || cfg.MoveSlack < 0 {
 		return nil, errors.New("engine move margin: want margin >= 1, slack >= 0")

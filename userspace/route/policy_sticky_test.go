@@ -65,7 +65,7 @@ func TestStickyPolicy(t *testing.T) {
 			clock := sticky.Now()
 			now := func() int64 { return clock }
 			advance := func(d time.Duration) { clock += int64(d) }
-			rt := testRouter(t, tab, PolicyConfig{Kind: PolicySticky, Sticky: ct, StickyTTL: time.Minute, Now: now})
+			rt := testRouter(t, tab, PolicyConfig{Kind: PolicySticky, Sticky: ct, PolicySettings: PolicySettings{StickyTTL: time.Minute}, Now: now})
 
 			route := func(key string) Decision {
 				t.Helper()

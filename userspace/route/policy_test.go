@@ -89,7 +89,7 @@ func TestRoutingKey(t *testing.T) {
 	}
 
 	// A configured list: its order, case-insensitive.
-	p, err = NewPolicy(PolicyConfig{KeyHeaders: []string{"x-smg-routing-key", "X-Trajectory"}})
+	p, err = NewPolicy(PolicyConfig{PolicySettings: PolicySettings{KeyHeaders: []string{"x-smg-routing-key", "X-Trajectory"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,10 +101,10 @@ func TestRoutingKey(t *testing.T) {
 	if got := string(p.RoutingKey(req)); got != "t1" {
 		t.Errorf("custom list: %q, want t1", got)
 	}
-	if _, err := NewPolicy(PolicyConfig{KeyHeaders: []string{"bad header"}}); err == nil {
+	if _, err := NewPolicy(PolicyConfig{PolicySettings: PolicySettings{KeyHeaders: []string{"bad header"}}}); err == nil {
 		t.Error("invalid header name accepted")
 	}
-	if _, err := NewPolicy(PolicyConfig{LoadFactor: 0.5}); err == nil {
+	if _, err := NewPolicy(PolicyConfig{PolicySettings: PolicySettings{LoadFactor: 0.5}}); err == nil {
 		t.Error("load factor 0.5 accepted")
 	}
 	if _, err := NewPolicy(PolicyConfig{Kind: PolicySticky}); err == nil {
@@ -273,7 +273,7 @@ func TestBoundedLoadHotKey(t *testing.T) {
 		t.Run(fmt.Sprintf("c=%v,spill-min=%v", c, abs), func(t *testing.T) {
 			const n = 8
 			tab, _ := testWorkers(t, n)
-			rt := testRouter(t, tab, PolicyConfig{LoadFactor: c, SpillMin: tc.abs})
+			rt := testRouter(t, tab, PolicyConfig{PolicySettings: PolicySettings{LoadFactor: c, SpillMin: tc.abs}})
 			ws := tab.Snapshot()
 			hot := keyReq(t, "hot-trajectory")
 			owner := rt.CurrentPolicy().Owner(ws, KeyHashString("hot-trajectory"))

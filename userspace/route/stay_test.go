@@ -37,7 +37,7 @@ func TestNoSpillBelowAbsoluteBound(t *testing.T) {
 		t.Run(fmt.Sprint("spill-min=", tc.spillMin), func(t *testing.T) {
 			const n, keys, turns = 8, 256, 5
 			tab, _ := testWorkers(t, n)
-			rt := testRouter(t, tab, PolicyConfig{SpillMin: tc.spillMin, Sticky: sticky.NewMemory(0)})
+			rt := testRouter(t, tab, PolicyConfig{PolicySettings: PolicySettings{SpillMin: tc.spillMin}, Sticky: sticky.NewMemory(0)})
 			first := make([]*Worker, keys)
 			moved := 0
 			for turn := 0; turn < turns; turn++ {
@@ -79,7 +79,7 @@ func TestSpillRememberedThenReturns(t *testing.T) {
 			tab, _ := testWorkers(t, n)
 			ws := tab.Snapshot()
 			clock := sticky.Now()
-			rt := testRouter(t, tab, PolicyConfig{SpillMin: 8, Sticky: newTable(), Now: func() int64 { return clock }})
+			rt := testRouter(t, tab, PolicyConfig{PolicySettings: PolicySettings{SpillMin: 8}, Sticky: newTable(), Now: func() int64 { return clock }})
 			const key = "traj-hot"
 			p := rt.CurrentPolicy()
 			owner := ws[p.Owner(ws, KeyHashString(key))]
@@ -377,7 +377,7 @@ func TestLearnedBeforeRelay(t *testing.T) {
 	tab, _ := testWorkers(t, 2)
 	st := sticky.NewMemory(0)
 	rt := testRouter(t, tab, PolicyConfig{Sticky: st})
-	l, _ := NewLearning(LearnConfig{Table: st, IDField: "id", CreatePath: "/v2/sessions"})
+	l, _ := NewLearning(LearnConfig{Table: st, LearnSettings: LearnSettings{IDField: "id", CreatePath: "/v2/sessions"}})
 	rt.SetLearning(l)
 	d := rt.Route(parseReq(t, "/v2/sessions?x=1"), nil)
 	if !d.Learn.Status(200) || d.Learn.Body([]byte(`{"id":"abc-1"}`)) {
