@@ -2,6 +2,16 @@
 // table, the router and the data plane. cmd/tetherd turns flags into
 // Options (and starts the demo workers of --demo, handing their URLs in as
 // StartedWorkers); tests run the same code in-process.
+//
+// Each component owns its settings: a struct of its own (proxy.Config's
+// settings, health.Config, registry.Config, supervisor.Config,
+// fleet.Settings, engine.Settings, route's PolicySettings, LearnSettings
+// and EngineConfig) with its defaults, written once in its package
+// (Default*, Provision), and its checks naming the flag (Validate, or
+// route's constructors). Options embeds them, the flags write straight
+// into them, and New hands each to its component whole, with the wiring
+// added; the load poller's loadpoll.Config is made of --engine-poll and
+// --health-timeout.
 package daemon
 
 import (
