@@ -20,6 +20,11 @@ import (
 // idle again and goes back to its event loop (Config.ParkAfter).
 func (c *conn) serve() {
 	if c.c == nil && !c.attach() {
+		// Not lent the socket (no descriptor): a routing decision the
+		// loop handed over is given back unserved.
+		if h := c.hand; h.decided && h.dec.Done != nil {
+			h.dec.Done()
+		}
 		c.finish()
 		return
 	}

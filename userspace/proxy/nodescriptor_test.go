@@ -7,12 +7,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/tether-rl/tether/testenv"
+	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/upstream"
 )
@@ -203,5 +205,39 @@ func TestNoDescriptorOnRedial(t *testing.T) {
 	}
 	if upstream.LocalFailures.Load() == failures {
 		t.Fatal("no local failure counted")
+	}
+}
+
+// doneRouter counts the routing decisions given back (Decision.Done).
+type doneRouter struct {
+	Router
+	done atomic.Int64
+}
+
+func (r *doneRouter) Route(req *httphead.Request, body []byte) route.Decision {
+	d := r.Router.Route(req, body)
+	d.Done = func() { r.done.Add(1) }
+	return d
+}
+
+// Without a descriptor for the splice pipe of a long body, the loop hands
+// the request to a goroutine, which cannot be lent the socket either: the
+// connection is dropped, and its routing decision is given back (a
+// policy's count of requests in flight would otherwise never go down).
+func TestNoDescriptorForHandoffReleasesDecision(t *testing.T) {
+	be := newBackend(t, func(c *bconn) {})
+	var rt *doneRouter
+	p := startProxy(t, []string{be.addr}, func(c *Config) { rt = &doneRouter{Router: c.Router}; c.Router = rt })
+	c, _ := p.dial()
+	testenv.WaitFor(t, "the client to be accepted", func() bool { return p.srv.Counters().Accepted.Load() == 1 })
+	restore := noDescriptors(t)
+	io.WriteString(c, "POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: 65536\r\n\r\n"+strings.Repeat("x", 65536))
+	testenv.WaitFor(t, "the decision given back", func() bool { return rt.done.Load() == 1 })
+	restore()
+	if n := p.srv.Counters().Handoffs.Load(); n != 1 {
+		t.Fatalf("%d hand-offs, want 1 (no pipe on the loop)", n)
+	}
+	if n := be.accepts.Load(); n != 0 {
+		t.Fatalf("the worker got %d connections", n)
 	}
 }
