@@ -1,9 +1,15 @@
 package main
 
 import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -115,5 +121,45 @@ func TestConfigsCheck(t *testing.T) {
 		}
 	} else {
 		t.Log("haproxy not installed: config not checked")
+	}
+}
+
+// chunkProbe sees each flushed write as one chunk and hashes the body;
+// a Content-Length response gives its digest and says it was not chunked.
+func TestChunkProbe(t *testing.T) {
+	body := make([]byte, 3*65536+100)
+	for i := range body {
+		body[i] = byte(i * 7)
+	}
+	sum := sha256.Sum256(body)
+	want := hex.EncodeToString(sum[:])
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("chunked") != "1" {
+			w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+			_, _ = w.Write(body)
+			return
+		}
+		for p := body; len(p) > 0; {
+			n := min(len(p), 65536)
+			_, _ = w.Write(p[:n])
+			w.(http.Flusher).Flush()
+			p = p[n:]
+		}
+	}))
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	got, sizes, err := chunkProbe(context.Background(), addr, "/blob?chunked=1")
+	if err != nil || got != want {
+		t.Fatalf("chunked: digest %s err %v", got, err)
+	}
+	if s := fmtChunks(sizes); s != "4 chunks of 100–65536 B (median 65536 B)" {
+		t.Errorf("chunks: %s (%v)", s, sizes)
+	}
+	got, sizes, err = chunkProbe(context.Background(), addr, "/blob")
+	if got != want || sizes != nil || err == nil || !strings.Contains(err.Error(), "Content-Length") {
+		t.Fatalf("Content-Length: digest %s sizes %v err %v", got, sizes, err)
+	}
+	if s := fmtChunks([]int{65536, 65536}); s != "2 × 65536 B" {
+		t.Errorf("equal chunks: %s", s)
 	}
 }

@@ -246,7 +246,7 @@ func run(o options) (code int) {
 	// Watchdog: the harness never runs unbounded.
 	nt := len(allTargets)
 	budget := time.Duration(o.runs*nt)*(o.dur+o.warmup+3*time.Second) +
-		time.Duration(2*nt*o.runs)*(o.bodyDur+20*time.Second) + o.dur + 10*time.Minute
+		time.Duration(len(bodyDirs)*nt*o.runs)*(o.bodyDur+20*time.Second) + o.dur + 10*time.Minute
 	if o.phases["soak"] {
 		budget += 15*time.Minute + time.Duration(o.soakGB)*30*time.Second
 	}
@@ -299,18 +299,20 @@ type bench struct {
 }
 
 type target struct {
-	name    string
-	skip    string // why not run (not installed, excluded)
-	broken  string // failed to start during the bench
-	start   func() (*instance, error)
-	rps     []rpsSample
-	rpsNew  []rpsSample // a new connection per request (phase newconn)
-	ups     []bodyResult
-	downs   []bodyResult
-	up      bodySum
-	down    bodySum
-	hasBody bool
-	logNote string
+	name     string
+	skip     string // why not run (not installed, excluded)
+	broken   string // failed to start during the bench
+	start    func() (*instance, error)
+	rps      []rpsSample
+	rpsNew   []rpsSample // a new connection per request (phase newconn)
+	ups      []bodyResult
+	downs    []bodyResult
+	chunkeds []bodyResult // download, chunked
+	up       bodySum
+	down     bodySum
+	chunked  bodySum
+	hasBody  bool
+	logNote  string
 }
 
 type instance struct {
@@ -806,27 +808,36 @@ func (b *bench) phaseBodies() {
 			}
 			base := fmt.Sprintf("http://127.0.0.1:%d", in.port)
 			ids := b.idsFor(t)
-			up := bodyRun(b.ctx, base, ids, true, payload, want, o.bodyN, o.bodyDur, cpu)
-			down := bodyRun(b.ctx, base, ids, false, payload, want, o.bodyN, o.bodyDur, cpu)
+			up := bodyRun(b.ctx, base, ids, dirUpload, payload, want, o.bodyN, o.bodyDur, cpu)
+			down := bodyRun(b.ctx, base, ids, dirDownload, payload, "", o.bodyN, o.bodyDur, cpu)
+			// The chunked body must hash like the Content-Length one.
+			chunked := bodyRun(b.ctx, base, ids, dirChunked, payload, down.digest, o.bodyN, o.bodyDur, cpu)
 			in.stop()
 			t.ups = append(t.ups, up)
 			t.downs = append(t.downs, down)
+			t.chunkeds = append(t.chunkeds, chunked)
 			t.hasBody = true
 			for _, r := range []struct {
-				dir string
+				dir bodyDir
 				r   bodyResult
-			}{{"upload", up}, {"download", down}} {
+			}{{dirUpload, up}, {dirDownload, down}, {dirChunked, chunked}} {
 				if r.r.err != "" {
 					logf("!!! %s %s: %s", t.name, r.dir, r.r.err)
 				}
-				logf("run %d/%d %-14s %-8s %3d × %d MiB  %6.0f MB/s  proxy CPU %.3f s/GB",
+				if r.r.note != "" {
+					logf("%s %s: %s", t.name, r.dir, r.r.note)
+				}
+				logf("run %d/%d %-14s %-17s %3d × %d MiB  %6.0f MB/s  proxy CPU %.3f s/GB",
 					run, o.runs, t.name, r.dir, r.r.transfers, o.bodyMB, r.r.mbps(), r.r.cpuPerGB())
+			}
+			if chunked.chunks != nil {
+				logf("run %d/%d %-14s chunks at the client: %s", run, o.runs, t.name, fmtChunks(chunked.chunks))
 			}
 		}
 	}
 	for _, t := range b.targets {
 		if t.hasBody {
-			t.up, t.down = sumBodies(t.ups), sumBodies(t.downs)
+			t.up, t.down, t.chunked = sumBodies(t.ups), sumBodies(t.downs), sumBodies(t.chunkeds)
 		}
 	}
 }

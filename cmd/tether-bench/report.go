@@ -241,9 +241,9 @@ func (b *bench) report(bal balanceResult) string {
 
 	if o.phases["bodies"] {
 		fmt.Fprintf(&w, "\n## %d MiB bodies (Go client, keep-alive, sequential, %v per direction per run, %d interleaved runs, median)\n\n", o.bodyMB, o.bodyDur, o.runs)
-		fmt.Fprintf(&w, "MB = 10^6 bytes, GB = 10^9 bytes; CPU s/GB is the proxy's CPU seconds per GB relayed. Upload: POST /sessions/w<k>-<id>/sha256 (digest checked); download: GET /sessions/w<k>-<id>/blob?size=%d&seed=1.\n\n", o.bodyMB<<20)
-		fmt.Fprintf(&w, "| target | upload MB/s | ×direct | upload CPU s/GB | download MB/s | ×direct | download CPU s/GB | MB/s per run (up; down) | notes |\n")
-		fmt.Fprintf(&w, "|---|---:|---:|---:|---:|---:|---:|---|---|\n")
+		fmt.Fprintf(&w, "MB = 10^6 bytes, GB = 10^9 bytes; CPU s/GB is the proxy's CPU seconds per GB relayed. Upload: POST /sessions/w<k>-<id>/sha256 (digest checked); download: GET /sessions/w<k>-<id>/blob?size=%d&seed=1; chunked: the same with &chunked=1 (no Content-Length; the demo writes and flushes 64 KiB chunks), its body checked against the download's digest.\n\n", o.bodyMB<<20)
+		fmt.Fprintf(&w, "| target | upload MB/s | ×direct | upload CPU s/GB | download MB/s | ×direct | download CPU s/GB | chunked MB/s | ×direct | chunked CPU s/GB | MB/s per run (up; down; chunked) | notes |\n")
+		fmt.Fprintf(&w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n")
 		d := b.targetByName("direct")
 		ratio := func(x, y bodySum) string {
 			if y.mbps == 0 {
@@ -262,8 +262,17 @@ func (b *bench) report(bal balanceResult) string {
 			if t.down.err != "" {
 				notes = append(notes, "download error: "+firstLine(t.down.err))
 			}
+			if t.chunked.err != "" {
+				notes = append(notes, "chunked error: "+firstLine(t.chunked.err))
+			}
+			if t.chunked.note != "" {
+				notes = append(notes, "chunked: "+firstLine(t.chunked.note))
+			}
 			if d.hasBody && t != d && d.down.digest != "" && t.down.digest != "" && t.down.digest != d.down.digest {
 				notes = append(notes, "download digest differs from direct")
+			}
+			if d.hasBody && t != d && d.down.digest != "" && t.chunked.digest != "" && t.chunked.digest != d.down.digest {
+				notes = append(notes, "chunked digest differs from direct")
 			}
 			cpu := func(r bodySum) string {
 				if t.name == "direct" {
@@ -271,16 +280,26 @@ func (b *bench) report(bal balanceResult) string {
 				}
 				return fmt.Sprintf("%.3f", r.cpuPerGB)
 			}
-			fmt.Fprintf(&w, "| %s | %.0f | %s | %s | %.0f | %s | %s | %s; %s | %s |\n", t.name,
+			fmt.Fprintf(&w, "| %s | %.0f | %s | %s | %.0f | %s | %s | %.0f | %s | %s | %s; %s; %s | %s |\n", t.name,
 				t.up.mbps, ratio(t.up, d.up), cpu(t.up), t.down.mbps, ratio(t.down, d.down), cpu(t.down),
-				fmtList(t.up.runs, 0), fmtList(t.down.runs, 0), strings.Join(notes, "; "))
+				t.chunked.mbps, ratio(t.chunked, d.chunked), cpu(t.chunked),
+				fmtList(t.up.runs, 0), fmtList(t.down.runs, 0), fmtList(t.chunked.runs, 0), strings.Join(notes, "; "))
+		}
+		var chunkNotes []string
+		for _, t := range b.targets {
+			if t.hasBody && t.chunked.chunks != nil {
+				chunkNotes = append(chunkNotes, t.name+" "+fmtChunks(t.chunked.chunks))
+			}
+		}
+		if len(chunkNotes) > 0 {
+			fmt.Fprintf(&w, "\nChunks of the chunked download as the client received them (one unmeasured transfer, first run): %s.\n", strings.Join(chunkNotes, "; "))
 		}
 		if td := b.targetByName("tetherd"); td != nil && td.hasBody && d.hasBody {
 			w.WriteString("\nTargets (tetherd ≥ 0.8× direct, ≤ 0.10 CPU s/GB):\n")
 			for _, x := range []struct {
 				n    string
 				r, z bodySum
-			}{{"upload", td.up, d.up}, {"download", td.down, d.down}} {
+			}{{"upload", td.up, d.up}, {"download", td.down, d.down}, {"download, chunked", td.chunked, d.chunked}} {
 				r := 0.0
 				if x.z.mbps > 0 {
 					r = x.r.mbps / x.z.mbps

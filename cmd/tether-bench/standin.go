@@ -68,8 +68,11 @@ func runStandinWorker(args []string) {
 			return
 		}
 		seed, _ := strconv.ParseUint(r.URL.Query().Get("seed"), 10, 64)
+		chunked, _ := strconv.ParseBool(r.URL.Query().Get("chunked"))
 		w.Header().Set("Content-Type", "application/octet-stream")
-		w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+		if !chunked {
+			w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+		}
 		buf := make([]byte, 64<<10)
 		x := seed*0x9E3779B97F4A7C15 + 1
 		for size > 0 {
@@ -85,6 +88,9 @@ func runStandinWorker(args []string) {
 			}
 			if _, err := w.Write(buf[:n]); err != nil {
 				return
+			}
+			if chunked {
+				w.(http.Flusher).Flush() // one 64 KiB chunk per write, as tether-demo does
 			}
 			size -= n
 		}
