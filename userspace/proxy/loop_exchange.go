@@ -153,6 +153,7 @@ type bodyState struct {
 	clientLowat bool // SO_RCVLOWAT raised on the client socket (upload)
 	upLowat     bool // SO_RCVLOWAT raised on the upstream socket (pumpSplice)
 	upEOF       bool // the worker closed a close-delimited body (spliced: done once the pipe is empty)
+	lineNext    bool // a chunk's data was spliced: the next read takes its end and the next size line (chunkLineRead bytes), not the next chunk's data
 }
 
 // begin routes c's request and sends it up.

@@ -37,7 +37,10 @@ func (l *loop) pump(c *conn) step {
 				return stepWait
 			}
 			// A chunk's data went through the pipe: its end and the
-			// next chunk's size line are read and framed below.
+			// next chunk's size line are read and framed below, in a
+			// short read, so that a long next chunk is spliced nearly
+			// whole instead of its first 16 KiB copied.
+			x.body.lineNext = true
 		}
 		if x.sock.reparse {
 			x.sock.reparse = false
@@ -66,11 +69,15 @@ func (l *loop) pump(c *conn) step {
 			if x.fr.kind == httphead.BodyLength && int64(len(p)) > x.left {
 				p = p[:x.left]
 			}
+			if x.body.lineNext {
+				p = p[:chunkLineRead]
+			}
 		}
 		n, err := l.recv(c, opUpRecv, x.up.fd, p)
 		if err == errQueued {
 			return stepWait // its completion runs pump again (loop_ring.go)
 		}
+		x.body.lineNext = false // (kept while queued: the replay reads into the same p)
 		if err == unix.EINTR {
 			continue
 		}
@@ -104,6 +111,12 @@ func (l *loop) pump(c *conn) step {
 		}
 	}
 }
+
+// chunkLineRead is the read after a spliced chunk's data: its CRLF and the
+// next size line (with room for extensions), and the first bytes of the
+// next chunk's data, which are copied; the rest of a long chunk is
+// spliced.
+const chunkLineRead = 256
 
 // head handles the response bytes in ubuf while no final head went out:
 // interim heads (a 100 dropped: the loop never sends Expect; others
