@@ -190,7 +190,7 @@ func New(reg *registry.Registry, opts Options) *Checker {
 	}
 	p := opts.Probe
 	if p == nil {
-		p = NewProber(opts.Timeout)
+		p = opts.Config.Prober("") // the timeout and path set
 	}
 	return &Checker{opts: opts, reg: reg, probe: p,
 		running: map[*route.Worker]bool{}, seen: map[*route.Worker]uint64{},
