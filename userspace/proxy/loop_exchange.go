@@ -179,12 +179,14 @@ func (l *loop) begin(c *conn) step {
 	}
 	sa := l.sockaddr(w.Pool)
 	var up *pipe
+	var perr error
 	if sa != nil && left > 0 {
-		up = l.getPipe()
+		up, perr = l.getPipe()
 	}
-	if sa == nil || left > 0 && up == nil || !w.TryAdmit() {
+	if sa == nil || left > 0 && up == nil && !fdShortage(perr) || !w.TryAdmit() {
 		// A host name to resolve, a queue to wait in, or no pipe for the
-		// body: not here.
+		// body (not for want of a descriptor: noDescriptor, below): not
+		// here.
 		if up != nil {
 			l.putPipe(up, true)
 		}
@@ -201,7 +203,11 @@ func (l *loop) begin(c *conn) step {
 		}
 		return l.toGoroutine(c, handoff{held: true})
 	}
-	u, err := l.upstream(w.Pool, sa)
+	var u *upconn
+	err := perr // no pipe for the body: no descriptor (noDescriptor, below)
+	if up != nil || left == 0 {
+		u, err = l.upstream(w.Pool, sa)
+	}
 	if err != nil && !fdShortage(err) {
 		// The goroutine connects again and decides: placed again, or
 		// 502 (without a descriptor: noDescriptor, here).

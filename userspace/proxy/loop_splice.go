@@ -37,7 +37,7 @@ func (l *loop) splicing(x *lx) bool {
 	if x.pipe != nil {
 		return true
 	}
-	x.pipe = l.getPipe()
+	x.pipe, _ = l.getPipe()
 	return x.pipe != nil
 }
 
@@ -116,16 +116,17 @@ func (l *loop) pumpSplice(c *conn) step {
 }
 
 // getPipe returns a free pipe of the loop (1 MiB where the system allows),
-// or nil if none can be made (the body is copied instead).
-func (l *loop) getPipe() *pipe {
+// or the error that kept one from being made (a response body is then
+// copied instead; a request body's exchange ends: noDescriptor).
+func (l *loop) getPipe() (*pipe, error) {
 	if n := len(l.pipes); n > 0 {
 		p := l.pipes[n-1]
 		l.pipes = l.pipes[:n-1]
-		return p
+		return p, nil
 	}
 	var fds [2]int
 	if err := unix.Pipe2(fds[:], unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
-		return nil
+		return nil, err
 	}
 	size, err := unix.FcntlInt(uintptr(fds[1]), unix.F_SETPIPE_SZ, 1<<20)
 	if err != nil {
@@ -134,7 +135,7 @@ func (l *loop) getPipe() *pipe {
 	if size <= 0 {
 		size = 64 << 10
 	}
-	return &pipe{r: fds[0], w: fds[1], size: size}
+	return &pipe{r: fds[0], w: fds[1], size: size}, nil
 }
 
 // putPipe keeps an empty pipe for the next body (a few per loop); one

@@ -76,8 +76,7 @@ func expectNotSent502(t *testing.T, p *testProxy, c net.Conn, br *bufio.Reader, 
 // The first connect finds no descriptor; the client is sending a body
 // larger than what tetherd reads with the head. (The loop has a splice
 // pipe kept from an earlier upload: without one, the pipe it would open
-// for the body finds no descriptor first, and the request goes to a
-// goroutine, which cannot be lent the socket either.)
+// for the body finds no descriptor first: TestNoDescriptorForPipe.)
 func TestNoDescriptorLingersOverBody(t *testing.T) {
 	be := newBackend(t, func(c *bconn) {
 		if _, _, err := c.readRequest(); err != nil {
@@ -112,6 +111,37 @@ func TestNoDescriptorLingersOverBody(t *testing.T) {
 	}
 	if n := be.accepts.Load(); n != 1 {
 		t.Fatalf("the worker got %d connections, want 1 (the first upload)", n)
+	}
+}
+
+// The loop has no splice pipe to lend the body and cannot open one: the
+// same 502 not-sent and lingering, before any connect (not a hand-off to
+// a goroutine, which could not be lent the socket and would reset it).
+func TestNoDescriptorForPipe(t *testing.T) {
+	be := newBackend(t, func(c *bconn) {})
+	p := startProxy(t, []string{be.addr}, nil)
+	c, br := p.dial()
+	testenv.WaitFor(t, "the client to be accepted", func() bool { return p.srv.Counters().Accepted.Load() == 1 })
+	failures := upstream.LocalFailures.Load()
+	restore := noDescriptors(t)
+	const sent = 128 << 10
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := io.WriteString(c, "POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: "+strconv.Itoa(8<<20)+"\r\n\r\n"+strings.Repeat("x", sent))
+		wrote <- err
+	}()
+	expectNotSent502(t, p, c, br, restore)
+	if err := <-wrote; err != nil {
+		t.Fatalf("the client's body: %v, want taken (drained), not reset", err)
+	}
+	if upstream.LocalFailures.Load() == failures {
+		t.Fatal("no local failure counted")
+	}
+	if n := p.srv.Counters().Handoffs.Load(); n != 0 {
+		t.Fatalf("%d hand-offs: the loop did not answer", n)
+	}
+	if n := be.accepts.Load(); n != 0 {
+		t.Fatalf("the worker got %d connections, want none", n)
 	}
 }
 
@@ -220,22 +250,24 @@ func (r *doneRouter) Route(req *httphead.Request, body []byte) route.Decision {
 	return d
 }
 
-// Without a descriptor for the splice pipe of a long body, the loop hands
-// the request to a goroutine, which cannot be lent the socket either: the
-// connection is dropped, and its routing decision is given back (a
-// policy's count of requests in flight would otherwise never go down).
+// A request the loop routes but hands to a goroutine (its worker is named
+// by a host name, which the goroutine path resolves), when no descriptor
+// is left to lend the goroutine the socket: the connection is dropped,
+// and its routing decision is given back (a policy's count of requests
+// in flight would otherwise never go down).
 func TestNoDescriptorForHandoffReleasesDecision(t *testing.T) {
 	be := newBackend(t, func(c *bconn) {})
 	var rt *doneRouter
-	p := startProxy(t, []string{be.addr}, func(c *Config) { rt = &doneRouter{Router: c.Router}; c.Router = rt })
+	named := "localhost:" + be.addr[strings.LastIndex(be.addr, ":")+1:]
+	p := startProxy(t, []string{named}, func(c *Config) { rt = &doneRouter{Router: c.Router}; c.Router = rt })
 	c, _ := p.dial()
 	testenv.WaitFor(t, "the client to be accepted", func() bool { return p.srv.Counters().Accepted.Load() == 1 })
 	restore := noDescriptors(t)
-	io.WriteString(c, "POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: 65536\r\n\r\n"+strings.Repeat("x", 65536))
+	io.WriteString(c, "GET /x HTTP/1.1\r\nHost: a\r\n\r\n")
 	testenv.WaitFor(t, "the decision given back", func() bool { return rt.done.Load() == 1 })
 	restore()
 	if n := p.srv.Counters().Handoffs.Load(); n != 1 {
-		t.Fatalf("%d hand-offs, want 1 (no pipe on the loop)", n)
+		t.Fatalf("%d hand-offs, want 1 (a host name to resolve)", n)
 	}
 	if n := be.accepts.Load(); n != 0 {
 		t.Fatalf("the worker got %d connections", n)
