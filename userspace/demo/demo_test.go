@@ -108,16 +108,6 @@ func sse(t *testing.T, r io.Reader) []string {
 	return out
 }
 
-// eventually polls cond for up to 5 s.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(2 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
-}
-
 func num(m map[string]any, k string) int {
 	f, _ := m[k].(float64)
 	return int(f)
@@ -157,7 +147,7 @@ func TestHealthAndRoutes(t *testing.T) {
 	if got := s.Requests(); got != 9 {
 		t.Errorf("Requests() = %d, want 9", got)
 	}
-	eventually(t, "Active() == 0", func() bool { return s.Active() == 0 })
+	testenv.WaitFor(t, "Active() == 0", func() bool { return s.Active() == 0 })
 }
 
 func TestSessions(t *testing.T) {
@@ -622,7 +612,7 @@ func TestAbort(t *testing.T) {
 					}
 					done <- out{res.MetaInfo.FinishReason.Type, time.Since(t0)}
 				}()
-				eventually(t, "rid R running", func() bool { return slices.Equal(s.Running(), []string{"R"}) })
+				testenv.WaitFor(t, "rid R running", func() bool { return slices.Equal(s.Running(), []string{"R"}) })
 				r := call(t, c, "POST", s.URL()+tc.path, tc.body)
 				if r.code != 200 || string(r.json(t)["aborted"].([]any)[0].(string)) != "R" {
 					t.Fatalf("abort: %d %s", r.code, r.body)
@@ -692,8 +682,8 @@ func TestSlowAndCancelled(t *testing.T) {
 	}
 	cancel()
 	resp.Body.Close()
-	eventually(t, "Cancelled() == 1", func() bool { return s.Cancelled() == 1 })
-	eventually(t, "Active() == 0", func() bool { return s.Active() == 0 })
+	testenv.WaitFor(t, "Cancelled() == 1", func() bool { return s.Cancelled() == 1 })
+	testenv.WaitFor(t, "Active() == 0", func() bool { return s.Active() == 0 })
 }
 
 func TestCloseKillsConnections(t *testing.T) {
@@ -718,7 +708,7 @@ func TestCloseKillsConnections(t *testing.T) {
 	if _, err := c.Get(s.URL() + "/health"); err == nil {
 		t.Fatal("request succeeded after Close")
 	}
-	eventually(t, "the handler to notice", func() bool { return s.Cancelled() == 1 && s.Active() == 0 })
+	testenv.WaitFor(t, "the handler to notice", func() bool { return s.Cancelled() == 1 && s.Active() == 0 })
 }
 
 func TestLastHeaders(t *testing.T) {
@@ -751,12 +741,12 @@ func TestGetLoadCountsInFlight(t *testing.T) {
 			}
 		}()
 	}
-	eventually(t, "2 running", func() bool { return len(s.Running()) == 2 })
+	testenv.WaitFor(t, "2 running", func() bool { return len(s.Running()) == 2 })
 	if m := call(t, c, "GET", s.URL()+"/get_load", "").json(t); num(m, "num_reqs") != 2 {
 		t.Errorf("get_load %v", m)
 	}
 	cancel()
-	eventually(t, "idle", func() bool { return s.Active() == 0 })
+	testenv.WaitFor(t, "idle", func() bool { return s.Active() == 0 })
 }
 
 // discardWriter is a minimal ResponseWriter, so that the benchmark measures

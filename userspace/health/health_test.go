@@ -2,6 +2,7 @@ package health
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -66,13 +67,7 @@ func (b *backend) restart() {
 
 func waitState(t *testing.T, w *route.Worker, want route.State) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for w.State() != want {
-		if time.Now().After(deadline) {
-			t.Fatalf("worker %d: state %v, want %v", w.Slot, w.State(), want)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testenv.WaitFor(t, fmt.Sprintf("worker %d %v", w.Slot, want), func() bool { return w.State() == want })
 }
 
 func TestProber(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/userspace/stats"
 )
 
@@ -60,7 +61,7 @@ func TestGateQueue(t *testing.T) {
 				order <- i
 			}
 		}()
-		waitFor(t, "the waiter queued", func() bool { return w.Queued() == i+1 })
+		testenv.WaitFor(t, "the waiter queued", func() bool { return w.Queued() == i+1 })
 	}
 	if a := w.Admit(2, time.Minute, nil); a != QueueFull {
 		t.Fatalf("third waiter: %d, want QueueFull", a)
@@ -107,7 +108,7 @@ func TestGateTryAdmit(t *testing.T) {
 	}
 	got := make(chan Admission, 1)
 	go func() { got <- w.Admit(8, 5*time.Second, nil) }()
-	waitFor(t, "the waiter queued", func() bool { return w.Queued() == 1 })
+	testenv.WaitFor(t, "the waiter queued", func() bool { return w.Queued() == 1 })
 	if w.TryAdmit() {
 		t.Fatal("admitted while one waits at the limit")
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/sticky"
 )
@@ -337,21 +338,10 @@ func TestAllVetoedHold(t *testing.T) {
 	w.SetEngineHold(1)
 	got := make(chan Admission, 1)
 	go func() { got <- w.Admit(8, time.Minute, nil) }()
-	waitFor(t, "a queued request", func() bool { return w.Queued() == 1 })
+	testenv.WaitFor(t, "a queued request", func() bool { return w.Queued() == 1 })
 	w.SetEngineHold(0)
 	if a := <-got; a != Admitted {
 		t.Fatalf("after the hold: %v", a)
-	}
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
 	}
 }
 

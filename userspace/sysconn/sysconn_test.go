@@ -5,9 +5,10 @@ import (
 	"net"
 	"syscall"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tether-rl/tether/testenv"
 )
 
 // The helpers reach a Go socket's descriptor without making it blocking,
@@ -33,13 +34,10 @@ func TestHelpers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	deadline := time.Now().Add(5 * time.Second)
-	for q, _ := AcceptQueue(ln); q != 1; q, _ = AcceptQueue(ln) {
-		if time.Now().After(deadline) {
-			t.Fatalf("accept queue %d, want 1", q)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testenv.WaitFor(t, "the connection in the accept queue", func() bool {
+		q, _ := AcceptQueue(ln)
+		return q == 1
+	})
 	sc, err := ln.AcceptTCP()
 	if err != nil {
 		t.Fatal(err)
@@ -59,12 +57,7 @@ func TestHelpers(t *testing.T) {
 		t.Fatalf("quiet peer: %v", st)
 	}
 	c.Close()
-	for !PeerGone(raw) {
-		if time.Now().After(deadline) {
-			t.Fatal("a closed peer not seen")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testenv.WaitFor(t, "the peer's close seen", func() bool { return PeerGone(raw) })
 	if err := Control(sc, func(int) error { return syscall.EINVAL }); err != syscall.EINVAL {
 		t.Fatalf("Control lost f's error: %v", err)
 	}
