@@ -6,11 +6,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tether-rl/tether/testenv"
 )
 
 // notifySocket opens a unixgram socket as $NOTIFY_SOCKET, as systemd does.
@@ -195,11 +199,26 @@ func TestDupKeepsNonblocking(t *testing.T) {
 	// And Close still ends a pending Accept.
 	done := make(chan error, 1)
 	go func() { _, err := ln.Accept(); done <- err }()
-	time.Sleep(20 * time.Millisecond)
+	testenv.WaitFor(t, "the Accept pending", func() bool { return waitingInAccept("sysd.TestDupKeepsNonblocking.") })
 	ln.Close()
 	select {
 	case <-done:
 	case <-time.After(5 * time.Second):
 		t.Fatal("Accept not woken by Close")
 	}
+}
+
+// waitingInAccept reports whether a goroutine started by the function
+// named by caller (package.Func.) waits in a TCPListener's Accept: parked
+// on the poller (the listener non-blocking) or in accept4 (blocking).
+func waitingInAccept(caller string) bool {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, caller) && strings.Contains(g, "(*TCPListener).Accept") &&
+			(strings.Contains(g, "runtime_pollWait") || strings.Contains(g, "accept4")) {
+			return true
+		}
+	}
+	return false
 }
