@@ -131,7 +131,9 @@ func TestSettleLeak(t *testing.T) {
 	if l := s0.Load(); l.SteerLoad != l.Active {
 		t.Errorf("slot 0: %+v: want steer_load = active", l)
 	}
-	// The queued connections keep their counts, however long they wait.
+	// The queued connections keep their counts, however long they wait:
+	// held for a span (15 polls, 3 graces), since that nothing happens has
+	// no event to wait on.
 	time.Sleep(300 * time.Millisecond)
 	if l := s1.Load(); l.Pending != uint64(q1) || l.SteerLoad != uint64(q1) {
 		t.Errorf("slot 1 with %d queued: %+v: want pending = steer_load = %d", q1, l, q1)

@@ -215,7 +215,7 @@ func TestOpenPinnedShared(t *testing.T) {
 
 func TestNowIsMonotonicClock(t *testing.T) {
 	a := sticky.Now()
-	time.Sleep(10 * time.Millisecond)
+	time.Sleep(10 * time.Millisecond) // the span Now must measure
 	b := sticky.Now()
 	if d := time.Duration(b - a); d < 10*time.Millisecond || d > time.Second {
 		t.Fatalf("Now advanced %v over a 10ms sleep", d)

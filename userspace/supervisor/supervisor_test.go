@@ -100,6 +100,8 @@ func helperParent() {
 			fmt.Println("child", p.PID, p.URL)
 			break
 		}
+		// A helper process has no testing.T for testenv.WaitFor: it polls,
+		// and the test waits (bounded) for the line it prints.
 		time.Sleep(10 * time.Millisecond)
 	}
 	select {}
