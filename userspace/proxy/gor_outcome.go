@@ -42,7 +42,11 @@ func (c *conn) conclude(x *exchange, f fault) bool {
 		c.s.counters.Rejected.Add(1)
 		c.rejectAndClose(status)
 	case endGateway:
-		return c.fail(x, status)
+		c.fail(x, status)
+		if f.stage == stageBodyUp && !x.sentHead {
+			c.lingerClose() // the body was not all read: no reset over the answer
+		}
+		return false
 	case endCut:
 		x.failed = true
 		c.s.counters.Truncated.Add(1)

@@ -3,6 +3,7 @@ package proxy
 import (
 	"io"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -69,5 +70,54 @@ func TestLingering(t *testing.T) {
 		if got := g.read(end.n, end.err); got != lingerDone {
 			t.Fatalf("read (%d, %v): %d, want done", end.n, end.err, got)
 		}
+	}
+}
+
+// A worker that resets the connection while the request body is still
+// going up: tetherd's 502 (sent) reaches the client, and then the end of
+// the connection as a FIN, never a reset over the answer, since the
+// client connection lingers over the body bytes it did not read. On the
+// loop (a Content-Length body, spliced up) and on a goroutine (a chunked
+// body, which the loop hands over) alike. The client sends a first part,
+// waits for the reset, then sends more than one read of tetherd's takes:
+// that read's write up fails, and the rest is unread when tetherd answers.
+func TestGatewayFailureLingersOverBody(t *testing.T) {
+	const part1, part2 = 64 << 10, 192 << 10
+	for _, tc := range []struct{ name, head string }{
+		{"loop", "POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: 8388608\r\n\r\n"},
+		{"goroutine", "POST /up HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n40000\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reset := make(chan struct{})
+			be := newBackend(t, func(c *bconn) {
+				if _, err := readHeadFrom(c.br); err != nil {
+					return
+				}
+				io.ReadFull(c.br, make([]byte, 16<<10)) // some of the body, then a reset
+				c.SetLinger(0)
+				c.Close()
+				close(reset)
+			})
+			p := startProxy(t, []string{be.addr}, nil)
+			c, br := p.dial()
+			wrote := make(chan error, 1)
+			go func() {
+				if _, err := io.WriteString(c, tc.head+strings.Repeat("x", part1)); err != nil {
+					wrote <- err
+					return
+				}
+				<-reset
+				_, err := io.WriteString(c, strings.Repeat("y", part2)) // then the client waits: the rest never comes
+				wrote <- err
+			}()
+			resp, body := readResp(t, br, false)
+			if resp.StatusCode != 502 || resp.Header.Get("X-Tether-Upstream-State") != "sent" || body != sentError(502) {
+				t.Fatalf("got %d %v %q, want the 502 (sent)", resp.StatusCode, resp.Header, body)
+			}
+			expectClosed(t, c, br) // EOF: a reset fails this
+			if err := <-wrote; err != nil {
+				t.Fatalf("the client's body: %v, want taken (drained), not reset", err)
+			}
+		})
 	}
 }

@@ -262,11 +262,7 @@ func (l *loop) sockaddr(p *upstream.Pool) unix.Sockaddr {
 func (l *loop) noDescriptor(c *conn, err error) step {
 	upstream.LocalFailures.Add(1)
 	l.s.logLocalShortage(err)
-	unread := c.x.reqLeft > 0
-	if st := l.fail(c, 502); !unread {
-		return st
-	}
-	return stepLinger
+	return l.fail(c, 502) // (lingering over a body not all read)
 }
 
 // connectFailed: the worker refused (or did not answer) the connect;

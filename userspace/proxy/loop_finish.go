@@ -60,11 +60,13 @@ func (l *loop) finishExchange(c *conn) {
 }
 
 // fail answers status (502 or 504) if no response head went out, and
-// closes the client connection.
+// closes the client connection, lingering first over a request body not
+// all read, so that no reset destroys the answer.
 func (l *loop) fail(c *conn, status int) step {
 	s := l.s
 	x := c.x
 	x.failed, x.fr.reuse = true, false
+	unread := !x.prog.sentHead && (x.reqLeft > 0 || x.body.cut) // (cut: the rest was given up for an early answer)
 	if !x.prog.sentHead {
 		x.status = status
 		switch status {
@@ -76,6 +78,9 @@ func (l *loop) fail(c *conn, status int) step {
 		unix.Write(c.fd, upstreamError(status, x.prog.sentUp, true)) // best effort: the connection closes
 	}
 	l.finishExchange(c)
+	if unread {
+		return stepLinger
+	}
 	return leaveClose
 }
 

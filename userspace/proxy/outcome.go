@@ -37,9 +37,13 @@ import (
 // once, then the request is placed again (or 502 not-sent); a connect,
 // first or retried, that finds no descriptor or port on this host
 // (upstream.ErrLocal; the loop's EMFILE, ENFILE) is 502 not-sent at once,
-// since no other worker would fare better, and the client connection
-// lingers over a request body not read (loop_exchange.go's noDescriptor,
-// gor_outcome.go's refusedOrFail).
+// since no other worker would fare better.
+//
+// A 502/504 answered while the request body was not all read (the body
+// failing to go up, or no descriptor for the connect) is followed by the
+// lingering close (linger.go), on both paths (loop_finish.go's fail,
+// gor_outcome.go's conclude and refusedOrFail), so that no reset over
+// the unread bytes destroys the answer.
 
 // exchangeEnded is the accounting of every proxied exchange, on either
 // path, once it ended: its result on w (failed: a worker error), its place
