@@ -253,7 +253,7 @@ func TestChunkedBodyOverwritesNoHead(t *testing.T) {
 		p := startProxy(t, []string{be.addr}, nil)
 		c, br := p.dial()
 		io.WriteString(c, "POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n")
-		time.Sleep(20 * time.Millisecond) // the rest arrives in a later read
+		waitPeerRead(t, c, "the proxy to read the head and the chunk size") // the rest arrives in a later read
 		io.WriteString(c, "HEAD\r\n0\r\n\r\n")
 		c.SetReadDeadline(time.Now().Add(3 * time.Second))
 		if resp, body := readResp(t, br, false); resp.StatusCode != 200 || body != "hello" {
@@ -279,7 +279,7 @@ func TestChunkedBodyOverwritesNoHead(t *testing.T) {
 		c, br := p.dial()
 		q := "POST /local?id=BBBB HTTP/1.1\r\nX-Token: evil"
 		io.WriteString(c, "POST /local?id=AAAA HTTP/1.1\r\nHost: x\r\nX-Token: t\r\nTransfer-Encoding: chunked\r\n\r\n"+fmt.Sprintf("%x\r\n", len(q)))
-		time.Sleep(20 * time.Millisecond)
+		waitPeerRead(t, c, "the proxy to read the head and the chunk size") // the rest arrives in a later read
 		io.WriteString(c, q+"\r\n0\r\n\r\n")
 		c.SetReadDeadline(time.Now().Add(3 * time.Second))
 		if resp, _ := readResp(t, br, false); resp.StatusCode != 200 {

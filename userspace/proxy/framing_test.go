@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tether-rl/tether/testenv"
 )
 
 // Requests of shared/http-framing-checklist.md that tether must reject:
@@ -370,7 +372,7 @@ func TestRequestMissingLastChunk(t *testing.T) {
 	p := startProxy(t, []string{be.addr}, nil)
 	c, br := p.dial()
 	io.WriteString(c, "POST /up HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
-	time.Sleep(20 * time.Millisecond)
+	testenv.WaitFor(t, "the valid chunk streamed to the backend", func() bool { return bytes.Contains(be.received(), []byte("hello")) })
 	c.(interface{ CloseWrite() error }).CloseWrite()
 	raw := readAll(t, c, br) // the client connection is closed
 	if bytes.HasPrefix(raw, []byte("HTTP/1.1 2")) {
