@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -133,7 +134,12 @@ func TestProcsForLoops(t *testing.T) {
 func TestCloseDelimitedSlowReader(t *testing.T) {
 	testenv.CheckLeaks(t)
 	const size = 8 << 20
+	gone := make(chan struct{})
+	var worker atomic.Pointer[net.Conn]
 	be := rawBackend(t, func(c net.Conn) {
+		defer close(gone)
+		defer c.Close()
+		worker.Store(&c)
 		br := bufio.NewReader(c)
 		if _, err := http.ReadRequest(br); err != nil {
 			return
@@ -153,7 +159,19 @@ func TestCloseDelimitedSlowReader(t *testing.T) {
 	p := startProxy(t, []string{be}, nil)
 	c, br := p.dial()
 	io.WriteString(c, "GET /blob HTTP/1.1\r\nHost: x\r\n\r\n")
-	time.Sleep(300 * time.Millisecond) // the worker is done and gone long before the client reads
+	// The worker done and gone before the client reads; or, where the
+	// sockets and the pipe cannot hold the whole body (their sizes are the
+	// kernel's autotuning), as much as they hold queued: the worker held
+	// back by the proxy's closed window.
+	testenv.WaitFor(t, "the worker gone or held back before the client reads", func() bool {
+		select {
+		case <-gone:
+			return true
+		default:
+		}
+		w := worker.Load()
+		return w != nil && heldBack(*w)
+	})
 	resp, err := http.ReadResponse(br, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -215,7 +233,7 @@ func TestUploadsInTheLoop(t *testing.T) {
 			}
 			c.Write([]byte(head))
 			for i := 0; i < 10; i++ {
-				time.Sleep(20 * time.Millisecond)
+				time.Sleep(20 * time.Millisecond) // a trickle: the body in ten pieces
 				c.Write(body[i*len(body)/10 : (i+1)*len(body)/10])
 			}
 		}()
@@ -280,6 +298,7 @@ func TestStalledUpload408(t *testing.T) {
 func TestLowatResetForTheNextAnswer(t *testing.T) {
 	testenv.CheckLeaks(t)
 	const size = 3 << 20
+	var sent atomic.Pointer[net.Conn] // once the big answer is written
 	be := rawBackend(t, func(c net.Conn) {
 		br := bufio.NewReader(c)
 		for i := 0; ; i++ {
@@ -291,6 +310,7 @@ func TestLowatResetForTheNextAnswer(t *testing.T) {
 			if i == 0 {
 				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", size)
 				c.Write(make([]byte, size))
+				sent.Store(&c)
 				continue
 			}
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
@@ -299,7 +319,10 @@ func TestLowatResetForTheNextAnswer(t *testing.T) {
 	p := startProxy(t, []string{be}, nil)
 	c, br := p.dial()
 	io.WriteString(c, "GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
-	time.Sleep(300 * time.Millisecond) // all of it queued before the client reads
+	testenv.WaitFor(t, "all of it queued at the proxy before the client reads", func() bool {
+		c := sent.Load()
+		return c != nil && unacked(*c) == 0
+	})
 	if resp, body := readResp(t, br, false); resp.StatusCode != 200 || len(body) != size {
 		t.Fatalf("big: %d, %d bytes", resp.StatusCode, len(body))
 	}
@@ -337,7 +360,7 @@ func TestLoopWaitsForPeekedBody(t *testing.T) {
 	})
 	c, br := p.dial()
 	io.WriteString(c, "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
-	time.Sleep(50 * time.Millisecond) // the head is read alone
+	waitPeerRead(t, c, "the proxy to read the head alone")
 	c.Write(make([]byte, 100))
 	if resp, body := readResp(t, br, false); resp.StatusCode != 200 || body != "100" {
 		t.Fatalf("%d %q", resp.StatusCode, body)
