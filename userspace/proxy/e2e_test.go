@@ -63,7 +63,9 @@ type bconn struct {
 
 // waitSent waits (up to 10 s) until the peer has acknowledged every byte
 // written to c: what a reset would discard from the send queue has all
-// reached the proxy.
+// reached the proxy. It runs on a backend goroutine, where a test may not
+// fail now (testenv.WaitFor): it polls, and the test fails on what the
+// client got if it gives up.
 func (c *bconn) waitSent() {
 	raw, err := c.SyscallConn()
 	if err != nil {
@@ -166,13 +168,7 @@ func (b *tbackend) reset() {
 // waitIdle waits until no backend connection is open.
 func (b *tbackend) waitIdle(t *testing.T, d time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for b.active.Load() != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("backend still has %d connections open after %v", b.active.Load(), d)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	testenv.WaitForWithin(t, "no backend connection open", d, func() bool { return b.active.Load() == 0 })
 }
 
 // readHeadFrom reads one request or response head, CRLFCRLF included.
@@ -383,7 +379,7 @@ func TestPipeliningMixed(t *testing.T) {
 	if _, err := c.Write(first.Bytes()); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(50 * time.Millisecond)
+	waitPeerRead(t, c, "the proxy to read the first write")
 	if _, err := c.Write(second.Bytes()); err != nil {
 		t.Fatal(err)
 	}
@@ -416,7 +412,7 @@ func TestSSELatency(t *testing.T) {
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
 			for j := 0; j < events; j++ {
 				if j > 0 {
-					time.Sleep(50 * time.Millisecond)
+					time.Sleep(50 * time.Millisecond) // events apart: each must reach the client alone
 				}
 				ev := fmt.Sprintf("data: %d\n\n", j)
 				sent <- time.Now()
@@ -579,7 +575,7 @@ func TestHTTP10Client(t *testing.T) {
 				heads <- h
 				for i, w := range tc.resp {
 					if i > 0 {
-						time.Sleep(20 * time.Millisecond)
+						time.Sleep(20 * time.Millisecond) // the answer comes in pieces
 					}
 					io.WriteString(c, w)
 				}
@@ -795,15 +791,12 @@ func TestClientAbortClosesUpstream(t *testing.T) {
 			c.Close()
 			start := time.Now()
 			var took time.Duration
-			for s.Cancelled() == cancelled || p.srv.Counters().ClientAborted.Load() == aborted {
-				if time.Since(start) > 2*time.Second {
-					t.Fatalf("worker cancelled %d, client aborts %d, 2s after the client left", s.Cancelled()-cancelled, p.srv.Counters().ClientAborted.Load()-aborted)
-				}
+			testenv.WaitForWithin(t, "the worker cancelled and the client abort counted", 2*time.Second, func() bool {
 				if took == 0 && s.Cancelled() != cancelled {
 					took = time.Since(start)
 				}
-				time.Sleep(time.Millisecond)
-			}
+				return s.Cancelled() != cancelled && p.srv.Counters().ClientAborted.Load() != aborted
+			})
 			if took == 0 {
 				took = time.Since(start)
 			}
@@ -924,7 +917,11 @@ func TestNoRetryAfterRequestWritten(t *testing.T) {
 				t.Fatalf("got %d close=%v %q", resp.StatusCode, resp.Close, body)
 			}
 			expectClosed(t, c, br)
-			time.Sleep(50 * time.Millisecond)
+			// A retry, if any, was made before the 502: once no upstream
+			// connection is open at either end, none is still under way.
+			testenv.WaitFor(t, "no upstream connection open", func() bool {
+				return be.active.Load() == 0 && p.stats.Worker(0).Load().Conns == 0
+			})
 			pool := p.table.Get(0).Pool
 			if a := be.accepts.Load(); a != 1 {
 				t.Fatalf("backend accepted %d connections: the request was retried", a)
