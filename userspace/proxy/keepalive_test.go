@@ -45,7 +45,7 @@ func TestPooledConnKeepsNoDeadline(t *testing.T) {
 		if resp, _ := p.roundTrip("GET / HTTP/1.1\r\nHost: a\r\n\r\n"); resp.StatusCode != 200 {
 			t.Fatalf("request %d: %d", i, resp.StatusCode)
 		}
-		time.Sleep(400 * time.Millisecond)
+		time.Sleep(400 * time.Millisecond) // idle past the response timeout
 	}
 	if r := p.table.Get(0).Pool.Retries(upstream.RetryDeadPooled); r != 0 || accepts.Load() != 1 {
 		t.Fatalf("dead-pooled %d, backend connections %d: a healthy connection was discarded", r, accepts.Load())

@@ -39,6 +39,8 @@ func sessionServer(t *testing.T, id func() string, write func(c net.Conn, body s
 // The id of a create answer is learned however the answer is cut up, and
 // before the client has it; the answer reaches the client byte-identical.
 func TestLearnFromCreateAnswer(t *testing.T) {
+	// The backend's pieces, apart in time so that the proxy reads them
+	// apart (paced on the backend's goroutine, where a test cannot wait).
 	pause := func() { time.Sleep(5 * time.Millisecond) }
 	big := strings.Repeat("x", 200<<10)
 	for _, tc := range []struct {

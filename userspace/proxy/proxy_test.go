@@ -104,7 +104,7 @@ func TestSSEStreaming(t *testing.T) {
 		for i := 0; i < 3; i++ {
 			fmt.Fprintf(w, "data: %d\n\n", i)
 			w.(http.Flusher).Flush()
-			time.Sleep(150 * time.Millisecond)
+			time.Sleep(150 * time.Millisecond) // the next event later: the first must not wait for it
 		}
 	}))
 	p := startProxy(t, []string{be}, nil)
