@@ -703,6 +703,71 @@ func TestLongChunksRelayedExactly(t *testing.T) {
 	}
 }
 
+// A long chunk arrives in pieces from a worker that keeps its connection:
+// the loop splices it with a raised SO_RCVLOWAT, and whatever stops the
+// splice (the rest under --splice-min, the chunk's end), the last bytes
+// under the batch still wake the loop: the answer ends at once, not at
+// the stream idle timeout, and the worker's connection serves the next
+// request. With --splice-min above the batch (256 KiB), the rest of the
+// chunk falls back to the copy while the mark was raised.
+func TestChunkEndWakesTheLoop(t *testing.T) {
+	const size, piece1, piece3 = 4 << 20, 3 << 20, 100 << 10
+	data := make([]byte, size)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	for _, spliceMin := range []int64{0, 2 << 20} {
+		t.Run(fmt.Sprint("splice-min=", spliceMin), func(t *testing.T) {
+			be := newBackend(t, func(c *bconn) {
+				// The worker's pieces go once the proxy took the last: none
+				// unacknowledged, and what is unread at its end is under
+				// the batch (bytes the loop was not meant to wake for yet).
+				taken := func() {
+					testenv.WaitFor(t, "the proxy to take the piece", func() bool {
+						n := peerUnread(c)
+						return unacked(c) == 0 && n >= 0 && n < batchLowat
+					})
+				}
+				for {
+					if _, err := readHeadFrom(c.br); err != nil {
+						return
+					}
+					fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n", size)
+					c.Write(data[:piece1])
+					taken()
+					c.Write(data[piece1 : size-piece3])
+					taken()
+					c.Write(append(data[size-piece3:len(data):len(data)], "\r\n0\r\n\r\n"...))
+				}
+			})
+			p := startProxy(t, []string{be.addr}, func(c *Config) {
+				c.StreamIdleTimeout = time.Minute // a missed wake-up shows as the client's deadline
+				if spliceMin > 0 {
+					c.SpliceMin = spliceMin
+				}
+			})
+			c, br := p.dial()
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(15 * time.Second))
+			for i := 0; i < 2; i++ {
+				fmt.Fprintf(c, "GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+				resp, err := http.ReadResponse(br, nil)
+				if err != nil {
+					t.Fatalf("response %d: %v", i, err)
+				}
+				got, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if err != nil || !bytes.Equal(got, data) {
+					t.Fatalf("response %d: %d of %d bytes, %v", i, len(got), size, err)
+				}
+			}
+			if n := be.accepts.Load(); n != 1 {
+				t.Fatalf("the worker accepted %d connections, want 1 (kept alive)", n)
+			}
+		})
+	}
+}
+
 // splitRawHead splits a raw response at the end of its head.
 func splitRawHead(t *testing.T, raw []byte) (string, []byte) {
 	t.Helper()

@@ -251,9 +251,9 @@ func (l *loop) sockaddr(p *upstream.Pool) unix.Sockaddr {
 	return sa
 }
 
-// noDescriptor ends an exchange whose connect, the first or a redial,
-// found no descriptor (EMFILE, ENFILE), even after an idle socket was
-// given up (dial): no other worker would fare better, and a goroutine
+// noDescriptor ends an exchange whose connect, the first or a redial, or
+// whose upload's splice pipe found no descriptor (EMFILE, ENFILE), even
+// after idle sockets were given up (dial, getPipe): no other worker would fare better, and a goroutine
 // could not even be lent the client's socket. 502 not-sent here, as the
 // goroutine path answers upstream.ErrLocal (gor_outcome.go's
 // refusedOrFail), logged once per episode; then the client connection

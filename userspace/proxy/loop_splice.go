@@ -11,7 +11,8 @@ package proxy
 // spliced again). A Content-Length rest or a chunk's data of at least
 // batchMin also raises the upstream socket's SO_RCVLOWAT to batchLowat, so
 // that one wake-up moves a big batch, and lowers it again for the last
-// batchLowat bytes (markLowat).
+// batchLowat bytes (markLowat) or before the rest of a chunk is copied
+// (splicing): the copy never reads under a raised mark.
 
 import (
 	"golang.org/x/sys/unix"
@@ -32,7 +33,16 @@ func (l *loop) splicing(x *lx) bool {
 		return true
 	}
 	if spliceBody(x.fr.kind, x.left, &x.sc, x.fr.dechunk, l.s.cfg.SpliceMin) == 0 {
-		return x.pipe != nil && x.fr.kind != httphead.BodyChunked
+		if x.fr.kind != httphead.BodyChunked {
+			return x.pipe != nil
+		}
+		if x.body.upLowat {
+			// The rest of a chunk whose splice stopped short is copied:
+			// the copy reads with the default mark, or a rest (and the
+			// chunk's end) under the batch would never wake the loop.
+			l.lowerLowat(x)
+		}
+		return false
 	}
 	if x.pipe != nil {
 		return true
@@ -117,7 +127,9 @@ func (l *loop) pumpSplice(c *conn) step {
 
 // getPipe returns a free pipe of the loop (1 MiB where the system allows),
 // or the error that kept one from being made (a response body is then
-// copied instead; a request body's exchange ends: noDescriptor).
+// copied instead; a request body's exchange ends: noDescriptor). Out of
+// descriptors, it gives up the oldest idle upstream sockets (a pipe takes
+// two) and tries once more, as dial does.
 func (l *loop) getPipe() (*pipe, error) {
 	if n := len(l.pipes); n > 0 {
 		p := l.pipes[n-1]
@@ -125,7 +137,12 @@ func (l *loop) getPipe() (*pipe, error) {
 		return p, nil
 	}
 	var fds [2]int
-	if err := unix.Pipe2(fds[:], unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
+	err := unix.Pipe2(fds[:], unix.O_NONBLOCK|unix.O_CLOEXEC)
+	if fdShortage(err) && l.dropOldestIdle() {
+		l.dropOldestIdle()
+		err = unix.Pipe2(fds[:], unix.O_NONBLOCK|unix.O_CLOEXEC)
+	}
+	if err != nil {
 		return nil, err
 	}
 	size, err := unix.FcntlInt(uintptr(fds[1]), unix.F_SETPIPE_SZ, 1<<20)
