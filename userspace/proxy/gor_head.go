@@ -207,11 +207,17 @@ func (c *conn) refuseHTTP2() {
 // rejectAndClose answers status, then half-closes and drains briefly so
 // the client reads the answer rather than a reset (checklist "Reject").
 func (c *conn) rejectAndClose(status int) {
-	c.c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-	if _, err := c.c.Write(errorResponse(status, true)); err != nil {
-		return
+	if c.reject(status) {
+		c.lingerClose()
 	}
-	c.lingerClose()
+}
+
+// reject answers status (the connection closes after it); false if the
+// answer could not be written.
+func (c *conn) reject(status int) bool {
+	c.c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	_, err := c.c.Write(errorResponse(status, true))
+	return err == nil
 }
 
 // lingerClose half-closes and reads what the client still sends, for as

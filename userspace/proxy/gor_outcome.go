@@ -40,12 +40,11 @@ func (c *conn) conclude(x *exchange, f fault) bool {
 		c.s.counters.ClientAborted.Add(1)
 	case endReject:
 		c.s.counters.Rejected.Add(1)
-		c.rejectAndClose(status)
+		x.linger = c.reject(status)
 	case endGateway:
 		c.fail(x, status)
-		if f.stage == stageBodyUp && !x.sentHead {
-			c.lingerClose() // the body was not all read: no reset over the answer
-		}
+		// The body was not all read: no reset over the answer.
+		x.linger = f.stage == stageBodyUp && !x.sentHead
 		return false
 	case endCut:
 		x.failed = true
@@ -66,16 +65,14 @@ func (c *conn) conclude(x *exchange, f fault) bool {
 // again, else a 502 not-sent. When the connect failed for want of this
 // host's descriptors or ports (upstream.ErrLocal), no other worker would
 // fare better: 502 at once, and the log says so (once per episode); the
-// connection of a request with a body then lingers (lingerClose), so that
+// connection of a request with a body then lingers (x.linger), so that
 // no reset over a body not all read destroys the answer (the loop's
 // noDescriptor likewise).
 func (c *conn) refusedOrFail(x *exchange, err error) bool {
 	if errors.Is(err, upstream.ErrLocal) {
 		c.s.logLocalShortage(err)
 		c.fail(x, 502)
-		if c.req.HasBody() {
-			c.lingerClose()
-		}
+		x.linger = c.req.HasBody()
 		return false
 	}
 	if x.reroutable {

@@ -24,7 +24,7 @@ func (c *conn) earlyAnswer(x *exchange, uw int) bool {
 		}
 		if status >= 200 {
 			c.relayResponse(x, uw, false)
-			c.lingerClose()
+			x.linger = true
 			return true
 		}
 	}

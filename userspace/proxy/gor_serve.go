@@ -223,6 +223,10 @@ type exchange struct {
 	// connection's close (the worker's did, or an HTTP/1.0 client gets a
 	// chunked body dechunked).
 	closeDelimited bool
+	// linger: the answer went out over a request body not all read; the
+	// client connection lingers (lingerClose) once the exchange is
+	// accounted and its worker's place and socket given back (proxy).
+	linger bool
 }
 
 // proxy forwards the parsed request to w and relays the response. With
@@ -269,6 +273,9 @@ func (c *conn) proxy(w *route.Worker, learn *route.Learner, reroutable bool) (ke
 	if c.ubuf != nil {
 		c.s.putBuf(c.ubuf)
 		c.ubuf = nil
+	}
+	if x.linger {
+		c.lingerClose()
 	}
 	return keep, x.refused, false
 }
@@ -378,7 +385,7 @@ func (c *conn) proxyExchange(x *exchange) bool {
 			// A final answer before the body: relay it, then close (the
 			// client's body was never read).
 			c.relayResponse(x, uw, false)
-			c.lingerClose()
+			x.linger = true
 			return false
 		case !isTimeout(err):
 			return c.answerFailed(x, err)

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"io"
+	"net"
 	"os"
 	"strings"
 	"testing"
@@ -98,7 +99,9 @@ func TestGatewayFailureLingersOverBody(t *testing.T) {
 				c.Close()
 				close(reset)
 			})
-			p := startProxy(t, []string{be.addr}, nil)
+			p := startProxy(t, []string{be.addr}, func(c *Config) {
+				c.Waits.Linger = 10 * time.Second // ended by the client's FIN below, not by the clock
+			})
 			c, br := p.dial()
 			wrote := make(chan error, 1)
 			go func() {
@@ -114,10 +117,11 @@ func TestGatewayFailureLingersOverBody(t *testing.T) {
 			if resp.StatusCode != 502 || resp.Header.Get("X-Tether-Upstream-State") != "sent" || body != sentError(502) {
 				t.Fatalf("got %d %v %q, want the 502 (sent)", resp.StatusCode, resp.Header, body)
 			}
-			expectClosed(t, c, br) // EOF: a reset fails this
 			if err := <-wrote; err != nil {
 				t.Fatalf("the client's body: %v, want taken (drained), not reset", err)
 			}
+			c.(*net.TCPConn).CloseWrite() // the client gives up its body: the lingering ends
+			expectClosed(t, c, br)        // EOF: a reset fails this
 		})
 	}
 }
