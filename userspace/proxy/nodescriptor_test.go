@@ -73,6 +73,29 @@ func expectNotSent502(t *testing.T, p *testProxy, c net.Conn, br *bufio.Reader, 
 	}
 }
 
+// uploadWithoutDescriptors takes this process's descriptors away, sends
+// a request whose body is longer than what was sent of it, and expects
+// the 502 not-sent, then the end (EOF: a reset fails), the sent bytes
+// drained, and a local failure counted.
+func uploadWithoutDescriptors(t *testing.T, p *testProxy, c net.Conn, br *bufio.Reader) {
+	t.Helper()
+	failures := upstream.LocalFailures.Load()
+	restore := noDescriptors(t)
+	const sent = 128 << 10 // below lingerBytes: the lingering reads all of it
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := io.WriteString(c, "POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: "+strconv.Itoa(8<<20)+"\r\n\r\n"+strings.Repeat("x", sent))
+		wrote <- err
+	}()
+	expectNotSent502(t, p, c, br, restore)
+	if err := <-wrote; err != nil {
+		t.Fatalf("the client's body: %v, want taken (drained), not reset", err)
+	}
+	if upstream.LocalFailures.Load() == failures {
+		t.Fatal("no local failure counted")
+	}
+}
+
 // The first connect finds no descriptor; the client is sending a body
 // larger than what tetherd reads with the head. (The loop has a splice
 // pipe kept from an earlier upload: without one, the pipe it would open
@@ -94,21 +117,7 @@ func TestNoDescriptorLingersOverBody(t *testing.T) {
 
 	c, br := p.dial()
 	testenv.WaitFor(t, "the client to be accepted", func() bool { return p.srv.Counters().Accepted.Load() == 2 })
-	failures := upstream.LocalFailures.Load()
-	restore := noDescriptors(t)
-	const sent = 128 << 10 // below lingerBytes: the lingering reads all of it
-	wrote := make(chan error, 1)
-	go func() {
-		_, err := io.WriteString(c, "POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: "+strconv.Itoa(8<<20)+"\r\n\r\n"+strings.Repeat("x", sent))
-		wrote <- err
-	}()
-	expectNotSent502(t, p, c, br, restore)
-	if err := <-wrote; err != nil {
-		t.Fatalf("the client's body: %v, want taken (drained), not reset", err)
-	}
-	if upstream.LocalFailures.Load() == failures {
-		t.Fatal("no local failure counted")
-	}
+	uploadWithoutDescriptors(t, p, c, br)
 	if n := be.accepts.Load(); n != 1 {
 		t.Fatalf("the worker got %d connections, want 1 (the first upload)", n)
 	}
@@ -122,21 +131,7 @@ func TestNoDescriptorForPipe(t *testing.T) {
 	p := startProxy(t, []string{be.addr}, nil)
 	c, br := p.dial()
 	testenv.WaitFor(t, "the client to be accepted", func() bool { return p.srv.Counters().Accepted.Load() == 1 })
-	failures := upstream.LocalFailures.Load()
-	restore := noDescriptors(t)
-	const sent = 128 << 10
-	wrote := make(chan error, 1)
-	go func() {
-		_, err := io.WriteString(c, "POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: "+strconv.Itoa(8<<20)+"\r\n\r\n"+strings.Repeat("x", sent))
-		wrote <- err
-	}()
-	expectNotSent502(t, p, c, br, restore)
-	if err := <-wrote; err != nil {
-		t.Fatalf("the client's body: %v, want taken (drained), not reset", err)
-	}
-	if upstream.LocalFailures.Load() == failures {
-		t.Fatal("no local failure counted")
-	}
+	uploadWithoutDescriptors(t, p, c, br)
 	if n := p.srv.Counters().Handoffs.Load(); n != 0 {
 		t.Fatalf("%d hand-offs: the loop did not answer", n)
 	}
@@ -165,21 +160,7 @@ func TestNoDescriptorLingersOverBodyGoroutine(t *testing.T) {
 	c.SetDeadline(time.Now().Add(20 * time.Second))
 	br := bufio.NewReader(c)
 	testenv.WaitFor(t, "the client to be accepted", func() bool { return p.srv.Counters().Accepted.Load() == 1 })
-	failures := upstream.LocalFailures.Load()
-	restore := noDescriptors(t)
-	const sent = 128 << 10
-	wrote := make(chan error, 1)
-	go func() {
-		_, err := io.WriteString(c, "POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: "+strconv.Itoa(8<<20)+"\r\n\r\n"+strings.Repeat("x", sent))
-		wrote <- err
-	}()
-	expectNotSent502(t, p, c, br, restore)
-	if err := <-wrote; err != nil {
-		t.Fatalf("the client's body: %v, want taken (drained), not reset", err)
-	}
-	if upstream.LocalFailures.Load() == failures {
-		t.Fatal("no local failure counted")
-	}
+	uploadWithoutDescriptors(t, p, c, br)
 }
 
 // fullListener is a worker address whose accept queue is full: a connect
