@@ -214,9 +214,13 @@ func (c *conn) rejectAndClose(status int) {
 
 // reject answers status (the connection closes after it); false if the
 // answer could not be written.
-func (c *conn) reject(status int) bool {
+func (c *conn) reject(status int) bool { return c.answerClosing(errorResponse(status, true)) }
+
+// answerClosing writes tetherd's own answer before the close; false if
+// it could not be written.
+func (c *conn) answerClosing(p []byte) bool {
 	c.c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-	_, err := c.c.Write(errorResponse(status, true))
+	_, err := c.c.Write(p)
 	return err == nil
 }
 

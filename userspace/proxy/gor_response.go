@@ -108,7 +108,7 @@ func (c *conn) relayResponse(x *exchange, uw int, bodyRead bool) bool {
 	}
 	if err != nil {
 		x.reuse = false
-		c.s.counters.Truncated.Add(1)
+		c.s.count(countTruncated)
 		return c.fail(x, 502)
 	}
 	c.out = out[:0]
@@ -117,7 +117,7 @@ func (c *conn) relayResponse(x *exchange, uw int, bodyRead bool) bool {
 	}
 	if err := c.writeClient(out); err != nil {
 		x.reuse = false
-		c.s.counters.ClientAborted.Add(1)
+		c.s.count(countClientAborted)
 		return false
 	}
 	x.sentHead = true

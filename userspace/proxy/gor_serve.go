@@ -69,7 +69,7 @@ func (c *conn) serveOne() bool {
 	}
 	if err := c.readHead(); err != nil {
 		if e, ok := err.(*httphead.Error); ok {
-			c.s.counters.Rejected.Add(1)
+			c.s.count(countRejected)
 			if bytes.HasPrefix(c.buf[c.r:c.w], h2Preface) {
 				c.refuseHTTP2()
 				return false
@@ -92,7 +92,7 @@ func (c *conn) serveOne() bool {
 	}
 	if lim := c.s.cfg.MaxBodyBytes; lim > 0 && req.ContentLength > lim {
 		// Too large by its own account: 413 before anything is forwarded.
-		c.s.counters.Rejected.Add(1)
+		c.s.count(countRejected)
 		c.rejectAndClose(413)
 		return false
 	}
@@ -156,7 +156,7 @@ func (c *conn) serveRouted(dec route.Decision, peek []byte, refused bool) (keep,
 		}
 	}()
 	if dec.Worker == nil {
-		c.s.counters.Rejected.Add(1)
+		c.s.count(countRejected)
 		// The body was not read: the connection cannot go on after it.
 		keep := req.KeepAlive && !req.HasBody()
 		resp := errorResponse(dec.Status, !keep)
@@ -177,7 +177,7 @@ func (c *conn) serveRouted(dec route.Decision, peek []byte, refused bool) (keep,
 		}
 	}
 	if rr == nil {
-		c.s.counters.BadGateway.Add(1)
+		c.s.count(countBadGateway)
 		c.writeClient(upstreamError(502, false, true))
 		return false, false
 	}
@@ -188,7 +188,7 @@ func (c *conn) serveRouted(dec route.Decision, peek []byte, refused bool) (keep,
 	}
 	dec = rr.Reroute(req, peek, dec)
 	if dec.Worker == nil {
-		c.s.counters.BadGateway.Add(1)
+		c.s.count(countBadGateway)
 		c.writeClient(upstreamError(502, false, true))
 		return false, false
 	}
@@ -305,12 +305,12 @@ func (c *conn) admit(w *route.Worker) route.Admission {
 func (c *conn) notAdmitted(adm route.Admission) bool {
 	switch adm {
 	case route.QueueLeft:
-		c.s.counters.ClientAborted.Add(1)
+		c.s.count(countClientAborted)
 		return false
 	case route.QueueFull:
-		c.s.counters.QueueFull.Add(1)
+		c.s.count(countQueueFull)
 	case route.QueueTimeout:
-		c.s.counters.QueueTimeouts.Add(1)
+		c.s.count(countQueueTimeout)
 	}
 	return c.answerBusy()
 }
@@ -352,12 +352,12 @@ func (c *conn) proxyExchange(x *exchange) bool {
 	c.out = out[:0]
 	up.SetWriteDeadline(time.Now().Add(cfg.IOTimeout))
 	n, err := up.Write(out)
-	if err != nil && n == 0 && up.Reused() {
+	if reason, ok := (upstream.Attempt{Sent: n > 0, Reused: up.Reused(), Connected: true}).Retry(); err != nil && ok {
 		// The pooled connection died between the liveness check and the
-		// write, and not one request byte went out: the one retry allowed.
+		// write, and not one request byte went out: the one retry.
 		up.Discard()
 		x.up = nil
-		if up, err = x.w.Pool.Dial(context.Background()); err != nil {
+		if up, err = x.w.Pool.Redial(context.Background(), reason); err != nil {
 			return c.refusedOrFail(x, err)
 		}
 		x.up = up
@@ -395,7 +395,7 @@ func (c *conn) proxyExchange(x *exchange) bool {
 			// waits for the 100 stalled until a timeout. A late 100 from
 			// the backend is then dropped: the client sees exactly one.
 			if err := c.writeClient(continue100); err != nil {
-				c.s.counters.ClientAborted.Add(1)
+				c.s.count(countClientAborted)
 				return false
 			}
 			x.sent100 = true
@@ -422,7 +422,7 @@ func (c *conn) proxyExchange(x *exchange) bool {
 	c.watchClient(up)
 	keep := c.awaitAndRelay(x, uw)
 	if c.stopWatch() {
-		c.s.counters.ClientAborted.Add(1)
+		c.s.count(countClientAborted)
 		keep = false
 		x.reuse = false // the watch closed it
 	}

@@ -64,9 +64,9 @@ func (c *conn) holdWait(w *route.Worker, until *time.Time) (ok, keep bool) {
 	case route.HoldLeft:
 		return false, c.notAdmitted(route.QueueLeft)
 	case route.HoldFull:
-		c.s.counters.HoldFull.Add(1)
+		c.s.count(countHoldFull)
 	default:
-		c.s.counters.HoldTimeouts.Add(1)
+		c.s.count(countHoldTimeout)
 	}
 	return false, c.answerBusy()
 }

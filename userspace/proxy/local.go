@@ -215,7 +215,7 @@ func (c *conn) serveLocal(h http.Handler) bool {
 	held := localReserve(req)
 	if held > 0 && c.s.localBytes.Add(held) > c.s.cfg.LocalBodyBudget {
 		c.s.localBytes.Add(-held)
-		c.s.counters.LocalBusy.Add(1)
+		c.s.count(countLocalBusy)
 		if c.writeClient(localBusyResponse[1]) == nil {
 			c.lingerClose()
 		}
@@ -249,7 +249,7 @@ func (c *conn) serveLocal(h http.Handler) bool {
 	gone := c.stopWatch()
 	c.watchStop = nil
 	if gone {
-		c.s.counters.ClientAborted.Add(1)
+		c.s.count(countClientAborted)
 		return false
 	}
 	if panicked {

@@ -454,7 +454,7 @@ func (l *loop) drive(c *conn, st step) step {
 // ring is withdrawn, then c closes or goes to a goroutine.
 func (l *loop) leave(c *conn, why step) {
 	if why == leaveAborted {
-		l.s.counters.ClientAborted.Add(1)
+		l.s.count(countClientAborted)
 	}
 	l.abandon(c)
 	if why == leaveHandoff {

@@ -98,7 +98,7 @@ func (l *loop) expire(c *conn) step {
 	case c.r < c.w:
 		// A slow client in the middle of a head: 408, answered (and
 		// lingered) the goroutine way.
-		l.s.counters.Rejected.Add(1)
+		l.s.count(countRejected)
 		return l.toGoroutine(c, handoff{reject: 408})
 	}
 	return leaveClose // idle timeout

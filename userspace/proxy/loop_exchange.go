@@ -266,30 +266,15 @@ func (l *loop) noDescriptor(c *conn, err error) step {
 }
 
 // connectFailed: the worker refused (or did not answer) the connect;
-// nothing was sent. It is tried once more (as upstream.Pool does); then a
-// goroutine places the request again (or answers 502 not-sent), as the
-// goroutine path does (conn.serveDecision). A redial without a descriptor
-// ends as a first connect's would (noDescriptor).
+// nothing was sent. It is tried once more if the retry rule allows
+// (upstream.Attempt.Retry); then a goroutine places the request again
+// (or answers 502 not-sent: conn.serveDecision). A redial without a
+// descriptor ends as a first connect's would (noDescriptor).
 func (l *loop) connectFailed(c *conn) step {
 	x := c.x
-	u := x.up
-	l.closeUp(u)
-	if !x.prog.redialed && !x.prog.connected {
-		x.prog.redialed = true
-		u.pool.Retried(upstream.RetryConnect)
-		nu, err := l.dial(u.pool, l.sockaddr(u.pool))
-		if err == nil {
-			nu.cl, x.up, x.sock.upReady, x.sock.upHup = c, nu, false, false
-			if nu.connecting {
-				l.setDeadline(c, u.pool.Options().DialTimeout)
-				return stepWait
-			}
-			x.prog.connected = true
-			return stepSend
-		}
-		if fdShortage(err) {
-			return l.noDescriptor(c, err)
-		}
+	l.closeUp(x.up)
+	if reason, ok := (upstream.Attempt{Connected: x.prog.connected, Retried: x.prog.redialed}).Retry(); ok {
+		return l.redial(c, reason)
 	}
 	x.w.Stats.End(true)
 	x.w.Leave()
@@ -301,6 +286,30 @@ func (l *loop) connectFailed(c *conn) step {
 	c.busy = false
 	l.freeX(c)
 	return l.toGoroutine(c, handoff{decided: true, dec: dec, refused: true})
+}
+
+// redial makes the request's one retry (upstream.Attempt.Retry) on a new
+// connection to its worker, its old one closed; a connect that fails at
+// once ends as connectFailed says (the retry made, never another).
+func (l *loop) redial(c *conn, reason int) step {
+	x := c.x
+	p := x.up.pool
+	p.Retried(reason)
+	x.prog.redialed = true
+	nu, err := l.dial(p, l.sockaddr(p))
+	if err != nil {
+		if fdShortage(err) {
+			return l.noDescriptor(c, err)
+		}
+		return l.connectFailed(c)
+	}
+	nu.cl, x.up, x.sock.upReady, x.sock.upHup = c, nu, false, false
+	if nu.connecting {
+		l.setDeadline(c, p.Options().DialTimeout)
+		return stepWait
+	}
+	x.prog.connected = true
+	return stepSend
 }
 
 // send writes the request up; then waits for the response head.
@@ -323,27 +332,12 @@ func (l *loop) send(c *conn) step {
 		case err == unix.EAGAIN:
 			l.setDeadline(c, cfg.IOTimeout)
 			return stepWait
-		case !x.prog.sentUp && !x.up.fresh:
-			// A pooled connection that died before it took a byte: the
-			// one retry allowed, on a new connection.
-			u := x.up
-			l.closeUp(u)
-			u.pool.Retried(upstream.RetryDeadPooled)
-			nu, err := l.dial(u.pool, l.sockaddr(u.pool))
-			if err != nil && fdShortage(err) {
-				return l.noDescriptor(c, err)
-			}
-			if err != nil {
-				return l.connectFailed(c)
-			}
-			nu.cl, x.up, x.sock.upReady, x.sock.upHup = c, nu, false, false
-			x.prog.redialed = true // a new connection that fails is not tried again
-			if nu.connecting {
-				l.setDeadline(c, u.pool.Options().DialTimeout)
-				return stepWait
-			}
-			x.prog.connected = true
-			continue
+		}
+		a := upstream.Attempt{Sent: x.prog.sentUp, Reused: !x.up.fresh, Connected: x.prog.connected, Retried: x.prog.redialed}
+		if reason, ok := a.Retry(); ok {
+			// A pooled connection that died before it took a byte.
+			l.closeUp(x.up)
+			return l.redial(c, reason)
 		}
 		return l.fail(c, 502)
 	}

@@ -59,42 +59,50 @@ func (l *loop) finishExchange(c *conn) {
 	l.freeX(c)
 }
 
-// fail answers status (502 or 504) if no response head went out, and
-// closes the client connection, lingering first over a request body not
-// all read, so that no reset destroys the answer.
+// fail ends c's exchange with a worker error: status (502 or 504) if no
+// response head went out, then the close (outcome.go's gatewayVerdict).
 func (l *loop) fail(c *conn, status int) step {
-	s := l.s
-	x := c.x
-	x.failed, x.fr.reuse = true, false
-	unread := !x.prog.sentHead && (x.reqLeft > 0 || x.body.cut) // (cut: the rest was given up for an early answer)
-	if !x.prog.sentHead {
-		x.status = status
-		switch status {
-		case 502:
-			s.counters.BadGateway.Add(1)
-		case 504:
-			s.counters.Timeouts.Add(1)
-		}
-		unix.Write(c.fd, upstreamError(status, x.prog.sentUp, true)) // best effort: the connection closes
-	}
-	l.finishExchange(c)
-	if unread {
-		return stepLinger
-	}
-	return leaveClose
+	return l.apply(c, l.s.gatewayVerdict(status, l.reached(c.x)))
 }
 
 // bodyFailed: the response was cut after its head went out; the client
-// must see it, so its connection closes (a reset for a close-delimited
-// body, which a FIN would make look complete).
+// must see it (outcome.go's endCut).
 func (l *loop) bodyFailed(c *conn) step {
+	return l.conclude(c, fault{stage: stageRelay})
+}
+
+// reached is how far x got (outcome.go).
+func (l *loop) reached(x *lx) reached {
+	return reached{sentUp: x.prog.sentUp, sentHead: x.prog.sentHead,
+		unread:   x.reqLeft > 0 || x.body.cut, // (cut: the rest was given up for an early answer)
+		closeCut: x.fr.closeCut}
+}
+
+// apply carries out v on c's exchange: the answer written (best effort:
+// the connection closes), the exchange accounted, then the close, a
+// reset or the lingering close.
+func (l *loop) apply(c *conn, v verdict) step {
+	switch v.end {
+	case endAbort:
+		return leaveClose // (counted; leave abandons the exchange)
+	case endEarly:
+		return stepFinish // the loop relays an early answer as any response
+	}
 	x := c.x
-	x.failed, x.fr.reuse = true, false
-	l.s.counters.Truncated.Add(1)
-	if x.fr.closeCut {
+	x.failed, x.fr.reuse = v.failed, false
+	if v.status != 0 {
+		x.status = v.status
+	}
+	if v.answer != nil {
+		unix.Write(c.fd, v.answer)
+	}
+	if v.reset {
 		unix.SetsockoptLinger(c.fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
 	}
 	l.finishExchange(c)
+	if v.linger {
+		return stepLinger
+	}
 	return leaveClose
 }
 
@@ -125,27 +133,9 @@ func (l *loop) expireExchange(c *conn) step {
 	return l.conclude(c, f)
 }
 
-// conclude carries out decide's verdict on c's failed exchange (outcome.go).
+// conclude ends c's failed exchange as outcome.go decides.
 func (l *loop) conclude(c *conn, f fault) step {
-	e, status := decide(f)
-	switch e {
-	case endAbort:
-		return leaveAborted
-	case endReject:
-		// The client's fault (a body stalled for --io-timeout: 408); the
-		// half-sent request dies with its upstream.
-		x := c.x
-		l.s.counters.Rejected.Add(1)
-		x.failed, x.fr.reuse, x.status = false, false, status
-		unix.Write(c.fd, errorResponse(status, true))
-		l.finishExchange(c)
-		return stepLinger
-	case endGateway:
-		return l.fail(c, status)
-	case endCut:
-		return l.bodyFailed(c)
-	}
-	return stepFinish // endEarly: the loop relays an early answer as any response
+	return l.apply(c, l.s.conclude(f, l.reached(c.x)))
 }
 
 // lingerClose half-closes the client connection and reads what it still

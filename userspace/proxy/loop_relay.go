@@ -175,7 +175,7 @@ func (l *loop) relayHead(c *conn) step {
 	}
 	if err != nil {
 		x.fr.reuse = false
-		s.counters.Truncated.Add(1)
+		s.count(countTruncated)
 		return l.fail(c, 502)
 	}
 	x.left = left

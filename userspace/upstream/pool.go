@@ -148,19 +148,19 @@ func (p *Pool) Get(ctx context.Context) (*Conn, error) {
 	if err == nil {
 		return c, nil
 	}
-	if ctx.Err() != nil || errors.Is(err, ErrLocal) {
+	reason, ok := Attempt{Local: ctx.Err() != nil || errors.Is(err, ErrLocal)}.Retry()
+	if !ok {
 		return nil, err // tetherd's own shortage: not the worker's failure
 	}
-	p.retries[RetryConnect].Add(1)
-	p.stats.Retried()
+	p.Retried(reason)
 	return p.dial(ctx)
 }
 
-// Dial returns a new connection, for the one retry the proxy may make when
-// a reused connection took no byte of the request.
-func (p *Pool) Dial(ctx context.Context) (*Conn, error) {
-	p.retries[RetryDeadPooled].Add(1)
-	p.stats.Retried()
+// Redial returns a new connection, for the one retry (Attempt.Retry) of a
+// request whose connection failed before its first byte went up; reason
+// is the one Retry gave.
+func (p *Pool) Redial(ctx context.Context, reason int) (*Conn, error) {
+	p.Retried(reason)
 	return p.dial(ctx)
 }
 
@@ -261,8 +261,8 @@ func (c *Conn) peek(fd uintptr) bool {
 	return true
 }
 
-// Retried counts a retry made outside the pool (an event loop's own
-// connections, userspace/proxy/loop_upstream.go).
+// Retried counts a retry (Attempt.Retry), the pool's own or one made on an
+// event loop's own connections (userspace/proxy).
 func (p *Pool) Retried(reason int) {
 	p.retries[reason].Add(1)
 	p.stats.Retried()
