@@ -205,7 +205,8 @@ func (c *conn) refuseHTTP2() {
 }
 
 // rejectAndClose answers status, then half-closes and drains briefly so
-// the client reads the answer rather than a reset (checklist "Reject").
+// the client reads the answer rather than a reset (docs/http-framing.md:
+// the rules answered with a status and "reject").
 func (c *conn) rejectAndClose(status int) {
 	if c.reject(status) {
 		c.lingerClose()

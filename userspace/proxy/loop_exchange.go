@@ -148,12 +148,12 @@ type progress struct {
 
 // bodyState: the bodies' states beyond their framing.
 type bodyState struct {
-	cut         bool // the worker answered before the whole request body: the client connection lingers, then closes
-	early       bool // waiting for such an answer after the body failed to go up (a timeout is 502, not 504)
-	clientLowat bool // SO_RCVLOWAT raised on the client socket (upload)
-	upLowat     bool // SO_RCVLOWAT raised on the upstream socket (pumpSplice)
-	upEOF       bool // the worker closed a close-delimited body (spliced: done once the pipe is empty)
-	lineNext    bool // a chunk's data was spliced: the next read takes its end and the next size line (chunkLineRead bytes), not the next chunk's data
+	cut         bool  // the worker answered before the whole request body: the client connection lingers, then closes
+	early       bool  // waiting for such an answer after the body failed to go up (a timeout is 502, not 504)
+	clientLowat lowat // SO_RCVLOWAT raised on the client socket (upload)
+	upLowat     lowat // SO_RCVLOWAT raised on the upstream socket (pumpSplice)
+	upEOF       bool  // the worker closed a close-delimited body (spliced: done once the pipe is empty)
+	lineNext    bool  // a chunk's data was spliced: the next read takes its end and the next size line (chunkLineRead bytes), not the next chunk's data
 }
 
 // begin routes c's request and sends it up.
@@ -343,9 +343,7 @@ func (l *loop) send(c *conn) step {
 	}
 	if x.reqLeft > 0 {
 		x.phase = phaseUpload
-		if x.reqLeft >= batchMin {
-			x.body.clientLowat = unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, batchLowat) == nil
-		}
+		x.body.clientLowat.mark(c.fd, x.reqLeft)
 		c.readable = true // try: the body may be queued already
 		return stepUpload
 	}
@@ -359,9 +357,8 @@ func (l *loop) send(c *conn) step {
 
 // upload splices the rest of a Content-Length request body from the client
 // to the worker through the exchange's pipe (emptied up first, then filled
-// from the client: an EAGAIN on an empty pipe is the client's socket). A
-// body of at least batchMin raises the client socket's SO_RCVLOWAT, as
-// conn.move does. Then the response is awaited.
+// from the client: an EAGAIN on an empty pipe is the client's socket),
+// the client's socket batched (batch.go). Then the response is awaited.
 func (l *loop) upload(c *conn) step {
 	x := c.x
 	p := x.pipe
@@ -388,10 +385,7 @@ func (l *loop) upload(c *conn) step {
 			return l.earlyAnswer(c, cfg.Waits.EarlyAnswer)
 		}
 		if x.reqLeft == 0 {
-			if x.body.clientLowat {
-				unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, 1)
-				x.body.clientLowat = false
-			}
+			x.body.clientLowat.lower(c.fd)
 			l.putPipe(p, true)
 			x.pipe = nil
 			x.phase = phaseHead
@@ -405,10 +399,7 @@ func (l *loop) upload(c *conn) step {
 			l.setDeadline(c, cfg.IOTimeout)
 			return stepWait
 		}
-		if x.body.clientLowat && x.reqLeft <= batchLowat {
-			unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, 1)
-			x.body.clientLowat = false
-		}
+		x.body.clientLowat.mark(c.fd, x.reqLeft)
 		n, err := unix.Splice(c.fd, nil, p.w, nil, int(min(x.reqLeft, int64(p.size))), flags)
 		switch {
 		case n > 0:

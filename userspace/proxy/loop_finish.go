@@ -37,11 +37,9 @@ func (l *loop) finishExchange(c *conn) {
 	if x.pipe != nil {
 		l.putPipe(x.pipe, x.inPipe == 0)
 	}
-	if x.body.clientLowat {
-		unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, 1)
-	}
-	if x.body.upLowat && x.up != nil && x.up.fd >= 0 {
-		l.lowerLowat(x) // never back to the idle list with a raised mark
+	x.body.clientLowat.lower(c.fd)
+	if x.up != nil && x.up.fd >= 0 {
+		x.body.upLowat.lower(x.up.fd) // never back to the idle list with a raised mark
 	}
 	if u := x.up; u != nil {
 		u.cl = nil

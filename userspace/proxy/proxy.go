@@ -519,13 +519,10 @@ func isTimeout(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }
 // transfer may take as long as it keeps moving. It reports how many bytes
 // moved; errSrcEOF when src ended early.
 //
-// A large body is batched: the socket wakes us only once batchLowat bytes
-// are queued (SO_RCVLOWAT), so each splice moves a big batch instead of
-// every ~64 KiB segment costing a wakeup. The last batchLowat bytes move
-// with the default low-water mark, so the end of a body never waits for
-// bytes that will not come.
+// A large body is batched (batch.go): src's mark is raised for all but
+// the last batchLowat bytes, where batchMark lowers it.
 func (c *conn) move(dst, src *net.TCPConn, n int64, scratch []byte, timeout time.Duration) (int64, error) {
-	if n < batchMin || n >= 1<<62 || !sysconn.SetRcvLowat(src, batchLowat) {
+	if n >= 1<<62 || batchMark(false, n) != batchLowat || !sysconn.SetRcvLowat(src, batchLowat) {
 		return c.moveSteps(dst, src, n, scratch, timeout)
 	}
 	moved, err := c.moveSteps(dst, src, n-batchLowat, scratch, timeout)
@@ -588,10 +585,3 @@ func (c *conn) moveSteps(dst, src *net.TCPConn, n int64, scratch []byte, timeout
 }
 
 var errSrcEOF = errors.New("source ended early")
-
-// Batching of large bodies (see conn.move). Measured with 16 MiB
-// transfers on loopback: bench/measurements.md ("Copy or splice").
-const (
-	batchMin   = 1 << 20
-	batchLowat = 256 << 10
-)
