@@ -40,8 +40,8 @@ type conn struct {
 	busy      bool      // x is running
 	ioq       bool      // an operation of its is queued for the loop's ring (loop_ring.go)
 	deadline  int64
-	headSince int64 // when the head now being read began (0: none)
-	x         *lx   // the loop's exchange, while busy (from the loop's free list)
+	headSince int64     // when the head now being read began (0: none)
+	x         *exchange // the loop's exchange, while busy (from the loop's free list)
 
 	buf  []byte // client bytes read and not yet consumed: buf[r:w]
 	r, w int

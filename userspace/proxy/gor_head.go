@@ -19,13 +19,7 @@ import (
 // a client that expects 100 Continue).
 func (c *conn) peekBody() []byte {
 	req := c.req
-	want := c.s.cfg.PeekBody
-	if req.ContentLength >= 0 && int64(want) > req.ContentLength {
-		want = int(req.ContentLength)
-	}
-	if want > len(c.buf)-c.r {
-		want = len(c.buf) - c.r
-	}
+	want := c.s.peekWant(req, len(c.buf)-c.r)
 	// A chunked body has no length to wait for: whatever came with the head
 	// is enough, else one read. (Waiting for more stalled a client whose
 	// whole small body had arrived: TestChunkedBodyWithHead.)

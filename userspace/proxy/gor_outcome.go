@@ -34,8 +34,7 @@ func (c *conn) answerFailed(x *exchange, err error) bool {
 // conclude ends a failed exchange as outcome.go decides; it reports
 // whether the client connection may go on (never).
 func (c *conn) conclude(x *exchange, f fault) bool {
-	return c.apply(x, c.s.conclude(f, reached{sentUp: x.sentUp, sentHead: x.sentHead,
-		unread: f.stage == stageBodyUp, closeCut: x.closeDelimited}))
+	return c.apply(x, c.s.conclude(f, x.reached(f.stage == stageBodyUp)))
 }
 
 // apply carries out v on the client connection; the close itself, and
@@ -48,10 +47,7 @@ func (c *conn) apply(x *exchange, v verdict) bool {
 		// connection lingers.
 		return false
 	}
-	x.failed, x.reuse = v.failed, false
-	if v.status != 0 {
-		x.status = v.status
-	}
+	x.take(v)
 	switch v.end {
 	case endReject:
 		x.linger = c.answerClosing(v.answer)
@@ -81,7 +77,7 @@ func (c *conn) apply(x *exchange, v verdict) bool {
 func (c *conn) refusedOrFail(x *exchange, err error) bool {
 	if errors.Is(err, upstream.ErrLocal) {
 		c.s.logLocalShortage(err)
-		return c.apply(x, c.s.gatewayVerdict(502, reached{unread: c.req.HasBody()}))
+		return c.apply(x, c.s.gatewayVerdict(502, x.reached(c.req.HasBody())))
 	}
 	if x.reroutable {
 		x.refused, x.failed = true, true
@@ -93,12 +89,12 @@ func (c *conn) refusedOrFail(x *exchange, err error) bool {
 // fail ends an exchange with a worker error: status if no response head
 // went out; either way the client connection closes.
 func (c *conn) fail(x *exchange, status int) bool {
-	return c.apply(x, c.s.gatewayVerdict(status, reached{sentUp: x.sentUp, sentHead: x.sentHead}))
+	return c.apply(x, c.s.gatewayVerdict(status, x.reached(false)))
 }
 
 // bodyFailed handles a relay error after the response head went out: the
 // client must see the truncation, so its connection closes.
 func (c *conn) bodyFailed(x *exchange, err error) bool {
-	x.reuse = false
+	x.fr.reuse = false
 	return c.conclude(x, fault{stage: stageRelay, gone: c.clientGone()})
 }

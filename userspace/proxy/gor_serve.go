@@ -197,44 +197,13 @@ func (c *conn) serveRouted(dec route.Decision, peek []byte, refused bool) (keep,
 	return keep, held
 }
 
-// exchange is the state of one proxied request.
-type exchange struct {
-	w        *route.Worker
-	up       *upstream.Conn
-	failed   bool // counts as a worker error
-	sentHead bool // response head written to the client
-	sentUp   bool // some request byte was written to the worker
-	reuse    bool // upstream connection may go back to the pool
-	keep     bool // client connection may carry another request
-	sent100  bool // a 100 Continue went to the client (never a second)
-	status   int  // status tether answered itself (fail), for Config.Observe
-	// isHead: the request's method was HEAD. Taken before the body is
-	// relayed: a chunked body is read into the buffer the head was parsed
-	// from, so the head's slices no longer hold the head after it.
-	isHead bool
-	// reroutable: a refused connect is reported (refused), not answered.
-	reroutable, refused bool
-	// learn, when the router set one, is shown the final status and the
-	// first body bytes before they go to the client (learned session ids:
-	// route/learn.go); lsc frames its view of a chunked body.
-	learn *route.Learner
-	lsc   httphead.Chunked
-	// closeDelimited: the client's copy of the response body ends at the
-	// connection's close (the worker's did, or an HTTP/1.0 client gets a
-	// chunked body dechunked).
-	closeDelimited bool
-	// linger: the answer went out over a request body not all read; the
-	// client connection lingers (lingerClose) once the exchange is
-	// accounted and its worker's place and socket given back (proxy).
-	linger bool
-}
-
 // proxy forwards the parsed request to w and relays the response. With
 // reroutable set, a worker that refuses the connection gets no answer
 // written: proxy reports refused instead, and the caller may place the
 // request again.
 func (c *conn) proxy(w *route.Worker, learn *route.Learner, reroutable bool) (keep, refused, held bool) {
-	x := exchange{w: w, isHead: c.req.IsMethod("HEAD"), learn: learn, reroutable: reroutable}
+	x := exchange{w: w, req: reqTraits{head: c.req.IsMethod("HEAD"), http10: c.req.Minor == 0},
+		gx: gx{learn: learn, reroutable: reroutable}}
 	if adm := c.admit(w); adm != route.Admitted {
 		return c.notAdmitted(adm), false, false
 	}
@@ -251,7 +220,7 @@ func (c *conn) proxy(w *route.Worker, learn *route.Learner, reroutable bool) (ke
 	w.Stats.Begin()
 	keep = c.proxyExchange(&x)
 	st := x.status
-	if x.sentHead {
+	if x.prog.sentHead {
 		st = c.resp.Status
 	}
 	var took time.Duration
@@ -263,11 +232,11 @@ func (c *conn) proxy(w *route.Worker, learn *route.Learner, reroutable bool) (ke
 		c.learn = nil
 		x.learn.End()
 	}
-	if x.up != nil {
-		if x.reuse {
-			w.Pool.Put(x.up)
+	if x.uc != nil {
+		if x.fr.reuse {
+			w.Pool.Put(x.uc)
 		} else {
-			x.up.Discard()
+			x.uc.Discard()
 		}
 	}
 	if c.ubuf != nil {
@@ -333,7 +302,7 @@ func (c *conn) proxyExchange(x *exchange) bool {
 	if err != nil {
 		return c.refusedOrFail(x, err)
 	}
-	x.up = up
+	x.uc = up
 
 	out := c.appendUpstreamHead(c.out[:0], x.w)
 
@@ -356,15 +325,15 @@ func (c *conn) proxyExchange(x *exchange) bool {
 		// The pooled connection died between the liveness check and the
 		// write, and not one request byte went out: the one retry.
 		up.Discard()
-		x.up = nil
+		x.uc = nil
 		if up, err = x.w.Pool.Redial(context.Background(), reason); err != nil {
 			return c.refusedOrFail(x, err)
 		}
-		x.up = up
+		x.uc = up
 		up.SetWriteDeadline(time.Now().Add(cfg.IOTimeout))
 		n, err = up.Write(out)
 	}
-	x.sentUp = n > 0
+	x.prog.sentUp = n > 0
 	x.w.Stats.AddUp(int64(n))
 	if err != nil {
 		return c.fail(x, 502)
@@ -424,7 +393,7 @@ func (c *conn) proxyExchange(x *exchange) bool {
 	if c.stopWatch() {
 		c.s.count(countClientAborted)
 		keep = false
-		x.reuse = false // the watch closed it
+		x.fr.reuse = false // the watch closed it
 	}
 	return keep
 }

@@ -90,11 +90,11 @@ type loop struct {
 
 	// The batch of socket operations (loop_ring.go); ring nil: system calls.
 	ring  *uring.Ring
-	q     []ioOp   // queued since the last submit
-	batch []ioOp   // being completed
-	res   ioResult // the completion being replayed
-	pipes []*pipe  // free splice pipes (loop_splice.go)
-	xs    []*lx    // free exchange states (loop_lend.go)
+	q     []ioOp      // queued since the last submit
+	batch []ioOp      // being completed
+	res   ioResult    // the completion being replayed
+	pipes []*pipe     // free splice pipes (loop_splice.go)
+	xs    []*exchange // free exchange states (loop_lend.go)
 	// Free heads and head-assembly buffers, lent to busy connections
 	// (loop_lend.go).
 	reqs  []*httphead.Request

@@ -92,12 +92,11 @@ const (
 	phaseBody   = stageRelay  // relaying the response body
 )
 
-// lx is the state of an exchange on the loop: what it holds (worker,
-// sockets, pipe, buffers, counts) and a few small states, each a group of
-// flags that change together.
+// lx is the loop's I/O state of an exchange (exchange.go): its sockets,
+// pipe, buffers and counts, and a few small states, each a group of flags
+// that change together.
 type lx struct {
-	id      uint32 // which exchange (lx structs are reused): loop_ring.go's deferred events
-	w       *route.Worker
+	id      uint32 // which exchange (exchanges are reused): loop_ring.go's deferred events
 	dec     route.Decision
 	up      *upconn
 	start   int64
@@ -111,21 +110,10 @@ type lx struct {
 	sc      httphead.Chunked
 	pipe    *pipe // a body spliced through (pumpSplice, upload); nil: copied through ubuf
 	inPipe  int   // bytes in pipe not yet written on
-	status  int   // for Config.Observe: relayed, or tetherd's own
-	failed  bool  // counts as a worker error
 	rt      routeNote
 
-	req  reqTraits
-	fr   respFraming // framing.go's frameResponse (keep: the request's, until the head)
 	sock readiness
-	prog progress
 	body bodyState
-}
-
-// reqTraits: what of the request shapes its response.
-type reqTraits struct {
-	head   bool // a HEAD request: no body follows the response head
-	http10 bool // the client speaks HTTP/1.0
 }
 
 // readiness: what the loop knows of its sockets between events
@@ -135,15 +123,6 @@ type readiness struct {
 	upHup   bool // the worker closed or reset: read to the end
 	blocked bool // the client's socket would block on the pipe's bytes
 	reparse bool // an interim head was written late: look at ubuf again
-}
-
-// progress: how far the exchange got (what a failure may still do).
-type progress struct {
-	connected bool // a connect of this exchange succeeded (no second try after)
-	redialed  bool // the one connect retry was made
-	sentUp    bool // a request byte went up (a failure is 502 sent, never retried)
-	sentHead  bool // the response head went to the client (a failure is a cut)
-	done      bool // the response ended at its framing
 }
 
 // bodyState: the bodies' states beyond their framing.
@@ -220,8 +199,8 @@ func (l *loop) begin(c *conn) step {
 	w.Stats.Begin()
 	x := l.newX()
 	c.x = x
-	*x = lx{id: l.nextSeq(), w: w, dec: dec, up: u, start: l.now, bodyAt: c.r, reqLeft: left, pipe: up, rt: s.routeNote(dec),
-		req: reqTraits{head: req.IsMethod("HEAD"), http10: req.Minor == 0}, fr: respFraming{keep: req.KeepAlive}}
+	*x = exchange{w: w, req: reqTraits{head: req.IsMethod("HEAD"), http10: req.Minor == 0}, fr: respFraming{keep: req.KeepAlive},
+		lx: lx{id: l.nextSeq(), dec: dec, up: u, start: l.now, bodyAt: c.r, reqLeft: left, pipe: up, rt: s.routeNote(dec)}}
 	c.busy = true
 	if u == nil {
 		return l.noDescriptor(c, err)
@@ -253,12 +232,12 @@ func (l *loop) sockaddr(p *upstream.Pool) unix.Sockaddr {
 
 // noDescriptor ends an exchange whose connect, the first or a redial, or
 // whose upload's splice pipe found no descriptor (EMFILE, ENFILE), even
-// after idle sockets were given up (dial, getPipe): no other worker would fare better, and a goroutine
-// could not even be lent the client's socket. 502 not-sent here, as the
-// goroutine path answers upstream.ErrLocal (gor_outcome.go's
-// refusedOrFail), logged once per episode; then the client connection
-// lingers over a request body not all read (lingerClose), so that no
-// reset destroys the answer.
+// after idle sockets were given up (dial, getPipe): no other worker would
+// fare better, and a goroutine could not even be lent the client's
+// socket. 502 not-sent here (this host's shortage, upstream.ErrLocal),
+// logged once per episode; then the client connection lingers over a
+// request body not all read (lingerClose), so that no reset destroys the
+// answer.
 func (l *loop) noDescriptor(c *conn, err error) step {
 	upstream.LocalFailures.Add(1)
 	l.s.logLocalShortage(err)

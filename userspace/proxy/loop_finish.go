@@ -60,7 +60,7 @@ func (l *loop) finishExchange(c *conn) {
 // fail ends c's exchange with a worker error: status (502 or 504) if no
 // response head went out, then the close (outcome.go's gatewayVerdict).
 func (l *loop) fail(c *conn, status int) step {
-	return l.apply(c, l.s.gatewayVerdict(status, l.reached(c.x)))
+	return l.apply(c, l.s.gatewayVerdict(status, c.x.reached(l.unread(c.x))))
 }
 
 // bodyFailed: the response was cut after its head went out; the client
@@ -69,12 +69,9 @@ func (l *loop) bodyFailed(c *conn) step {
 	return l.conclude(c, fault{stage: stageRelay})
 }
 
-// reached is how far x got (outcome.go).
-func (l *loop) reached(x *lx) reached {
-	return reached{sentUp: x.prog.sentUp, sentHead: x.prog.sentHead,
-		unread:   x.reqLeft > 0 || x.body.cut, // (cut: the rest was given up for an early answer)
-		closeCut: x.fr.closeCut}
-}
+// unread: x's request body was not all read (cut: the rest was given up
+// for an early answer).
+func (l *loop) unread(x *exchange) bool { return x.reqLeft > 0 || x.body.cut }
 
 // apply carries out v on c's exchange: the answer written (best effort:
 // the connection closes), the exchange accounted, then the close, a
@@ -86,11 +83,7 @@ func (l *loop) apply(c *conn, v verdict) step {
 	case endEarly:
 		return stepFinish // the loop relays an early answer as any response
 	}
-	x := c.x
-	x.failed, x.fr.reuse = v.failed, false
-	if v.status != 0 {
-		x.status = v.status
-	}
+	c.x.take(v)
 	if v.answer != nil {
 		unix.Write(c.fd, v.answer)
 	}
@@ -133,7 +126,7 @@ func (l *loop) expireExchange(c *conn) step {
 
 // conclude ends c's failed exchange as outcome.go decides.
 func (l *loop) conclude(c *conn, f fault) step {
-	return l.apply(c, l.s.conclude(f, l.reached(c.x)))
+	return l.apply(c, l.s.conclude(f, c.x.reached(l.unread(c.x))))
 }
 
 // lingerClose half-closes the client connection and reads what it still

@@ -198,7 +198,7 @@ func (l *loop) relayHead(c *conn) step {
 	return stepOn
 }
 
-func (l *loop) bodyTimeout(x *lx) time.Duration { return l.s.cfg.bodyIdle(x.fr.kind) }
+func (l *loop) bodyTimeout(x *exchange) time.Duration { return l.s.cfg.bodyIdle(x.fr.kind) }
 
 // body relays response body bytes p by the framing.
 func (l *loop) body(c *conn, p []byte) step {

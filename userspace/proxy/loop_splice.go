@@ -26,7 +26,7 @@ type pipe struct {
 
 // splicing reports whether x's next body bytes move by splice (and gives
 // it a pipe): while its pipe holds bytes, or spliceBody says so.
-func (l *loop) splicing(x *lx) bool {
+func (l *loop) splicing(x *exchange) bool {
 	if x.inPipe > 0 {
 		return true
 	}
@@ -165,7 +165,7 @@ func (l *loop) putPipe(p *pipe, empty bool) {
 // spliceRest is how many body bytes the splice may still take before the
 // framing must read: a Content-Length body's rest, the rest of a chunk's
 // data (0 between chunks), or -1 for a body that ends at the close.
-func spliceRest(x *lx) int64 {
+func spliceRest(x *exchange) int64 {
 	switch x.fr.kind {
 	case httphead.BodyLength:
 		return x.left

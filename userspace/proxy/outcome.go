@@ -221,3 +221,17 @@ func (s *Server) gatewayVerdict(status int, r reached) verdict {
 	}
 	return v
 }
+
+// reached is how far x got; unread is the driver's to say (the loop
+// knows the body bytes left, a goroutine the stage it failed at).
+func (x *exchange) reached(unread bool) reached {
+	return reached{sentUp: x.prog.sentUp, sentHead: x.prog.sentHead, unread: unread, closeCut: x.fr.closeCut}
+}
+
+// take records v in x, before a driver applies it to its socket.
+func (x *exchange) take(v verdict) {
+	x.failed, x.fr.reuse = v.failed, false
+	if v.status != 0 {
+		x.status = v.status
+	}
+}

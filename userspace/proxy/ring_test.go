@@ -63,7 +63,7 @@ func TestDeferredUpstreamEvents(t *testing.T) {
 	})
 	t.Run("another exchange: readiness dropped", func(t *testing.T) {
 		u, _ := idle(t)
-		c := &conn{x: &lx{id: 9, phase: phaseHead}}
+		c := &conn{x: &exchange{lx: lx{id: 9, phase: phaseHead}}}
 		u.cl = c
 		l.upDeferred(u, 7, unix.EPOLLIN)
 		if c.x.sock.upReady || !open(u) {
