@@ -107,9 +107,7 @@ func (c *conn) relayResponse(x *exchange, uw int, bodyRead bool) bool {
 		x.fr.reuse = false
 	}
 	if err != nil {
-		x.fr.reuse = false
-		c.s.count(countTruncated)
-		return c.fail(x, 502)
+		return c.apply(x, c.s.brokenVerdict(x.reached(false)))
 	}
 	c.out = out[:0]
 	if x.learn != nil && x.learn.Status(resp.Status) {

@@ -177,8 +177,7 @@ func (c *conn) serveRouted(dec route.Decision, peek []byte, refused bool) (keep,
 		}
 	}
 	if rr == nil {
-		c.s.count(countBadGateway)
-		c.writeClient(upstreamError(502, false, true))
+		c.writeClient(c.s.gatewayAnswer(502, false))
 		return false, false
 	}
 	// The worker refused the connection: nothing was sent, so another
@@ -188,8 +187,7 @@ func (c *conn) serveRouted(dec route.Decision, peek []byte, refused bool) (keep,
 	}
 	dec = rr.Reroute(req, peek, dec)
 	if dec.Worker == nil {
-		c.s.count(countBadGateway)
-		c.writeClient(upstreamError(502, false, true))
+		c.writeClient(c.s.gatewayAnswer(502, false))
 		return false, false
 	}
 	c.noteRoute(dec)

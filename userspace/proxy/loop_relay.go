@@ -174,9 +174,7 @@ func (l *loop) relayHead(c *conn) step {
 		x.fr.reuse = false
 	}
 	if err != nil {
-		x.fr.reuse = false
-		s.count(countTruncated)
-		return l.fail(c, 502)
+		return l.apply(c, s.brokenVerdict(x.reached(l.unread(x))))
 	}
 	x.left = left
 	switch f.kind {

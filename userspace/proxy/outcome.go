@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/tether-rl/tether/userspace/route"
@@ -67,28 +68,18 @@ const (
 // count increments the counter of what.
 func (s *Server) count(what counted) {
 	c := &s.counters
-	switch what {
-	case countRejected:
-		c.Rejected.Add(1)
-	case countBadGateway:
-		c.BadGateway.Add(1)
-	case countTimeout:
-		c.Timeouts.Add(1)
-	case countTruncated:
-		c.Truncated.Add(1)
-	case countClientAborted:
-		c.ClientAborted.Add(1)
-	case countQueueFull:
-		c.QueueFull.Add(1)
-	case countQueueTimeout:
-		c.QueueTimeouts.Add(1)
-	case countHoldFull:
-		c.HoldFull.Add(1)
-	case countHoldTimeout:
-		c.HoldTimeouts.Add(1)
-	case countLocalBusy:
-		c.LocalBusy.Add(1)
-	}
+	[...]*atomic.Uint64{
+		countRejected:      &c.Rejected,
+		countBadGateway:    &c.BadGateway,
+		countTimeout:       &c.Timeouts,
+		countTruncated:     &c.Truncated,
+		countClientAborted: &c.ClientAborted,
+		countQueueFull:     &c.QueueFull,
+		countQueueTimeout:  &c.QueueTimeouts,
+		countHoldFull:      &c.HoldFull,
+		countHoldTimeout:   &c.HoldTimeouts,
+		countLocalBusy:     &c.LocalBusy,
+	}[what].Add(1)
 }
 
 // gatewayAnswer counts tetherd's own 502 or 504 and returns it, closing
@@ -220,6 +211,14 @@ func (s *Server) gatewayVerdict(status int, r reached) verdict {
 		v.answer = s.gatewayAnswer(status, r.sentUp)
 	}
 	return v
+}
+
+// brokenVerdict is a response whose first body bytes break its framing
+// (docs/http-framing.md rule 22): counted as cut, answered 502 while no
+// head went out.
+func (s *Server) brokenVerdict(r reached) verdict {
+	s.count(countTruncated)
+	return s.gatewayVerdict(502, r)
 }
 
 // reached is how far x got; unread is the driver's to say (the loop
