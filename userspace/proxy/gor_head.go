@@ -40,13 +40,6 @@ func (c *conn) peekBody() []byte {
 	return c.buf[c.r:end]
 }
 
-func isPath(path []byte, p string) bool {
-	if len(path) < len(p) || string(path[:len(p)]) != p {
-		return false
-	}
-	return len(path) == len(p) || path[len(p)] == '?'
-}
-
 // readHead reads until c.buf[c.r:c.w] starts with a complete request head,
 // parsed into c.req.
 func (c *conn) readHead() error {

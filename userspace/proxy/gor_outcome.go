@@ -1,7 +1,8 @@
 package proxy
 
-// The goroutine path's endings: each failure is put to outcome.go's
-// decide, and the verdict carried out on the connection.
+// The goroutine path's endings: each failure is concluded by outcome.go
+// (conclude, gatewayVerdict, brokenVerdict), and the verdict applied to
+// the net.TCPConn (apply).
 
 import (
 	"errors"
@@ -42,10 +43,11 @@ func (c *conn) conclude(x *exchange, f fault) bool {
 // It reports whether the client connection may go on (never).
 func (c *conn) apply(x *exchange, v verdict) bool {
 	switch v.end {
-	case endAbort, endEarly:
-		// endEarly: the worker's answer went out (earlyAnswer), the
-		// connection lingers.
+	case endAbort:
+		x.fr.reuse = false // the upstream closes, so the worker sees it
 		return false
+	case endEarly:
+		return false // the worker's answer went out (earlyAnswer), the connection lingers
 	}
 	x.take(v)
 	switch v.end {
@@ -65,6 +67,12 @@ func (c *conn) apply(x *exchange, v verdict) bool {
 		}
 	}
 	return false
+}
+
+// clientLeft ends an exchange whose client left (a write to it failed, or
+// the watch saw it go): nothing to answer.
+func (c *conn) clientLeft(x *exchange) bool {
+	return c.apply(x, c.s.conclude(fault{gone: true}, x.reached(false)))
 }
 
 // refusedOrFail ends an exchange whose worker could not be connected to

@@ -114,9 +114,7 @@ func (c *conn) relayResponse(x *exchange, uw int, bodyRead bool) bool {
 		c.learnBody(x, out[hl:], kind == httphead.BodyChunked && !dechunk)
 	}
 	if err := c.writeClient(out); err != nil {
-		x.fr.reuse = false
-		c.s.count(countClientAborted)
-		return false
+		return c.clientLeft(x)
 	}
 	x.prog.sentHead = true
 

@@ -362,8 +362,7 @@ func (c *conn) proxyExchange(x *exchange) bool {
 			// waits for the 100 stalled until a timeout. A late 100 from
 			// the backend is then dropped: the client sees exactly one.
 			if err := c.writeClient(continue100); err != nil {
-				c.s.count(countClientAborted)
-				return false
+				return c.clientLeft(x)
 			}
 			x.sent100 = true
 		}
@@ -389,9 +388,7 @@ func (c *conn) proxyExchange(x *exchange) bool {
 	c.watchClient(up)
 	keep := c.awaitAndRelay(x, uw)
 	if c.stopWatch() {
-		c.s.count(countClientAborted)
-		keep = false
-		x.fr.reuse = false // the watch closed it
+		keep = c.clientLeft(x) // (the watch closed the upstream)
 	}
 	return keep
 }

@@ -408,3 +408,11 @@ func (c *conn) readLocalBody() ([]byte, error) {
 	}
 	return nil, nil
 }
+
+// isPath reports whether path is p, with or without a query.
+func isPath(path []byte, p string) bool {
+	if len(path) < len(p) || string(path[:len(p)]) != p {
+		return false
+	}
+	return len(path) == len(p) || path[len(p)] == '?'
+}

@@ -132,8 +132,8 @@ func (l *loop) conclude(c *conn, f fault) step {
 // lingerClose half-closes the client connection and reads what it still
 // sends, for as long and as much as linger.go's lingering allows, before
 // the close: closing with unread bytes would send a reset that can destroy
-// the answer before the client reads it (gor_head.go's lingerClose, in the
-// loop). Its deadline is the connection's one deadline (expire closes).
+// the answer before the client reads it. Its deadline is the connection's
+// one deadline (expire closes).
 func (l *loop) lingerClose(c *conn) step {
 	unix.Shutdown(c.fd, unix.SHUT_WR)
 	c.readable = true
