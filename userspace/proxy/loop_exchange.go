@@ -27,8 +27,9 @@ package proxy
 //	stepLinger  lingerClose (drain)           loop_finish.go,   → close
 //	                                          linger.go
 //
-// A failure is decided by outcome.go's decide and carried out by conclude
-// (loop_finish.go: fail, bodyFailed, or the ending leaveAborted). The
+// A failure is concluded by outcome.go (a verdict) and applied to the
+// client's socket by loop_finish.go's apply (through conclude, fail,
+// bodyFailed), or is the ending leaveAborted (the client left). The
 // events: clientEvent (loop.go), exchangeEvent (loop_upstream.go),
 // sentClient (loop_ring.go), expire (loop_deadline.go) each return the
 // phase to drive.

@@ -1,10 +1,11 @@
 package proxy
 
 // How a loop's exchange ends: at its framing (end), failed before or after
-// the response head (fail, bodyFailed), abandoned (abandon: the client
-// left, leaveAborted), past its deadline (expireExchange), or with the
-// client lingering (lingerClose, drain). What becomes of the client
-// connection is returned (a step): the loop ends it in one place (leave).
+// the response head (outcome.go's verdict, applied here: apply, through
+// conclude, fail, bodyFailed), abandoned (abandon: the client left,
+// leaveAborted), past its deadline (expireExchange), or with the client
+// lingering (lingerClose, drain). What becomes of the client connection
+// is returned (a step): the loop ends it in one place (leave).
 
 import (
 	"time"
