@@ -418,3 +418,16 @@ func jsonKind(raw json.RawMessage) string {
 	}
 	return "a number"
 }
+
+// Default is the dialect tetherd speaks first, on its own account, to a
+// worker of unknown kind (the first engine; another is tried on a 404).
+func Default() Kind {
+	if len(order) == 0 {
+		return Unknown
+	}
+	return order[0].Kind
+}
+
+// SetVersionMissing is the refusal of a SetVersion update whose body
+// names no version.
+const SetVersionMissing = `"new_version" must be a non-empty string`

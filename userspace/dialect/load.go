@@ -187,6 +187,11 @@ func ratio(p *float64) (float64, bool) {
 
 func clamp01(v float64) float64 { return max(0, min(v, 1)) }
 
+// VersionField names the weight version in a version answer (tetherd's
+// own answers use it too, so a trainer reads tetherd as it reads an
+// engine).
+const VersionField = "weight_version"
+
 // ParseVersion reads a weight version answer ({"weight_version": V}): V a
 // string, or a number written in its shortest form; ok false for anything
 // else (absent, null, another type, no JSON object). The one parser of an
