@@ -19,7 +19,7 @@ import (
 )
 
 // MaxControlBody bounds the body of a fanned-out control call (the
-// proxy's MaxLocalBody): serialized tensors of update_weights_from_tensor
+// proxy's MaxLocalBody): serialized tensors of an update from tensors
 // fit; larger weights go by disk or a distributed group.
 const MaxControlBody = 16 << 20
 

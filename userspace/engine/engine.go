@@ -3,17 +3,15 @@
 // request, and fan-outs to every worker. It also tracks which worker serves
 // each request id in flight (Owners, Tracker).
 //
-//	POST /abort_request      SGLang form {"rid": "..."} or {"abort_all": true}:
-//	                         to the owner of rid when known, else to every worker
-//	POST /abort_requests     vLLM form {"request_ids": [...]}: grouped per owner,
-//	                         unknown ids to every worker; {} (abort
-//	                         everything) to every worker
+//	abort (dialect OpAbort, each engine's form: one id or everything, or a
+//	     list of ids or everything): to the owner of each id when known,
+//	     else to every worker, each in its own dialect
 //	POST /abort_until_idle?timeout_s=T
-//	                         abort_all in waves until tetherd has nothing in
-//	                         flight to any worker, or T seconds (default 30) pass
-//	POST /flush_cache        to every worker (GET accepted too)
-//	GET  /get_loads, /v1/loads
-//	                         every worker's GET /get_load, and the loads list
+//	                         abort everything in waves until tetherd has nothing
+//	                         in flight to any worker, or T seconds (default 30) pass
+//	cache flush (dialect OpFlush)
+//	                         to every worker in its dialect (GET accepted too)
+//	loads (dialect OpLoads)  every worker's own load answer, and the loads list
 //	                         of sgl-model-gateway ({"loads":[{"worker":url,
 //	                         "worker_type":"regular","load":n}]}, n: tetherd's
 //	                         requests in flight to it)
@@ -26,7 +24,7 @@
 //	 "failed":[{"worker":2,"error":"connect failed"}]}
 //
 // with status 200, or 502 when every call failed, or 503 without workers
-// (/flush_cache: not 200 unless every worker flushed). Every call carries
+// (a cache flush: not 200 unless every worker flushed). Every call carries
 // the client's Authorization (else Config.WorkerAPIKey as a Bearer token).
 // Malformed requests are answered 400 with {"error":{"code":400,"message":...}}
 // and nothing is sent to any worker. Error texts are fixed (never a Go
@@ -422,7 +420,7 @@ func (e *Engine) all(r *http.Request, c dialect.Call) Results {
 	return e.fanout(r.Context(), e.auth(r), calls)
 }
 
-// FlushAnswer is the answer of /flush_cache.
+// FlushAnswer is the answer of a cache flush.
 type FlushAnswer struct {
 	Results
 	TotalWorkers int    `json:"total_workers"`

@@ -98,8 +98,8 @@ type Fleet struct {
 	versions map[string]string
 	updating map[string]bool
 	cycles   uint64 // pauses begun
-	// open: a vLLM start_weight_update was fanned out and its
-	// finish_weight_update not yet: the weights are in flux.
+	// open: an update that opens (dialect.OpenUpdate) was fanned out
+	// and the one that closes it not yet: the weights are in flux.
 	open    bool
 	openSeq uint64 // which open update a bound's timer closes
 	// pauseSeq numbers the pauses begun here (BeginPause): a pause that
