@@ -3,12 +3,13 @@ package engine
 import (
 	"encoding/json"
 
+	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/route"
 )
 
-// RequestIDHeader carries a request id (vLLM's X-Request-Id).
-const RequestIDHeader = "X-Request-ID"
+// requestIDHeaders are the headers that carry a request id.
+var requestIDHeaders = dialect.RequestIDHeaders()
 
 // Tracker is the data plane's router when request ids are tracked: it
 // routes with Router, then records the worker serving the request's id in
@@ -81,10 +82,11 @@ func ridString(rid []byte) string {
 	return string(rid)
 }
 
-// RequestID returns the request id of a request: the string "rid" of the
-// top-level JSON object of the body (SGLang /generate and chat), when it is
-// within the peeked bytes, else the X-Request-ID header; nil when there is
-// none. The body form is returned as in the JSON text (still escaped).
+// RequestID returns the request id of a request: the string value of the
+// first request-id field (dialect.IsRequestIDField) of the top-level JSON
+// object of the body, when it is within the peeked bytes, else a
+// request-id header (dialect.RequestIDHeaders); nil when there is none.
+// The body form is returned as in the JSON text (still escaped).
 func RequestID(req *httphead.Request, body []byte) []byte {
 	if body = route.PeekedBody(req, body); len(body) > 0 {
 		if rid := bodyRID(body); len(rid) > 0 {
@@ -93,8 +95,13 @@ func RequestID(req *httphead.Request, body []byte) []byte {
 	}
 	for i := range req.Fields {
 		f := &req.Fields[i]
-		if len(f.Value) > 0 && len(f.Name) == len(RequestIDHeader) && equalFold(f.Name, RequestIDHeader) {
-			return f.Value
+		if len(f.Value) == 0 {
+			continue
+		}
+		for _, h := range requestIDHeaders {
+			if len(f.Name) == len(h) && equalFold(f.Name, h) {
+				return f.Value
+			}
 		}
 	}
 	return nil
@@ -111,7 +118,7 @@ func equalFold(b []byte, s string) bool {
 }
 
 // bodyRID scans the top-level object of a (possibly truncated) JSON body
-// for the first key "rid" (SGLang) or "request_id" (vLLM) with a string
+// for the first request-id key (dialect.IsRequestIDField) with a string
 // value, without allocating.
 func bodyRID(b []byte) []byte {
 	i := skipWS(b, 0)
@@ -134,7 +141,7 @@ func bodyRID(b []byte) []byte {
 			return nil
 		}
 		i = skipWS(b, i+1)
-		if string(key) == "rid" || string(key) == "request_id" { // SGLang, vLLM
+		if dialect.IsRequestIDField(key) {
 			if i < len(b) && b[i] == '"' {
 				if ve, ok := route.ScanJSONString(b, i); ok {
 					return b[i+1 : ve-1]

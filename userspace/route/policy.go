@@ -34,7 +34,7 @@ package route
 //     a full scan beats sampling for worker sets of this size); with
 //     Keyless = p2c the less loaded of two random healthy workers (power of
 //     two choices, O(1) for very large sets); with Keyless = prefix, the first PrefixBytes of the body
-//     (rid and request_id values left out) are hashed on the ring like a
+//     (request-id values left out) are hashed on the ring like a
 //     key, so that the samples of one GRPO group share a prefix cache.
 //
 // Routing is a pure function of (key, workers, loads): every tetherd
@@ -51,6 +51,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/sticky"
 )
@@ -439,19 +440,24 @@ func p2c(rt *Router, ws []*Worker) Decision {
 
 // PrefixHash hashes the start of a request body for --keyless=prefix: the
 // samples of a GRPO group share their prompt but not their request id, so
-// the string values of the first "rid" and "request_id" keys are left out.
+// the string values of the first key of each request-id field
+// (dialect.RequestIDKeys) are left out.
 func PrefixHash(body []byte) uint64 {
 	h := uint64(fnvOffset)
-	var skip [2][2]int
+	var skip [maxIDKeys][2]int
 	ns := 0
-	for _, k := range [...]string{`"rid"`, `"request_id"`} {
+	for _, k := range dialect.RequestIDKeys() {
+		if ns == maxIDKeys {
+			break
+		}
 		if s, e, ok := stringValueOf(body, k); ok {
 			skip[ns] = [2]int{s, e}
+			// In order of where they are.
+			for j := ns; j > 0 && skip[j][0] < skip[j-1][0]; j-- {
+				skip[j], skip[j-1] = skip[j-1], skip[j]
+			}
 			ns++
 		}
-	}
-	if ns == 2 && skip[1][0] < skip[0][0] {
-		skip[0], skip[1] = skip[1], skip[0]
 	}
 	at := 0
 	for i := 0; i < ns; i++ {
@@ -463,6 +469,9 @@ func PrefixHash(body []byte) uint64 {
 	}
 	return fmix64(fnv1a(h, body[at:]))
 }
+
+// maxIDKeys bounds the request-id keys PrefixHash leaves out.
+const maxIDKeys = 4
 
 // stringValueOf finds the first occurrence of the quoted key k followed by
 // a colon and a string, and returns the span of that string (quotes
