@@ -43,8 +43,23 @@ type fleet struct {
 
 func newFleet(t *testing.T, proto pd.Protocol, np, nd int, popts, dopts fakepd.Options) *fleet {
 	t.Helper()
+	ps, ds := make([]fakepd.Options, np), make([]fakepd.Options, nd)
+	for i := range ps {
+		ps[i] = popts
+	}
+	for i := range ds {
+		ds[i] = dopts
+	}
+	return newFleetOpts(t, proto, ps, ds)
+}
+
+// newFleetOpts starts a fleet with options per engine.
+func newFleetOpts(t *testing.T, proto pd.Protocol, ps, ds []fakepd.Options) *fleet {
+	t.Helper()
 	f := &fleet{proto: proto}
+	np, nd := len(ps), len(ds)
 	for i := 0; i < np; i++ {
+		popts := ps[i]
 		var e engine
 		w := pd.Worker{Slot: i}
 		switch proto {
@@ -67,6 +82,7 @@ func newFleet(t *testing.T, proto pd.Protocol, np, nd int, popts, dopts fakepd.O
 		f.prefills, f.workersP = append(f.prefills, e), append(f.workersP, w)
 	}
 	for i := 0; i < nd; i++ {
+		dopts := ds[i]
 		var e engine
 		switch proto {
 		case pd.SGLang:
@@ -294,4 +310,11 @@ func body(path, prompt string, n int, stream bool, extra string) string {
 
 func chatPrompt(prompt string) string {
 	return fakeengine.ChatPrompt([]fakeengine.ChatMessage{{Role: "user", Content: prompt}})
+}
+
+// settled waits for every Serve to return: a whole answer can reach the
+// client before Serve counts it and releases its pair.
+func (r *router) settled(t testing.TB) {
+	t.Helper()
+	testenv.WaitFor(t, "every Serve to return", func() bool { return r.ch.load.Load() == 0 })
 }
