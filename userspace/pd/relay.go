@@ -170,11 +170,16 @@ func (x *sse) feed(dst, p []byte) []byte {
 			return dst
 		}
 		ev := x.buf[:i+2]
+		merged := false
 		if payload, ok := dataPayload(ev[:i]); ok && len(payload) > 0 && payload[0] == '{' {
-			dst = append(dst, "data: "...)
-			dst = append(dst, x.m.one(payload, eventIndex(payload))...)
-			dst = append(dst, "\n\n"...)
-		} else {
+			if out := x.m.one(payload, eventIndex(payload)); !bytes.Equal(out, payload) {
+				dst = append(dst, "data: "...)
+				dst = append(dst, out...)
+				dst = append(dst, "\n\n"...)
+				merged = true
+			}
+		}
+		if !merged {
 			dst = append(dst, ev...)
 		}
 		x.buf = x.buf[i+2:]
