@@ -117,7 +117,11 @@ func Delete(key string) Edit { return Edit{Key: key, Delete: true} }
 // ones go at the end. Every member not edited is copied byte for byte; the
 // space between members is not kept. o is not changed.
 func (o *Object) Apply(edits ...Edit) ([]byte, error) {
-	return o.AppendApply(make([]byte, 0, len(o.Body)+64), edits...)
+	n := len(o.Body)
+	for _, e := range edits {
+		n += len(e.Key) + len(e.Value) + 8
+	}
+	return o.AppendApply(make([]byte, 0, n), edits...)
 }
 
 // AppendApply is Apply appending to dst.
@@ -232,6 +236,57 @@ func Elements(arr []byte) ([][]byte, error) {
 			return out, nil
 		default:
 			return nil, synErr(i, "',' or ']' expected")
+		}
+	}
+}
+
+// First returns the first element of a valid JSON array (nil for an
+// empty one) without reading the rest.
+func First(arr []byte) ([]byte, error) {
+	i := skipSpace(arr, 0)
+	if i >= len(arr) || arr[i] != '[' {
+		return nil, errors.New("jsonedit: not an array")
+	}
+	i = skipSpace(arr, i+1)
+	if i < len(arr) && arr[i] == ']' {
+		return nil, nil
+	}
+	end, err := skipValue(arr, i, 1)
+	if err != nil {
+		return nil, err
+	}
+	return arr[i:end], nil
+}
+
+// Len returns the number of elements of a JSON array, validating it,
+// without keeping them.
+func Len(arr []byte) (int, error) {
+	i := skipSpace(arr, 0)
+	if i >= len(arr) || arr[i] != '[' {
+		return 0, errors.New("jsonedit: not an array")
+	}
+	i = skipSpace(arr, i+1)
+	if i < len(arr) && arr[i] == ']' {
+		return 0, nil
+	}
+	n := 0
+	for {
+		end, err := skipValue(arr, i, 1)
+		if err != nil {
+			return 0, err
+		}
+		n++
+		i = skipSpace(arr, end)
+		if i >= len(arr) {
+			return 0, synErr(i, "unterminated array")
+		}
+		switch arr[i] {
+		case ',':
+			i = skipSpace(arr, i+1)
+		case ']':
+			return n, nil
+		default:
+			return 0, synErr(i, "',' or ']' expected")
 		}
 	}
 }

@@ -106,6 +106,20 @@ func TestArrays(t *testing.T) {
 	if _, err := ConcatArrays([]byte(`{}`), []byte(`[]`)); err == nil {
 		t.Error("an object concatenated")
 	}
+	if f, err := First([]byte(` [ [1,2], 3 ] `)); err != nil || string(f) != "[1,2]" {
+		t.Errorf("First = %s, %v", f, err)
+	}
+	if f, err := First([]byte(`[]`)); err != nil || f != nil {
+		t.Errorf("First([]) = %s, %v", f, err)
+	}
+	for arr, want := range map[string]int{`[]`: 0, `[1]`: 1, ` [ 1 , [2,3] , {"a":[]} ] `: 3} {
+		if n, err := Len([]byte(arr)); err != nil || n != want {
+			t.Errorf("Len(%s) = %d, %v", arr, n, err)
+		}
+	}
+	if _, err := Len([]byte(`[1,]`)); err == nil {
+		t.Error("Len([1,]) accepted")
+	}
 	els, err := Elements([]byte(` [ {"a":1} , 2,"x" ] `))
 	if err != nil || len(els) != 3 || string(els[0]) != `{"a":1}` || string(els[2]) != `"x"` {
 		t.Errorf("Elements = %q, %v", els, err)

@@ -94,15 +94,13 @@ func batchSize(o *jsonedit.Object) int {
 		if !ok {
 			continue
 		}
-		els, err := jsonedit.Elements(v)
-		if err != nil || len(els) == 0 {
+		first, err := jsonedit.First(v)
+		if err != nil || first == nil {
 			return 0
 		}
-		if key == "text" {
-			return len(els)
-		}
-		if c := els[0][0]; c == '[' || (c == '"' && key == "prompt") {
-			return len(els)
+		if c := first[0]; key == "text" || c == '[' || (c == '"' && key == "prompt") {
+			n, _ := jsonedit.Len(v)
+			return n
 		}
 		return 0
 	}

@@ -21,6 +21,24 @@ type legResult struct {
 	resp *http.Response // body open only for a 2xx from first
 	body []byte         // whole: the body kept (up to the limit); first: a non-2xx body
 	err  error          // no head, or the body failed before its end (whole) / first bytes (first)
+	buf  *[]byte        // first: the pooled buffer body lies in
+}
+
+// bufs are the 32 KiB buffers of a decode's first bytes and of the relay.
+var bufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func getBuf() *[]byte  { return bufs.Get().(*[]byte) }
+func putBuf(b *[]byte) { bufs.Put(b) }
+
+// done closes a first leg's answer and gives its buffer back.
+func (l *legResult) done() {
+	if l.resp != nil {
+		l.resp.Body.Close()
+	}
+	if l.buf != nil {
+		putBuf(l.buf)
+		l.buf, l.body = nil, nil
+	}
 }
 
 func (l *legResult) status() int {
@@ -114,18 +132,19 @@ func (s *Server) first(ctx context.Context, w Worker, req *Request, body []byte,
 			ch <- legResult{resp: resp, body: b, err: err}
 			return
 		}
-		buf := make([]byte, 32<<10)
+		buf := getBuf()
 		for {
-			n, err := resp.Body.Read(buf)
+			n, err := resp.Body.Read(*buf)
 			if n > 0 || err != nil {
 				if err == io.EOF {
 					err = nil
 				} else if err != nil {
+					putBuf(buf)
 					resp.Body.Close()
 					ch <- legResult{resp: resp, err: err}
 					return
 				}
-				ch <- legResult{resp: resp, body: buf[:n]}
+				ch <- legResult{resp: resp, body: (*buf)[:n], buf: buf}
 				return
 			}
 		}
@@ -141,9 +160,8 @@ func (s *Server) drop(ch <-chan legResult) {
 	s.bg.Add(1)
 	go func() {
 		defer s.bg.Done()
-		if l := <-ch; l.resp != nil {
-			l.resp.Body.Close()
-		}
+		l := <-ch
+		l.done()
 	}()
 }
 

@@ -213,7 +213,7 @@ func (s *Server) relay(ctx context.Context, w ResponseWriter, d *legResult, rout
 		return nil
 	}
 	isSSE := strings.HasPrefix(d.resp.Header.Get("Content-Type"), "text/event-stream")
-	out := make([]byte, 0, 32<<10)
+	var out []byte
 	write := func(p []byte) error {
 		if tx != nil {
 			out = tx.feed(out[:0], p)
@@ -230,7 +230,9 @@ func (s *Server) relay(ctx context.Context, w ResponseWriter, d *legResult, rout
 	if err := write(d.body); err != nil {
 		return err
 	}
-	buf := make([]byte, 32<<10)
+	bp := getBuf()
+	defer putBuf(bp)
+	buf := *bp
 	for {
 		n, err := d.resp.Body.Read(buf)
 		if n > 0 {

@@ -154,13 +154,13 @@ func (s *Server) sglangAttempt(ctx context.Context, w ResponseWriter, req *Reque
 				s.cancelLeg(dcancel, dch, pair.Decode, rids)
 			} else {
 				dcancel()
-				d.resp.Body.Close()
+				d.done()
 			}
 			return false, ctx.Err()
 		}
 	}
 	defer dcancel()
-	defer d.resp.Body.Close()
+	defer d.done()
 	var tx *sse
 	var whole []byte
 	if r.logprob {
@@ -208,7 +208,7 @@ func isSSE(h http.Header) bool {
 
 // closeFirst closes a decode's 2xx answer already received and now dropped.
 func closeFirst(d *legResult) {
-	if d != nil && d.resp != nil {
-		d.resp.Body.Close()
+	if d != nil {
+		d.done()
 	}
 }

@@ -98,7 +98,7 @@ func (s *Server) vllmAttempt(ctx context.Context, w ResponseWriter, req *Request
 		forward(w, &d, route, s.cfg.RouteHeader)
 		return false, legErr("decode", &d)
 	}
-	defer d.resp.Body.Close()
+	defer d.done()
 	err = s.relay(ctx, w, &d, route, nil, nil)
 	switch {
 	case err == nil:
