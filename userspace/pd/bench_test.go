@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/tether-rl/tether/testenv/fakepd"
 	"github.com/tether-rl/tether/userspace/pd"
 )
 
@@ -42,9 +43,11 @@ func cpuTime() int64 {
 }
 
 // BenchmarkServe: one request through pd.Serve (SGLang, vLLM) against a
-// plain single-leg relay on the same net/http client and transport, with
-// stand-in engines answering at once; a 2,048-token prompt as input_ids.
-// cpu-us/op is the whole process's CPU (client, router and stand-ins).
+// plain single-leg relay on the same net/http client and transport, and
+// against fakepd's direct clients (the protocol done by the client, no
+// router hop, encoding/json), with stand-in engines answering at once; a
+// 2,048-token prompt as input_ids. cpu-us/op is the whole process's CPU
+// (client, router and stand-ins).
 func BenchmarkServe(b *testing.B) {
 	ids := make([]string, 2048)
 	for i := range ids {
@@ -57,14 +60,42 @@ func BenchmarkServe(b *testing.B) {
 		proto            pd.Protocol
 		relay            bool
 		prefill          string
+		direct           bool
 	}{
-		{"relay", "/generate", `{"input_ids":[` + strings.Join(ids, ",") + `],"sampling_params":{"max_new_tokens":64}}`, 0, true, ""},
-		{"sglang", "/generate", `{"input_ids":[` + strings.Join(ids, ",") + `],"sampling_params":{"max_new_tokens":64}}`, pd.SGLang, false, `{"text":"","meta_info":{"finish_reason":{"type":"length","length":0}}}`},
-		{"vllm", "/v1/completions", `{"model":"m","prompt":[` + strings.Join(ids, ",") + `],"max_tokens":64,"stream":false}`, pd.VLLM, false, kv},
+		{"relay", "/generate", `{"input_ids":[` + strings.Join(ids, ",") + `],"sampling_params":{"max_new_tokens":64}}`, 0, true, "", false},
+		{"sglang", "/generate", `{"input_ids":[` + strings.Join(ids, ",") + `],"sampling_params":{"max_new_tokens":64}}`, pd.SGLang, false, `{"text":"","meta_info":{"finish_reason":{"type":"length","length":0}}}`, false},
+		{"vllm", "/v1/completions", `{"model":"m","prompt":[` + strings.Join(ids, ",") + `],"max_tokens":64,"stream":false}`, pd.VLLM, false, kv, false},
+		{"direct-sglang", "/generate", `{"input_ids":[` + strings.Join(ids, ",") + `],"sampling_params":{"max_new_tokens":64}}`, pd.SGLang, false, `{"text":"","meta_info":{"finish_reason":{"type":"length","length":0}}}`, true},
+		{"direct-vllm", "/v1/completions", `{"model":"m","prompt":[` + strings.Join(ids, ",") + `],"max_tokens":64,"stream":false}`, pd.VLLM, false, kv, true},
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
 			d := standIn(b, answer)
+			if c.direct {
+				// A client doing the protocol itself: no router hop.
+				p := standIn(b, c.prefill)
+				client := &http.Client{Transport: pd.NewTransport()}
+				b.Cleanup(client.CloseIdleConnections)
+				b.ReportAllocs()
+				cpu0 := cpuTime()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					var st int
+					var out []byte
+					var err error
+					if c.proto == pd.SGLang {
+						st, out, err = fakepd.DirectSGLang(context.Background(), client, p.URL, 1, d.URL, c.path, []byte(c.body))
+					} else {
+						st, out, err = fakepd.DirectVLLM(context.Background(), client, p.URL, d.URL, c.path, []byte(c.body))
+					}
+					if err != nil || st != 200 || len(out) != len(answer) {
+						b.Fatalf("status %d, %v", st, err)
+					}
+				}
+				b.StopTimer()
+				b.ReportMetric(float64(cpuTime()-cpu0)/1e3/float64(b.N), "cpu-us/op")
+				return
+			}
 			var handler http.HandlerFunc
 			tr := pd.NewTransport()
 			b.Cleanup(tr.CloseIdleConnections)

@@ -13,6 +13,12 @@
 // then cancelled and aborted. The error says why an answer failed, for the
 // log; the client has had its answer either way.
 //
+// Only generation requests go to Serve (SGLang's /generate,
+// /v1/completions, /v1/chat/completions; vLLM's two OpenAI paths), with a
+// JSON object body; a body that is not one is a 400. Control calls (abort,
+// pause, weight updates, flush) are the engine package's to fan out to
+// every prefill and decode engine.
+//
 // # SGLang (Protocol SGLang)
 //
 // bootstrap_host (the prefill's host), bootstrap_port (the prefill's, null
