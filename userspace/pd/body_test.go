@@ -2,7 +2,12 @@ package pd
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -228,4 +233,38 @@ func FuzzInspect(f *testing.F) {
 			t.Fatalf("prefill body %q: %v", b, err)
 		}
 	})
+}
+
+type failingReader struct{}
+
+func (failingReader) Read([]byte) (int, error) { return 0, errors.New("connection reset by peer") }
+
+// TestRelayErrorEvent: a decode that breaks off mid-event: the client gets
+// the whole events before it, then one valid JSON error event, never half
+// an event glued to it.
+func TestRelayErrorEvent(t *testing.T) {
+	s := New(Config{})
+	defer s.Close()
+	for _, tx := range []*sse{nil, {m: newMerger([]byte(`{"meta_info":{"input_token_logprobs":[[null,1,null]]}}`), &s.Counters.LogprobMerges)}} {
+		w := httptest.NewRecorder()
+		d := &legResult{resp: &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"text/event-stream"}},
+			Body: io.NopCloser(io.MultiReader(strings.NewReader("data: {\"meta_info\":{}}\n\ndata: {\"te"), failingReader{}))}}
+		err := s.relay(context.Background(), w, d, "p0+d0", tx, nil)
+		if !errors.Is(err, errDecodeBroke) {
+			t.Fatalf("err %v", err)
+		}
+		events := strings.Split(strings.TrimSuffix(w.Body.String(), "\n\n"), "\n\n")
+		if len(events) != 2 {
+			t.Fatalf("events %q", events)
+		}
+		for _, ev := range events {
+			p, ok := strings.CutPrefix(ev, "data: ")
+			if !ok || !json.Valid([]byte(p)) {
+				t.Errorf("event %q", ev)
+			}
+		}
+		if !strings.Contains(events[1], `"error"`) {
+			t.Errorf("last event %q", events[1])
+		}
+	}
 }

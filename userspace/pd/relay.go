@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"strconv"
-	"strings"
 	"sync/atomic"
 
 	"github.com/tether-rl/tether/userspace/jsonedit"
@@ -165,28 +164,42 @@ type sse struct {
 func (x *sse) feed(dst, p []byte) []byte {
 	x.buf = append(x.buf, p...)
 	for {
-		i := bytes.Index(x.buf, []byte("\n\n"))
+		i, sep := bytes.Index(x.buf, []byte("\n\n")), 2
+		if j := bytes.Index(x.buf, []byte("\r\n\r\n")); j >= 0 && (i < 0 || j < i) {
+			i, sep = j, 4
+		}
 		if i < 0 {
+			if len(x.buf) > maxEvent {
+				// Not SSE as we know it: passed on as it comes.
+				dst = append(dst, x.buf...)
+				x.buf = x.buf[:0]
+			}
 			return dst
 		}
-		ev := x.buf[:i+2]
+		ev := x.buf[:i+sep]
 		merged := false
-		if payload, ok := dataPayload(ev[:i]); ok && len(payload) > 0 && payload[0] == '{' {
-			if out := x.m.one(payload, eventIndex(payload)); !bytes.Equal(out, payload) {
-				dst = append(dst, "data: "...)
-				dst = append(dst, out...)
-				dst = append(dst, "\n\n"...)
-				merged = true
+		if x.m != nil && len(x.m.prefill) > 0 {
+			if payload, ok := dataPayload(ev[:i]); ok && len(payload) > 0 && payload[0] == '{' {
+				if out := x.m.one(payload, eventIndex(payload)); !bytes.Equal(out, payload) {
+					dst = append(dst, "data: "...)
+					dst = append(dst, out...)
+					dst = append(dst, ev[i:]...)
+					merged = true
+				}
 			}
 		}
 		if !merged {
 			dst = append(dst, ev...)
 		}
-		x.buf = x.buf[i+2:]
+		x.buf = x.buf[i+sep:]
 	}
 }
 
-// rest is what is left at the stream's end.
+// maxEvent is the longest SSE event held back whole.
+const maxEvent = 4 << 20
+
+// rest is what is left at the stream's end (an event without its blank
+// line, passed as it came).
 func (x *sse) rest(dst []byte) []byte { return append(dst, x.buf...) }
 
 // errDecodeBroke is a decode answer that failed after the client had bytes.
@@ -212,7 +225,12 @@ func (s *Server) relay(ctx context.Context, w ResponseWriter, d *legResult, rout
 		}
 		return nil
 	}
-	isSSE := strings.HasPrefix(d.resp.Header.Get("Content-Type"), "text/event-stream")
+	sseOut := isSSE(d.resp.Header)
+	if sseOut && tx == nil {
+		// Whole events only reach the client, so that an error event
+		// after a failure is never glued to half an event.
+		tx = &sse{}
+	}
 	var out []byte
 	write := func(p []byte) error {
 		if tx != nil {
@@ -252,7 +270,7 @@ func (s *Server) relay(ctx context.Context, w ResponseWriter, d *legResult, rout
 			if ctx.Err() != nil {
 				return errClient
 			}
-			if isSSE {
+			if sseOut {
 				ev := append([]byte("data: "), errorJSON(502, "decode_failed", "the decode engine failed mid-stream: "+err.Error())...)
 				w.Write(append(ev, "\n\n"...))
 				flush(w)
