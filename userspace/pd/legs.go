@@ -199,14 +199,50 @@ func (s *Server) abort(w Worker, rids []string) {
 	wg.Wait()
 }
 
-// cancelLeg closes a leg's connection and, for SGLang, aborts its rids.
-func (s *Server) cancelLeg(cancel context.CancelFunc, ch <-chan legResult, w Worker, rids []string) {
+// abortCall is an abort of rids at a worker (none: nothing to do).
+type abortCall struct {
+	w    Worker
+	rids []string
+}
+
+func ridsIf(cond bool, rids []string) []string {
+	if cond {
+		return rids
+	}
+	return nil
+}
+
+// abortAll makes SGLang abort calls at once and waits for them (each
+// bounded by AbortTimeout).
+func (s *Server) abortAll(calls ...abortCall) {
+	if s.cfg.Protocol != SGLang {
+		return
+	}
+	var wg sync.WaitGroup
+	for _, c := range calls {
+		if len(c.rids) == 0 {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.abort(c.w, c.rids)
+		}()
+	}
+	wg.Wait()
+}
+
+// closeLeg closes a leg's connection (vLLM aborts it so).
+func (s *Server) closeLeg(cancel context.CancelFunc, ch <-chan legResult) {
 	cancel()
 	s.Counters.LegsCancelled.Add(1)
 	s.drop(ch)
-	if s.cfg.Protocol == SGLang && len(rids) > 0 {
-		s.abort(w, rids)
-	}
+}
+
+// cancelLeg closes a leg's connection and, for SGLang, aborts its rids.
+func (s *Server) cancelLeg(cancel context.CancelFunc, ch <-chan legResult, w Worker, rids []string) {
+	s.closeLeg(cancel, ch)
+	s.abortAll(abortCall{w, rids})
 }
 
 // lateLeg lets a prefill still running when its decode ended answer for

@@ -111,7 +111,11 @@ func (s *Server) sglangAttempt(ctx context.Context, w ResponseWriter, req *Reque
 			case p.failed():
 				s.Counters.PrefillFailed.Add(1)
 				closeFirst(d)
-				s.cancelLeg(dcancel, dch, pair.Decode, rids)
+				s.closeLeg(dcancel, dch)
+				// The decode is aborted, and so is the prefill whose
+				// connection broke (the engine may live on), before a retry
+				// that may carry the client's rid there.
+				s.abortAll(abortCall{pair.Decode, rids}, abortCall{pair.Prefill, ridsIf(p.err != nil, rids)})
 				if last {
 					s.giveUp(w, p, route, "prefill")
 				}
@@ -129,9 +133,12 @@ func (s *Server) sglangAttempt(ctx context.Context, w ResponseWriter, req *Reque
 			case d.failed():
 				s.Counters.DecodeFailed.Add(1)
 				dcancel()
+				var prefill []string
 				if pch != nil {
-					s.cancelLeg(pcancel, pch, pair.Prefill, rids)
+					s.closeLeg(pcancel, pch)
+					prefill = rids
 				}
+				s.abortAll(abortCall{pair.Prefill, prefill}, abortCall{pair.Decode, ridsIf(d.err != nil, rids)})
 				if last {
 					s.giveUp(w, d, route, "decode")
 				}
@@ -147,15 +154,18 @@ func (s *Server) sglangAttempt(ctx context.Context, w ResponseWriter, req *Reque
 			}
 		case <-ctx.Done():
 			s.Counters.ClientGone.Add(1)
+			var prefill []string
 			if pch != nil {
-				s.cancelLeg(pcancel, pch, pair.Prefill, rids)
+				s.closeLeg(pcancel, pch)
+				prefill = rids
 			}
 			if d == nil {
-				s.cancelLeg(dcancel, dch, pair.Decode, rids)
+				s.closeLeg(dcancel, dch)
 			} else {
 				dcancel()
 				d.done()
 			}
+			s.abortAll(abortCall{pair.Prefill, prefill}, abortCall{pair.Decode, rids})
 			return false, ctx.Err()
 		}
 	}
@@ -191,13 +201,18 @@ func (s *Server) sglangAttempt(ctx context.Context, w ResponseWriter, req *Reque
 		return false, nil
 	case errors.Is(err, errClient):
 		s.Counters.ClientGone.Add(1)
-		s.cancelLeg(dcancel, nil, pair.Decode, rids)
 	default:
 		s.Counters.MidStream.Add(1)
 	}
+	// The decode's connection is closed (dcancel, deferred) and it is
+	// aborted by rid, with the prefill if it still runs.
+	s.closeLeg(dcancel, nil)
+	var prefill []string
 	if pch != nil {
-		s.cancelLeg(pcancel, pch, pair.Prefill, rids)
+		s.closeLeg(pcancel, pch)
+		prefill = rids
 	}
+	s.abortAll(abortCall{pair.Prefill, prefill}, abortCall{pair.Decode, rids})
 	return false, err
 }
 
