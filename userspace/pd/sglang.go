@@ -44,8 +44,14 @@ func (s *Server) serve(ctx context.Context, w ResponseWriter, req *Request, choo
 			s.Counters.Retries.Add(1)
 		}
 		last := attempt == 1
-		retry, err := run(ctx, w, req, r, pair, attempt, last)
+		retry, err := run(ctx, w, req, r, pair, attempt, last && ctx.Err() == nil)
 		chooser.Release(pair, err != nil)
+		if retry && ctx.Err() != nil {
+			// The legs failed because the client left (their contexts
+			// ended): no retry, no answer.
+			s.Counters.ClientGone.Add(1)
+			return ctx.Err()
+		}
 		if retry && !last {
 			s.cfg.Log.Debug("pd: retrying on a new pair", "pair", pair.String(), "err", err)
 			failed = &pair
