@@ -11,6 +11,7 @@ import (
 	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/testenv/fakeengine"
 	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // fakeFleet starts n fake SGLang engines.
@@ -49,7 +50,7 @@ func TestEngineGroupsEndToEnd(t *testing.T) {
 	d, do := runRouting(t, Options{Workers: urls, BPF: "off", Routing: RoutingOptions{RouteHeader: "X-Tether-Route", StickyStore: "memory"}})
 	waitKnown(t, d)
 	for _, w := range d.Table.Snapshot() {
-		if w.Engine() != route.EngineSGLang {
+		if w.Engine() != worker.EngineSGLang {
 			t.Fatalf("slot %d: kind %v", w.Slot, w.Engine())
 		}
 	}

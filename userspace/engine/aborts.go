@@ -12,7 +12,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // AbortAnswer is the answer of /abort_request and /abort_requests.
@@ -56,14 +56,14 @@ func (e *Engine) abortRequest(w http.ResponseWriter, r *http.Request) {
 	if !all && e.cfg.Owners != nil {
 		if slot, ok := e.cfg.Owners.Owner([]byte(rid)); ok {
 			if wk := e.cfg.Table.Get(slot); wk != nil {
-				targets, routed = []*route.Worker{wk}, "owner"
+				targets, routed = []*worker.Worker{wk}, "owner"
 			}
 		}
 	}
 	auth := e.auth(r)
-	res := e.fanoutDialect(r.Context(), auth, targets, route.EngineSGLang, 0, func(wk *route.Worker, k route.EngineKind) []call {
+	res := e.fanoutDialect(r.Context(), auth, targets, worker.EngineSGLang, 0, func(wk *worker.Worker, k worker.EngineKind) []call {
 		switch {
-		case k != route.EngineVLLM:
+		case k != worker.EngineVLLM:
 			return []call{{w: wk, method: http.MethodPost, path: PathAbortRequest, body: body}}
 		case all:
 			return []call{abortAllCall(wk, k)}
@@ -91,8 +91,8 @@ func (e *Engine) abortRequests(w http.ResponseWriter, r *http.Request) {
 		body, _ := json.Marshal(m)
 		ws := e.workers()
 		auth := e.auth(r)
-		res := e.fanoutDialect(r.Context(), auth, ws, route.EngineVLLM, 0, func(wk *route.Worker, k route.EngineKind) []call {
-			if k == route.EngineSGLang {
+		res := e.fanoutDialect(r.Context(), auth, ws, worker.EngineVLLM, 0, func(wk *worker.Worker, k worker.EngineKind) []call {
+			if k == worker.EngineSGLang {
 				return []call{abortAllCall(wk, k)}
 			}
 			return []call{{w: wk, method: http.MethodPost, path: PathAbortRequests, body: body}}
@@ -142,16 +142,16 @@ func (e *Engine) abortRequests(w http.ResponseWriter, r *http.Request) {
 	}
 	auth := e.auth(r)
 	sends := map[int][]string{}
-	var targets []*route.Worker
+	var targets []*worker.Worker
 	for _, wk := range e.workers() {
 		if send := append(slices.Clone(known[wk.Slot]), unknown...); len(send) > 0 {
 			sends[wk.Slot] = send
 			targets = append(targets, wk)
 		}
 	}
-	build := func(wk *route.Worker, k route.EngineKind) []call {
+	build := func(wk *worker.Worker, k worker.EngineKind) []call {
 		send := sends[wk.Slot]
-		if k == route.EngineSGLang {
+		if k == worker.EngineSGLang {
 			return abortIDsCalls(wk, k, send)
 		}
 		mm := make(map[string]json.RawMessage, len(m))
@@ -166,7 +166,7 @@ func (e *Engine) abortRequests(w http.ResponseWriter, r *http.Request) {
 	if len(unknown) > 0 {
 		routed = "all"
 	}
-	res := e.fanoutDialect(r.Context(), auth, targets, route.EngineVLLM, 0, build)
+	res := e.fanoutDialect(r.Context(), auth, targets, worker.EngineVLLM, 0, build)
 	writeJSON(w, fanoutStatus(res), AbortAnswer{RequestIDs: len(ids), Routed: routed, Successful: res.Successful, Failed: res.Failed})
 }
 
@@ -200,8 +200,8 @@ type IdleAnswer struct {
 	Failed       []Result  `json:"failed"` // abort calls that failed in the last wave
 }
 
-func (e *Engine) busy() []*route.Worker {
-	var out []*route.Worker
+func (e *Engine) busy() []*worker.Worker {
+	var out []*worker.Worker
 	for _, w := range e.workers() {
 		if w.Stats.Pending() > 0 {
 			out = append(out, w)
@@ -243,7 +243,7 @@ func (e *Engine) abortUntilIdle(w http.ResponseWriter, r *http.Request) {
 			break
 		}
 		if ans.Waves == 0 || time.Since(lastWave) >= e.cfg.WaveInterval {
-			res := e.fanoutDialect(ctx, auth, busy, route.EngineSGLang, 0, abortAll)
+			res := e.fanoutDialect(ctx, auth, busy, worker.EngineSGLang, 0, abortAll)
 			ans.Failed = res.Failed
 			ans.Waves++
 			lastWave = time.Now()

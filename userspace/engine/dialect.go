@@ -7,7 +7,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // Each worker is spoken to in its own dialect: SGLang (/abort_request,
@@ -20,20 +20,20 @@ import (
 
 // dialect returns the engine kind to speak to w: the one learned, else
 // the client's (prefer).
-func dialect(w *route.Worker, prefer route.EngineKind) route.EngineKind {
+func dialect(w *worker.Worker, prefer worker.EngineKind) worker.EngineKind {
 	switch k := w.Engine(); k {
-	case route.EngineSGLang, route.EngineVLLM:
+	case worker.EngineSGLang, worker.EngineVLLM:
 		return k
 	}
 	return prefer
 }
 
 // other is the other engine's dialect.
-func other(k route.EngineKind) route.EngineKind {
-	if k == route.EngineVLLM {
-		return route.EngineSGLang
+func other(k worker.EngineKind) worker.EngineKind {
+	if k == worker.EngineVLLM {
+		return worker.EngineSGLang
 	}
-	return route.EngineVLLM
+	return worker.EngineVLLM
 }
 
 // fanoutDialect fans out to ws the calls build makes for each worker in
@@ -41,16 +41,16 @@ func other(k route.EngineKind) route.EngineKind {
 // worker not learned yet that answers 404 to every call is asked again
 // in the other dialect, and what answered is learned: no call is a silent
 // 404 because tetherd guessed the engine wrong.
-func (e *Engine) fanoutDialect(ctx context.Context, auth string, ws []*route.Worker, prefer route.EngineKind, limit time.Duration,
-	build func(w *route.Worker, k route.EngineKind) []call) Results {
+func (e *Engine) fanoutDialect(ctx context.Context, auth string, ws []*worker.Worker, prefer worker.EngineKind, limit time.Duration,
+	build func(w *worker.Worker, k worker.EngineKind) []call) Results {
 	var calls []call
 	for _, w := range ws {
 		calls = append(calls, build(w, dialect(w, prefer))...)
 	}
 	res := e.fanoutTimeout(ctx, auth, calls, limit)
-	var retry []*route.Worker
+	var retry []*worker.Worker
 	for _, w := range ws {
-		if k := w.Engine(); k == route.EngineSGLang || k == route.EngineVLLM {
+		if k := w.Engine(); k == worker.EngineSGLang || k == worker.EngineVLLM {
 			continue
 		}
 		ok, notFound := false, false
@@ -112,12 +112,12 @@ func (e *Engine) fanoutDialect(ctx context.Context, auth string, ws []*route.Wor
 }
 
 // abortAll builds the abort-everything call of fanoutDialect.
-func abortAll(w *route.Worker, k route.EngineKind) []call { return []call{abortAllCall(w, k)} }
+func abortAll(w *worker.Worker, k worker.EngineKind) []call { return []call{abortAllCall(w, k)} }
 
 // abortAllCall is the call that aborts everything on a worker of kind k
 // (running, waiting and, for vLLM's delete-type abort, parked requests).
-func abortAllCall(w *route.Worker, k route.EngineKind) call {
-	if k == route.EngineVLLM {
+func abortAllCall(w *worker.Worker, k worker.EngineKind) call {
+	if k == worker.EngineVLLM {
 		return call{w: w, method: http.MethodPost, path: PathAbortRequests, body: []byte(`{}`)}
 	}
 	return call{w: w, method: http.MethodPost, path: PathAbortRequest, body: []byte(`{"abort_all":true}`)}
@@ -125,8 +125,8 @@ func abortAllCall(w *route.Worker, k route.EngineKind) call {
 
 // abortIDsCalls are the calls that abort ids on a worker of kind k: one
 // vLLM /abort_requests with the list, or one SGLang /abort_request per id.
-func abortIDsCalls(w *route.Worker, k route.EngineKind, ids []string) []call {
-	if k == route.EngineVLLM {
+func abortIDsCalls(w *worker.Worker, k worker.EngineKind, ids []string) []call {
+	if k == worker.EngineVLLM {
 		body, _ := json.Marshal(map[string]any{"request_ids": ids})
 		return []call{{w: w, method: http.MethodPost, path: PathAbortRequests, body: body, rids: ids}}
 	}

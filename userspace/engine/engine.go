@@ -49,12 +49,12 @@ import (
 	"time"
 
 	"github.com/tether-rl/tether/userspace/fleet"
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // Config configures an Engine. Zero values take the defaults.
 type Config struct {
-	Table  *route.Table
+	Table  *worker.Table
 	Owners *Owners // nil: every abort by id goes to every worker
 	// FinishSession forgets a routing key (route.Policy.FinishSession);
 	// nil: /finish_session answers "finished": false.
@@ -230,7 +230,7 @@ type Results struct {
 }
 
 type call struct {
-	w      *route.Worker
+	w      *worker.Worker
 	method string
 	path   string
 	body   []byte
@@ -350,8 +350,8 @@ func (e *Engine) do(ctx context.Context, c *call) Result {
 
 // workers returns every worker in the table, whatever its state: an
 // unhealthy worker may still run requests worth aborting.
-func (e *Engine) workers() []*route.Worker {
-	var out []*route.Worker
+func (e *Engine) workers() []*worker.Worker {
+	var out []*worker.Worker
 	for _, w := range e.cfg.Table.Snapshot() {
 		if w != nil {
 			out = append(out, w)
@@ -480,8 +480,8 @@ func (e *Engine) flushCache(w http.ResponseWriter, r *http.Request) {
 	}
 	ws := e.workers()
 	auth := e.auth(r)
-	res := e.fanoutDialect(r.Context(), auth, ws, route.EngineSGLang, 0, func(wk *route.Worker, k route.EngineKind) []call {
-		if k == route.EngineVLLM {
+	res := e.fanoutDialect(r.Context(), auth, ws, worker.EngineSGLang, 0, func(wk *worker.Worker, k worker.EngineKind) []call {
+		if k == worker.EngineVLLM {
 			return []call{{w: wk, method: http.MethodPost, path: "/reset_prefix_cache"}}
 		}
 		return []call{{w: wk, method: http.MethodPost, path: PathFlushCache}}

@@ -23,6 +23,7 @@ import (
 	"github.com/tether-rl/tether/userspace/stats"
 	"github.com/tether-rl/tether/userspace/sticky"
 	"github.com/tether-rl/tether/userspace/upstream"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // harness is tetherd's data plane in-process: demo workers (SGLang-like
@@ -31,7 +32,7 @@ import (
 type harness struct {
 	t      *testing.T
 	demos  []*demo.Server
-	tab    *route.Table
+	tab    *worker.Table
 	rt     *route.Router
 	owners *engine.Owners
 	addr   string
@@ -40,7 +41,7 @@ type harness struct {
 
 func newHarness(t *testing.T, n int, dopts demo.Options, pcfg route.PolicyConfig) *harness {
 	t.Helper()
-	h := &harness{t: t, tab: route.NewTable(), owners: engine.NewOwners(0)}
+	h := &harness{t: t, tab: worker.NewTable(), owners: engine.NewOwners(0)}
 	st := stats.NewHeap()
 	for i := 0; i < n; i++ {
 		o := dopts
@@ -54,7 +55,7 @@ func newHarness(t *testing.T, n int, dopts demo.Options, pcfg route.PolicyConfig
 		ws := st.Worker(i)
 		pool := upstream.New(s.Addr(), ws, upstream.Options{})
 		t.Cleanup(pool.Close)
-		h.tab.Put(&route.Worker{Slot: i, URL: s.URL(), Addr: s.Addr(), Stats: ws, Pool: pool})
+		h.tab.Put(&worker.Worker{Slot: i, URL: s.URL(), Addr: s.Addr(), Stats: ws, Pool: pool})
 	}
 	p, err := route.NewPolicy(pcfg)
 	if err != nil {

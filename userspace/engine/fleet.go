@@ -45,7 +45,7 @@ import (
 	"time"
 
 	"github.com/tether-rl/tether/userspace/fleet"
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // Fleet endpoint paths.
@@ -73,13 +73,13 @@ func (e *Engine) fleetLocal(path []byte) http.Handler {
 	}
 	switch string(path) {
 	case PathPauseGeneration:
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.pause(w, r, route.EngineSGLang) })
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.pause(w, r, worker.EngineSGLang) })
 	case PathPause:
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.pause(w, r, route.EngineVLLM) })
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.pause(w, r, worker.EngineVLLM) })
 	case PathContinueGeneration:
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.resume(w, r, route.EngineSGLang) })
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.resume(w, r, worker.EngineSGLang) })
 	case PathResume:
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.resume(w, r, route.EngineVLLM) })
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.resume(w, r, worker.EngineVLLM) })
 	case PathIsPaused:
 		return http.HandlerFunc(e.isPaused)
 	case PathGetWeightVersion:
@@ -105,8 +105,8 @@ func (e *Engine) FleetHandler() http.Handler {
 
 // pauseMode normalizes a pause's mode to one of abort, wait, keep
 // (SGLang's in_place), retract.
-func pauseMode(client route.EngineKind, mode string) (string, bool) {
-	if client == route.EngineSGLang {
+func pauseMode(client worker.EngineKind, mode string) (string, bool) {
+	if client == worker.EngineSGLang {
 		switch mode {
 		case "", "abort":
 			return "abort", true
@@ -129,8 +129,8 @@ func pauseMode(client route.EngineKind, mode string) (string, bool) {
 
 // nativePause is the pause call for a worker of kind k in normalized
 // mode m; quiet: nothing is in flight (a wait may be sent as is).
-func nativePause(w *route.Worker, k route.EngineKind, m string, quiet bool) call {
-	if k == route.EngineVLLM {
+func nativePause(w *worker.Worker, k worker.EngineKind, m string, quiet bool) call {
+	if k == worker.EngineVLLM {
 		vm := m
 		switch {
 		case m == "retract":
@@ -161,14 +161,14 @@ type PauseAnswer struct {
 	ClusterError string    `json:"cluster_error,omitempty"` // the cluster store was not written
 }
 
-func (e *Engine) pause(w http.ResponseWriter, r *http.Request, client route.EngineKind) {
+func (e *Engine) pause(w http.ResponseWriter, r *http.Request, client worker.EngineKind) {
 	if !allowMethods(w, r, http.MethodPost) {
 		return
 	}
 	q := r.URL.Query()
 	var mode string
 	var clientBody []byte
-	if client == route.EngineSGLang {
+	if client == worker.EngineSGLang {
 		body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
 		if err != nil {
 			writeError(w, http.StatusBadRequest, "could not read the body")
@@ -193,7 +193,7 @@ func (e *Engine) pause(w http.ResponseWriter, r *http.Request, client route.Engi
 	m, ok := pauseMode(client, mode)
 	if !ok {
 		modes := "abort, in_place or retract"
-		if client == route.EngineVLLM {
+		if client == worker.EngineVLLM {
 			modes = "abort, wait or keep"
 		}
 		writeError(w, http.StatusBadRequest, "mode must be "+modes+", not "+strconv.Quote(mode))
@@ -234,15 +234,15 @@ func (e *Engine) pause(w http.ResponseWriter, r *http.Request, client route.Engi
 	pctx, pcancel := context.WithTimeout(context.WithoutCancel(r.Context()), e.cfg.Timeout)
 	defer pcancel()
 	ws := e.workers()
-	res := e.fanoutDialect(pctx, auth, ws, client, 0, func(wk *route.Worker, k route.EngineKind) []call {
+	res := e.fanoutDialect(pctx, auth, ws, client, 0, func(wk *worker.Worker, k worker.EngineKind) []call {
 		c := nativePause(wk, k, m, ans.Quiet)
 		if k == client {
 			// The client's own words: SGLang's body byte for byte; vLLM's
 			// query with the engine's mode (a wait not drained in time
 			// goes as keep) and without tetherd's own timeout_s.
-			if client == route.EngineSGLang && clientBody != nil {
+			if client == worker.EngineSGLang && clientBody != nil {
 				c.body = clientBody
-			} else if client == route.EngineVLLM && r.URL.RawQuery != "" {
+			} else if client == worker.EngineVLLM && r.URL.RawQuery != "" {
 				q := r.URL.Query()
 				q.Del("timeout_s")
 				native, _ := url.ParseQuery(strings.TrimPrefix(c.path, PathPause+"?"))
@@ -302,10 +302,10 @@ func (e *Engine) pauseOvertaken(w http.ResponseWriter, st fleet.PauseState, ans 
 
 // nativeResume builds each engine's resume call; body, in the client's
 // dialect, is sent as it came.
-func nativeResume(client route.EngineKind, body []byte) func(wk *route.Worker, k route.EngineKind) []call {
-	return func(wk *route.Worker, k route.EngineKind) []call {
+func nativeResume(client worker.EngineKind, body []byte) func(wk *worker.Worker, k worker.EngineKind) []call {
+	return func(wk *worker.Worker, k worker.EngineKind) []call {
 		c := call{w: wk, method: http.MethodPost, path: PathContinueGeneration, body: []byte(`{}`)}
-		if k == route.EngineVLLM {
+		if k == worker.EngineVLLM {
 			c = call{w: wk, method: http.MethodPost, path: PathResume}
 		}
 		if k == client && len(body) > 0 {
@@ -333,7 +333,7 @@ func (e *Engine) quiesce(ctx context.Context, auth string, abort bool, ours func
 			return false, waves
 		}
 		if abort && (waves == 0 || time.Since(last) >= e.cfg.WaveInterval) {
-			e.fanoutDialect(ctx, auth, busy, route.EngineSGLang, 0, abortAll)
+			e.fanoutDialect(ctx, auth, busy, worker.EngineSGLang, 0, abortAll)
 			waves++
 			last = time.Now()
 		}
@@ -346,8 +346,8 @@ func (e *Engine) quiesce(ctx context.Context, auth string, abort bool, ours func
 
 // admitted returns the workers with requests admitted (past tetherd's
 // gates, on their way to or in the engine).
-func (e *Engine) admitted() []*route.Worker {
-	var out []*route.Worker
+func (e *Engine) admitted() []*worker.Worker {
+	var out []*worker.Worker
 	for _, w := range e.workers() {
 		if w.Admitted() > 0 {
 			out = append(out, w)
@@ -383,7 +383,7 @@ type ResumeAnswer struct {
 	ClusterError string `json:"cluster_error,omitempty"`
 }
 
-func (e *Engine) resume(w http.ResponseWriter, r *http.Request, client route.EngineKind) {
+func (e *Engine) resume(w http.ResponseWriter, r *http.Request, client worker.EngineKind) {
 	if !allowMethods(w, r, http.MethodPost) {
 		return
 	}
@@ -427,7 +427,7 @@ func (e *Engine) resume(w http.ResponseWriter, r *http.Request, client route.Eng
 func (e *Engine) fenced() []int {
 	out := []int{}
 	for _, wk := range e.workers() {
-		if wk.Fenced()&route.FenceVersion != 0 {
+		if wk.Fenced()&worker.FenceVersion != 0 {
 			out = append(out, wk.Slot)
 		}
 	}

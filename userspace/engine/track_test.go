@@ -9,6 +9,7 @@ import (
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/stats"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 func parseHead(t testing.TB, head string) *httphead.Request {
@@ -146,9 +147,9 @@ func TestOwners(t *testing.T) {
 
 func TestTrackerRoutesAndReleases(t *testing.T) {
 	st := stats.NewHeap()
-	tab := route.NewTable()
+	tab := worker.NewTable()
 	for i := 0; i < 4; i++ {
-		tab.Put(&route.Worker{Slot: i, URL: fmt.Sprintf("http://127.0.0.1:%d", 1000+i), Stats: st.Worker(i)})
+		tab.Put(&worker.Worker{Slot: i, URL: fmt.Sprintf("http://127.0.0.1:%d", 1000+i), Stats: st.Worker(i)})
 	}
 	p, err := route.NewPolicy(route.PolicyConfig{})
 	if err != nil {

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // Files: loadpoll.go (the settings, the poller and its rounds), poll.go
@@ -78,7 +79,7 @@ func (c *Config) Provision() {
 type Options struct {
 	Config
 	APIKey string // sent as "Authorization: Bearer KEY"
-	Table  *route.Table
+	Table  *worker.Table
 	// Router: its EnginePlacement (the veto thresholds, SetKnown) is read
 	// at each round, so a reload applies.
 	Router *route.Router
@@ -93,7 +94,7 @@ type Poller struct {
 	client *http.Client
 
 	mu      sync.Mutex
-	state   map[*route.Worker]*wstate
+	state   map[*worker.Worker]*wstate
 	stop    chan struct{}
 	kick    chan struct{}
 	wg      sync.WaitGroup
@@ -140,7 +141,7 @@ func New(o Options) *Poller {
 		ResponseHeaderTimeout:  o.Timeout,
 		MaxResponseHeaderBytes: 64 << 10,
 	}
-	return &Poller{opts: o, state: map[*route.Worker]*wstate{},
+	return &Poller{opts: o, state: map[*worker.Worker]*wstate{},
 		client: &http.Client{Transport: tr, Timeout: o.Timeout,
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
 		stop: make(chan struct{}), kick: make(chan struct{}, 1)}
@@ -211,7 +212,7 @@ func (p *Poller) Round() {
 	}()
 	var wg sync.WaitGroup
 	p.mu.Lock()
-	live := make(map[*route.Worker]bool, len(ws))
+	live := make(map[*worker.Worker]bool, len(ws))
 	for _, w := range ws {
 		if w == nil {
 			continue
@@ -243,7 +244,7 @@ func (p *Poller) Round() {
 
 // settle publishes the count of workers with signals and holds admissions
 // while every healthy engine is vetoed.
-func (p *Poller) settle(ws []*route.Worker) {
+func (p *Poller) settle(ws []*worker.Worker) {
 	known, healthy, vetoed := 0, 0, 0
 	for _, w := range ws {
 		if w == nil {
@@ -253,7 +254,7 @@ func (p *Poller) settle(ws []*route.Worker) {
 		if k {
 			known++
 		}
-		if w.State() == route.Healthy {
+		if w.State() == worker.Healthy {
 			healthy++
 			if k && w.EngineVetoed() {
 				vetoed++

@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // parseLoads reads SGLang's /v1/loads: the sum over DP ranks of running
 // and waiting, the token usage of all ranks together, the mean hit rate.
-func parseLoads(body []byte) (route.EngineSignals, error) {
+func parseLoads(body []byte) (worker.EngineSignals, error) {
 	var v struct {
 		Loads []struct {
 			Running    *float64 `json:"num_running_reqs"`
@@ -24,12 +24,12 @@ func parseLoads(body []byte) (route.EngineSignals, error) {
 		} `json:"loads"`
 	}
 	if err := json.Unmarshal(body, &v); err != nil {
-		return route.EngineSignals{}, fmt.Errorf("GET /v1/loads: %w", err)
+		return worker.EngineSignals{}, fmt.Errorf("GET /v1/loads: %w", err)
 	}
 	if len(v.Loads) == 0 {
-		return route.EngineSignals{}, errors.New("GET /v1/loads: no loads")
+		return worker.EngineSignals{}, errors.New("GET /v1/loads: no loads")
 	}
-	s := route.EngineSignals{KVUsage: -1, HitRate: -1, Source: "v1/loads"}
+	s := worker.EngineSignals{KVUsage: -1, HitRate: -1, Source: "v1/loads"}
 	var used, total, usage, hit float64
 	nUsage, nHit := 0, 0
 	for _, l := range v.Loads {

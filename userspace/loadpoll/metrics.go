@@ -5,13 +5,13 @@ import (
 	"bytes"
 	"strconv"
 
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // parseMetrics reads the Prometheus text exposition: vLLM's or SGLang's
 // gauges and counters by name (summed over label sets, usage the highest).
-func parseMetrics(body []byte, st *wstate) (route.EngineSignals, route.EngineKind, bool) {
-	s := route.EngineSignals{KVUsage: -1, HitRate: -1, Source: "metrics"}
+func parseMetrics(body []byte, st *wstate) (worker.EngineSignals, worker.EngineKind, bool) {
+	s := worker.EngineSignals{KVUsage: -1, HitRate: -1, Source: "metrics"}
 	var vllm, sgl bool
 	var usage, queries, hits, sglHit float64
 	haveUsage, haveQ, haveSglHit := false, false, false
@@ -65,14 +65,14 @@ func parseMetrics(body []byte, st *wstate) (route.EngineSignals, route.EngineKin
 		}
 	}
 	if !vllm && !sgl {
-		return s, route.EngineUnknown, false
+		return s, worker.EngineUnknown, false
 	}
 	if haveUsage {
 		s.KVUsage = usage
 	}
-	kind := route.EngineSGLang
+	kind := worker.EngineSGLang
 	if vllm {
-		kind = route.EngineVLLM
+		kind = worker.EngineVLLM
 		if haveQ {
 			dq, dh := queries-st.queries, hits-st.hits
 			if dq > 0 && dh >= 0 && dh <= dq {

@@ -10,14 +10,14 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // One worker's poll: the load endpoint it serves (detected, then kept),
 // the reading handed to placement, the failures counted.
 
 // poll reads one worker's engine.
-func (p *Poller) poll(ctx context.Context, w *route.Worker, st *wstate) {
+func (p *Poller) poll(ctx context.Context, w *worker.Worker, st *wstate) {
 	st.polled++
 	if st.ep == epNone && st.polled%redetectRounds != 1 {
 		return
@@ -70,17 +70,17 @@ func (p *Poller) poll(ctx context.Context, w *route.Worker, st *wstate) {
 var errNoEndpoint = errors.New("no load endpoint (neither /v1/loads nor engine metrics on /metrics)")
 
 // read reads the signals from the endpoint known to work, or detects one.
-func (p *Poller) read(ctx context.Context, w *route.Worker, st *wstate) (route.EngineSignals, endpoint, error) {
+func (p *Poller) read(ctx context.Context, w *worker.Worker, st *wstate) (worker.EngineSignals, endpoint, error) {
 	base := strings.TrimSuffix(w.URL, "/")
 	if st.ep == epUnknown || st.ep == epNone || st.ep == epLoads {
 		body, code, err := p.get(ctx, base+"/v1/loads")
 		if err != nil {
-			return route.EngineSignals{}, epUnknown, err
+			return worker.EngineSignals{}, epUnknown, err
 		}
 		if code == http.StatusOK {
 			sig, err := parseLoads(body)
 			if err == nil {
-				w.SetEngine(route.EngineSGLang)
+				w.SetEngine(worker.EngineSGLang)
 				if st.polled%versionRounds == 1 {
 					if v, ok := p.weightVersion(ctx, base); ok {
 						st.version = v
@@ -89,28 +89,28 @@ func (p *Poller) read(ctx context.Context, w *route.Worker, st *wstate) (route.E
 				return sig, epLoads, nil
 			}
 			if st.ep == epLoads {
-				return route.EngineSignals{}, epUnknown, err
+				return worker.EngineSignals{}, epUnknown, err
 			}
 		} else if st.ep == epLoads && code != http.StatusNotFound {
-			return route.EngineSignals{}, epUnknown, fmt.Errorf("GET /v1/loads: %d", code)
+			return worker.EngineSignals{}, epUnknown, fmt.Errorf("GET /v1/loads: %d", code)
 		}
 	}
 	body, code, err := p.get(ctx, base+"/metrics")
 	if err != nil {
-		return route.EngineSignals{}, epUnknown, err
+		return worker.EngineSignals{}, epUnknown, err
 	}
 	if code != http.StatusOK {
 		if st.ep == epMetrics && code != http.StatusNotFound {
-			return route.EngineSignals{}, epUnknown, fmt.Errorf("GET /metrics: %d", code)
+			return worker.EngineSignals{}, epUnknown, fmt.Errorf("GET /metrics: %d", code)
 		}
-		return route.EngineSignals{}, epNone, errNoEndpoint
+		return worker.EngineSignals{}, epNone, errNoEndpoint
 	}
 	sig, kind, ok := parseMetrics(body, st)
 	if !ok {
-		return route.EngineSignals{}, epNone, errNoEndpoint
+		return worker.EngineSignals{}, epNone, errNoEndpoint
 	}
 	w.SetEngine(kind)
-	if kind == route.EngineSGLang && st.polled%versionRounds == 1 {
+	if kind == worker.EngineSGLang && st.polled%versionRounds == 1 {
 		if v, ok := p.weightVersion(ctx, base); ok {
 			st.version = v
 		}

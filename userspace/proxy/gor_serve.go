@@ -14,6 +14,7 @@ import (
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/upstream"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // serve runs the connection on a goroutine until it ends, or until it is
@@ -199,7 +200,7 @@ func (c *conn) serveRouted(dec route.Decision, peek []byte, refused bool) (keep,
 
 // exchange is the state of one proxied request.
 type exchange struct {
-	w        *route.Worker
+	w        *worker.Worker
 	up       *upstream.Conn
 	failed   bool // counts as a worker error
 	sentHead bool // response head written to the client
@@ -233,9 +234,9 @@ type exchange struct {
 // reroutable set, a worker that refuses the connection gets no answer
 // written: proxy reports refused instead, and the caller may place the
 // request again.
-func (c *conn) proxy(w *route.Worker, learn *route.Learner, reroutable bool) (keep, refused, held bool) {
+func (c *conn) proxy(w *worker.Worker, learn *route.Learner, reroutable bool) (keep, refused, held bool) {
 	x := exchange{w: w, isHead: c.req.IsMethod("HEAD"), learn: learn, reroutable: reroutable}
-	if adm := c.admit(w); adm != route.Admitted {
+	if adm := c.admit(w); adm != worker.Admitted {
 		return c.notAdmitted(adm), false, false
 	}
 	if c.held(w) {
@@ -283,7 +284,7 @@ func (c *conn) proxy(w *route.Worker, learn *route.Learner, reroutable bool) (ke
 // admit takes a place among w's requests in flight (route.Worker.Admit):
 // at once under its max_in_flight, else after a wait in its queue while
 // the client is watched, so a client that leaves frees its place in line.
-func (c *conn) admit(w *route.Worker) route.Admission {
+func (c *conn) admit(w *worker.Worker) worker.Admission {
 	cfg := &c.s.cfg
 	if w.MaxInFlight() == 0 && w.Queued() == 0 {
 		return w.Admit(cfg.QueueSize, cfg.QueueTimeout, nil)
@@ -302,14 +303,14 @@ func (c *conn) admit(w *route.Worker) route.Admission {
 // notAdmitted answers a request that got no place with its worker: 503
 // with Retry-After (nothing was sent: safe to retry), or nothing if the
 // client left. It reports whether the connection may go on.
-func (c *conn) notAdmitted(adm route.Admission) bool {
+func (c *conn) notAdmitted(adm worker.Admission) bool {
 	switch adm {
-	case route.QueueLeft:
+	case worker.QueueLeft:
 		c.s.counters.ClientAborted.Add(1)
 		return false
-	case route.QueueFull:
+	case worker.QueueFull:
 		c.s.counters.QueueFull.Add(1)
-	case route.QueueTimeout:
+	case worker.QueueTimeout:
 		c.s.counters.QueueTimeouts.Add(1)
 	}
 	return c.answerBusy()

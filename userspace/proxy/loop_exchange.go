@@ -55,6 +55,7 @@ import (
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/sysconn"
 	"github.com/tether-rl/tether/userspace/upstream"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // handoff says where the goroutine starts with a connection its loop gave
@@ -97,7 +98,7 @@ const (
 // flags that change together.
 type lx struct {
 	id      uint32 // which exchange (lx structs are reused): loop_ring.go's deferred events
-	w       *route.Worker
+	w       *worker.Worker
 	dec     route.Decision
 	up      *upconn
 	start   int64

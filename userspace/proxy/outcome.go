@@ -3,7 +3,7 @@ package proxy
 import (
 	"time"
 
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // Outcomes: every way an exchange can fail is decided here, in one order,
@@ -49,7 +49,7 @@ import (
 // path, once it ended: its result on w (failed: a worker error), its place
 // given back, and (observe) Config.Observe told the status class and the
 // time it took.
-func (s *Server) exchangeEnded(w *route.Worker, failed, observe bool, status int, took time.Duration) {
+func (s *Server) exchangeEnded(w *worker.Worker, failed, observe bool, status int, took time.Duration) {
 	w.Stats.End(failed)
 	w.Leave()
 	if obs := s.cfg.Observe; obs != nil && observe {

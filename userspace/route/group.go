@@ -6,6 +6,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/tether-rl/tether/userspace/httphead"
+	"github.com/tether-rl/tether/userspace/keyhash"
 )
 
 // GRPO groups: the samples of one prompt are sent as separate requests
@@ -79,7 +80,7 @@ func GroupHash(req *httphead.Request, body []byte) (uint64, bool) {
 				}
 				tag ^= uint64(rest) << 8
 			}
-			return xxhash.Sum64(b[i:end]) ^ fmix64(tag), true
+			return xxhash.Sum64(b[i:end]) ^ keyhash.Mix(tag), true
 		}
 		if !complete {
 			return 0, false

@@ -52,7 +52,9 @@ import (
 	"time"
 
 	"github.com/tether-rl/tether/userspace/httphead"
+	"github.com/tether-rl/tether/userspace/keyhash"
 	"github.com/tether-rl/tether/userspace/sticky"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // PolicyKind selects how keyed requests are placed.
@@ -370,8 +372,8 @@ func PeekedBody(req *httphead.Request, body []byte) []byte {
 }
 
 // routeTarget honours X-SMG-Target-Worker: a slot number or a worker URL.
-func routeTarget(rt *Router, ws []*Worker, v []byte) Decision {
-	var w *Worker
+func routeTarget(rt *Router, ws []*worker.Worker, v []byte) Decision {
+	var w *worker.Worker
 	if slot, ok := parseSlot(v); ok {
 		if slot < len(ws) {
 			w = ws[slot]
@@ -410,9 +412,9 @@ func parseSlot(b []byte) (int, bool) {
 // p2c routes a request without a key: of two distinct random slots, the
 // healthy one with fewer requests in flight. When the draw finds no healthy
 // worker it falls back to the scan of spread (panic rule, 503).
-func p2c(rt *Router, ws []*Worker) Decision {
+func p2c(rt *Router, ws []*worker.Worker) Decision {
 	n := len(ws)
-	var a, b *Worker
+	var a, b *worker.Worker
 	switch {
 	case n == 1:
 		a = ws[0]
@@ -424,10 +426,10 @@ func p2c(rt *Router, ws []*Worker) Decision {
 		}
 		a, b = ws[i], ws[j]
 	}
-	if a == nil || a.State() != Healthy {
+	if a == nil || a.State() != worker.Healthy {
 		a = nil
 	}
-	if b != nil && b.State() == Healthy && (a == nil || b.Stats.Pending() < a.Stats.Pending()) {
+	if b != nil && b.State() == worker.Healthy && (a == nil || b.Stats.Pending() < a.Stats.Pending()) {
 		a = b
 	}
 	if a == nil {
@@ -441,7 +443,7 @@ func p2c(rt *Router, ws []*Worker) Decision {
 // samples of a GRPO group share their prompt but not their request id, so
 // the string values of the first "rid" and "request_id" keys are left out.
 func PrefixHash(body []byte) uint64 {
-	h := uint64(fnvOffset)
+	h := uint64(keyhash.Offset)
 	var skip [2][2]int
 	ns := 0
 	for _, k := range [...]string{`"rid"`, `"request_id"`} {
@@ -458,10 +460,10 @@ func PrefixHash(body []byte) uint64 {
 		if skip[i][0] < at {
 			continue
 		}
-		h = fnv1a(h, body[at:skip[i][0]])
+		h = keyhash.FNV1a(h, body[at:skip[i][0]])
 		at = skip[i][1]
 	}
-	return fmix64(fnv1a(h, body[at:]))
+	return keyhash.Mix(keyhash.FNV1a(h, body[at:]))
 }
 
 // stringValueOf finds the first occurrence of the quoted key k followed by
@@ -509,7 +511,7 @@ func (rt *Router) CurrentPolicy() *Policy { return rt.policy.Load() }
 // request id owners of package engine).
 func (rt *Router) Pin(slot int, reason Reason) (Decision, bool) {
 	w := rt.Table.Get(slot)
-	if w == nil || w.State() != Healthy {
+	if w == nil || w.State() != worker.Healthy {
 		return Decision{}, false
 	}
 	rt.reasons[reason].Add(1)

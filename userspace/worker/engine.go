@@ -1,4 +1,4 @@
-package route
+package worker
 
 // EngineKind is what serves behind a worker's URL, as tetherd learned it
 // (the load poller from /v1/loads or /metrics, the fleet control from the
