@@ -1,7 +1,7 @@
 // Package engine serves tetherd's inference-engine endpoints on the data
 // port (through proxy Config.Local): aborts that reach the worker owning a
 // request, and fan-outs to every worker. It also tracks which worker serves
-// each request id in flight (Owners, Tracker).
+// each request id in flight (Owners, the router's RequestOwners).
 //
 //	POST /abort_request      SGLang form {"rid": "..."} or {"abort_all": true}:
 //	                         to the owner of rid when known, else to every worker

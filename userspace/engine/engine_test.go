@@ -27,7 +27,7 @@ import (
 )
 
 // harness is tetherd's data plane in-process: demo workers (SGLang-like
-// engines), the policy router wrapped in the request id Tracker, and the
+// engines), the policy router tracking request ids in Owners, and the
 // proxy serving the engine endpoints through Config.Local, on loopback.
 type harness struct {
 	t      *testing.T
@@ -61,13 +61,13 @@ func newHarness(t *testing.T, n int, dopts demo.Options, pcfg route.PolicyConfig
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.rt = &route.Router{Table: h.tab}
+	h.rt = &route.Router{Table: h.tab, Owners: h.owners}
 	h.rt.SetPolicy(p)
 	eng := engine.New(engine.Config{Table: h.tab, Owners: h.owners, FinishSession: p.FinishSession,
 		Timeout: 2 * time.Second, WaveInterval: 100 * time.Millisecond, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	t.Cleanup(eng.Close)
 	srv := proxy.New(proxy.Config{
-		Router:          &engine.Tracker{Router: h.rt, Owners: h.owners},
+		Router:          h.rt,
 		Table:           h.tab,
 		PeekBody:        4096,
 		Local:           eng.Local,

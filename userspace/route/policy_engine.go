@@ -6,7 +6,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/worker"
 )
 
@@ -261,12 +260,10 @@ func leastVetoed(ws []*worker.Worker, start uint64) *worker.Worker {
 	return best
 }
 
-// keyless places a request without a key (--keyless=least). ok false:
-// no healthy worker; the caller's spread applies its panic rule.
-func (e *EnginePlacement) keyless(rt *Router, p *Policy, ws []*worker.Worker, req *httphead.Request, body []byte) (Decision, bool) {
-	if gh, ok := GroupHash(req, body); ok && e.cfg.GroupMax > 0 {
-		return e.group(rt, p, ws, gh)
-	}
+// least places a request without a key (--keyless=least) on the best
+// engine, ties rotating; every engine vetoed: the least loaded vetoed one.
+// ok false: no healthy worker; the least rule applies its panic rule.
+func (e *EnginePlacement) least(rt *Router, p *Policy, ws []*worker.Worker) (Decision, bool) {
 	w, _ := e.best(p, ws, rt.rr.Add(1), false, nil)
 	if w == nil {
 		if w = leastVetoed(ws, rt.rr.Add(1)); w == nil {

@@ -409,5 +409,6 @@ func (rt *Router) Reroute(req *httphead.Request, body []byte, d Decision) Decisi
 	}
 	rt.reasons[ReasonReroute].Add(1)
 	w.CountDecision(int(ReasonReroute))
-	return Decision{Worker: w, Reason: ReasonReroute, Learn: d.Learn.retarget(w)}
+	q := request{req: req, body: body}
+	return rt.trackRequestID(&q, Decision{Worker: w, Reason: ReasonReroute, Learn: d.Learn.retarget(w)})
 }

@@ -64,9 +64,13 @@ var reasonNames = [NumReasons]string{"session", "spread", "bad_session_spread", 
 
 func (r Reason) String() string { return reasonNames[r] }
 
-// Router applies the routing rules to a table.
+// Router applies the routing rules (rules.go) to a table.
 type Router struct {
 	Table *worker.Table
+	// Owners, when set, tracks the request ids in flight: a request whose
+	// id is in flight goes to the worker serving it (ruleRequestID), and
+	// every routed request's id is recorded until its exchange ends.
+	Owners RequestOwners
 
 	// Settings a reload (SIGHUP) may change while requests are routed.
 	policy     atomic.Pointer[Policy]   // nil: least in flight (spread)
@@ -131,48 +135,6 @@ func Decisions(w *worker.Worker) map[string]uint64 {
 		}
 	}
 	return out
-}
-
-func (rt *Router) route(req *httphead.Request, body []byte) Decision {
-	l := rt.learning.Load()
-	if id, ok := SessionID(req.Path); ok && (l == nil || !l.isCreate(req)) {
-		slot, stamped := SessionSlot(id)
-		if stamped {
-			if w := rt.Table.Get(slot); w != nil {
-				rt.reasons[ReasonSession].Add(1)
-				return Decision{Worker: w, Reason: ReasonSession}
-			}
-		} else if l != nil {
-			if w := l.lookup(rt.Table.Snapshot(), id); w != nil {
-				rt.reasons[ReasonLearned].Add(1)
-				d := Decision{Worker: w, Reason: ReasonLearned}
-				if req.IsMethod("DELETE") && isSessionRoot(req.Path) {
-					d.Learn = l.deleting(id)
-				}
-				return d
-			}
-		}
-		if rt.BadSessionMode() == BadSessionReject {
-			rt.reasons[ReasonBadSessionReject].Add(1)
-			return Decision{Status: 404, Reason: ReasonBadSessionReject}
-		}
-		rt.reasons[ReasonBadSessionSpread].Add(1)
-		return rt.spread(ReasonBadSessionSpread)
-	}
-	if l != nil && l.isCreate(req) {
-		// A new session, placed like any request that names none: its id
-		// is learned from the answer.
-		return l.creating(rt.unnamed(req, body))
-	}
-	return rt.unnamed(req, body)
-}
-
-// unnamed routes a request that names no session: the policy, else spread.
-func (rt *Router) unnamed(req *httphead.Request, body []byte) Decision {
-	if p := rt.CurrentPolicy(); p != nil {
-		return p.route(rt, req, body)
-	}
-	return rt.spread(ReasonSpread)
 }
 
 // SetLearning sets (nil: turns off) the learning of bare session ids. A

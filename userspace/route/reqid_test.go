@@ -1,4 +1,4 @@
-package engine
+package route
 
 import (
 	"fmt"
@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/tether-rl/tether/userspace/httphead"
-	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/stats"
 	"github.com/tether-rl/tether/userspace/worker"
 )
@@ -56,138 +55,123 @@ func TestRequestID(t *testing.T) {
 			t.Errorf("%q: rid %q, want %q", c.body, got, c.want)
 		}
 	}
-	if s := ridString([]byte(`a\"b\u0041`)); s != `a"bA` {
+	if s := RequestIDString([]byte(`a\"b\u0041`)); s != `a"bA` {
 		t.Errorf("unescape: %q", s)
 	}
 }
 
-func TestOwners(t *testing.T) {
-	o := NewOwners(0)
-	rel := o.Acquire("r1", 3)
-	if s, ok := o.Owner([]byte("r1")); !ok || s != 3 {
-		t.Fatalf("owner %d %v", s, ok)
-	}
-	// A retry on the same worker: counted twice.
-	rel2 := o.Acquire("r1", 3)
-	rel()
-	if s, ok := o.Owner([]byte("r1")); !ok || s != 3 {
-		t.Fatal("released with a retry still in flight")
-	}
-	rel2()
-	if _, ok := o.Owner([]byte("r1")); ok || o.Len() != 0 {
-		t.Fatal("not released")
-	}
-	// The same id on two workers: ambiguous, abort goes everywhere.
-	a := o.Acquire("r2", 1)
-	b := o.Acquire("r2", 2)
-	if _, ok := o.Owner([]byte("r2")); ok {
-		t.Fatal("ambiguous id has an owner")
-	}
-	a()
-	b()
-	if o.Len() != 0 {
-		t.Fatal("leak")
-	}
+// fakeOwners is engine.Owners reduced to what the router asks (route cannot
+// import engine): a count per id and its slot; an id on two slots has no
+// owner.
+type fakeOwners struct {
+	mu sync.Mutex
+	n  map[string]int
+	at map[string]int
+}
 
-	// Bounded: the oldest ids are dropped.
-	small := NewOwners(ownerShards * 4)
-	var rels []func()
-	for i := 0; i < 10000; i++ {
-		rels = append(rels, small.Acquire(fmt.Sprint("id-", i), i%8))
-	}
-	if n := small.Len(); n > ownerShards*4 || n < ownerShards*2 {
-		t.Fatalf("len %d, cap %d", n, ownerShards*4)
-	}
-	if _, ok := small.Owner([]byte("id-0")); ok {
-		t.Error("oldest id kept")
-	}
-	if s, ok := small.Owner([]byte("id-9999")); !ok || s != 9999%8 {
-		t.Error("newest id dropped")
-	}
-	if small.Dropped() == 0 {
-		t.Error("no drops counted")
-	}
-	// Releasing dropped ids is harmless, and a reused id is not released
-	// by its dropped predecessor.
-	for _, r := range rels {
-		r()
-	}
-	if small.Len() != 0 {
-		t.Fatalf("len %d after releasing all", small.Len())
-	}
-	old := small.Acquire("x", 1)
-	for i := 0; i < 10000; i++ {
-		small.Acquire(fmt.Sprint("y-", i), 0)
-	}
-	cur := small.Acquire("x", 2)
-	old() // the dropped one
-	if s, ok := small.Owner([]byte("x")); !ok || s != 2 {
-		t.Fatal("stale release removed the new entry")
-	}
-	cur()
+func newFakeOwners() *fakeOwners { return &fakeOwners{n: map[string]int{}, at: map[string]int{}} }
 
-	// Concurrent use (-race).
-	var wg sync.WaitGroup
-	for g := 0; g < 8; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; i < 2000; i++ {
-				r := o.Acquire(fmt.Sprint(g, "-", i%50), g)
-				o.Owner([]byte(fmt.Sprint(g, "-", i%50)))
-				r()
-			}
-		}()
+func (o *fakeOwners) Owner(rid []byte) (int, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	s, ok := o.at[string(rid)]
+	return s, ok && s >= 0 && o.n[string(rid)] > 0
+}
+
+func (o *fakeOwners) Acquire(rid string, slot int) func() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if s, ok := o.at[rid]; ok && s != slot {
+		slot = -1
 	}
-	wg.Wait()
-	if o.Len() != 0 {
-		t.Fatalf("len %d", o.Len())
+	o.n[rid]++
+	o.at[rid] = slot
+	return func() {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		if o.n[rid]--; o.n[rid] == 0 {
+			delete(o.n, rid)
+			delete(o.at, rid)
+		}
 	}
 }
 
-func TestTrackerRoutesAndReleases(t *testing.T) {
+func (o *fakeOwners) len() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.n)
+}
+
+func TestRequestIDRule(t *testing.T) {
 	st := stats.NewHeap()
 	tab := worker.NewTable()
 	for i := 0; i < 4; i++ {
 		tab.Put(&worker.Worker{Slot: i, URL: fmt.Sprintf("http://127.0.0.1:%d", 1000+i), Stats: st.Worker(i)})
 	}
-	p, err := route.NewPolicy(route.PolicyConfig{})
+	p, err := NewPolicy(PolicyConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt := &route.Router{Table: tab}
+	o := newFakeOwners()
+	rt := &Router{Table: tab, Owners: o}
 	rt.SetPolicy(p)
-	tr := &Tracker{Router: rt, Owners: NewOwners(0)}
 
 	keyless := parseHead(t, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n\r\n")
 	body := []byte(`{"messages":[{"role":"user","content":"hi"}]}`)
-	if a := testing.AllocsPerRun(1000, func() { tr.Route(keyless, body) }); a != 0 {
+	if a := testing.AllocsPerRun(1000, func() { rt.Route(keyless, body) }); a != 0 {
 		t.Errorf("request without id: %v allocations", a)
 	}
 
 	req := parseHead(t, "POST /generate HTTP/1.1\r\nHost: x\r\nX-SMG-Target-Worker: 2\r\nContent-Length: 40\r\n\r\n")
-	d := tr.Route(req, []byte(`{"rid":"g1","text":"x"}`))
+	d := rt.Route(req, []byte(`{"rid":"g1","text":"x"}`))
 	if d.Worker.Slot != 2 || d.Done == nil {
 		t.Fatalf("%+v", d)
 	}
-	if s, ok := tr.Owners.Owner([]byte("g1")); !ok || s != 2 {
+	if s, ok := o.Owner([]byte("g1")); !ok || s != 2 {
 		t.Fatal("not tracked")
 	}
 	// A retry of g1 (no target, another key) goes to its owner.
 	retry := parseHead(t, "POST /generate HTTP/1.1\r\nHost: x\r\nX-Session-ID: other\r\nContent-Length: 40\r\n\r\n")
-	d2 := tr.Route(retry, []byte(`{"rid":"g1","text":"x"}`))
-	if d2.Worker.Slot != 2 || d2.Reason != route.ReasonRid {
+	d2 := rt.Route(retry, []byte(`{"rid":"g1","text":"x"}`))
+	if d2.Worker.Slot != 2 || d2.Reason != ReasonRid {
 		t.Fatalf("retry: %+v", d2)
 	}
 	d.Done()
-	if _, ok := tr.Owners.Owner([]byte("g1")); !ok {
+	if _, ok := o.Owner([]byte("g1")); !ok {
 		t.Fatal("released while the retry is in flight")
 	}
 	d2.Done()
-	if tr.Owners.Len() != 0 {
+	if o.len() != 0 {
 		t.Fatal("not released")
 	}
-	if rt.Count(route.ReasonRid) != 1 {
-		t.Fatal("rid reason not counted")
+	if rt.Count(ReasonRid) != 1 {
+		t.Fatalf("rid reason counted %d times, want 1", rt.Count(ReasonRid))
+	}
+	// An owner that is not healthy does not pin: the key's rule places it.
+	to3 := parseHead(t, "POST /generate HTTP/1.1\r\nHost: x\r\nX-SMG-Target-Worker: 3\r\nContent-Length: 40\r\n\r\n")
+	d5 := rt.Route(to3, []byte(`{"rid":"u1"}`))
+	tab.Get(3).SetState(worker.Unhealthy)
+	if d4 := rt.Route(retry, []byte(`{"rid":"u1"}`)); d4.Reason == ReasonRid || d4.Worker.Slot == 3 {
+		t.Fatalf("pinned to an unhealthy owner: %+v", d4)
+	} else {
+		d4.Done()
+	}
+	d5.Done()
+	tab.Get(3).SetState(worker.Healthy)
+	// A session path keeps its worker, and its id is tracked there too.
+	sess := parseHead(t, "POST /sessions/w1-abc/generate HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n\r\n")
+	d3 := rt.Route(sess, []byte(`{"rid":"s1"}`))
+	if d3.Worker.Slot != 1 || d3.Reason != ReasonSession || d3.Done == nil {
+		t.Fatalf("session path: %+v", d3)
+	}
+	if s, ok := o.Owner([]byte("s1")); !ok || s != 1 {
+		t.Fatal("the id of a session request is not tracked")
+	}
+	d3.Done()
+	if o.len() != 0 {
+		t.Fatal("not released")
+	}
+	if n := Decisions(tab.Get(2))["rid"]; n != 1 {
+		t.Fatalf("worker 2 counts %d rid decisions, want 1", n)
 	}
 }
