@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tether-rl/tether/testenv/fakeengine"
+	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/engine"
 	"github.com/tether-rl/tether/userspace/stats"
 	"github.com/tether-rl/tether/userspace/worker"
@@ -61,10 +62,10 @@ func TestDialects(t *testing.T) {
 			t.Fatalf("%s %s: failed on %v", c.path, c.body, failed)
 		}
 	}
-	if k := tab.Get(0).Engine(); k != worker.EngineSGLang {
+	if k := tab.Get(0).Engine(); k != dialect.SGLang {
 		t.Errorf("worker 0 learned as %v", k)
 	}
-	if k := tab.Get(1).Engine(); k != worker.EngineVLLM {
+	if k := tab.Get(1).Engine(); k != dialect.VLLM {
 		t.Errorf("worker 1 learned as %v", k)
 	}
 	if b := string(vllm.LastBody("/abort_requests")); b != `{}` {

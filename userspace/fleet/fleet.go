@@ -15,8 +15,9 @@
 //
 // Only requests that may generate are held: GET, HEAD and OPTIONS go
 // through (model lists, server info, metrics), so do the engines' own
-// control calls a trainer may make while the fleet is paused (Bypass:
-// /collective_rpc, /load_lora_adapter, /tokenize, ...), and tetherd's own
+// control calls a trainer may make while the fleet is paused
+// (dialect.IsNeverHeld: collective RPCs, LoRA adapters, tokenizing, ...),
+// and tetherd's own
 // control endpoints are answered by tetherd, never proxied.
 package fleet
 
@@ -97,8 +98,8 @@ type Fleet struct {
 	versions map[string]string
 	updating map[string]bool
 	cycles   uint64 // pauses begun
-	// open: a vLLM start_weight_update was fanned out and its
-	// finish_weight_update not yet: the weights are in flux.
+	// open: an update that opens (dialect.OpenUpdate) was fanned out
+	// and the one that closes it not yet: the weights are in flux.
 	open    bool
 	openSeq uint64 // which open update a bound's timer closes
 	// pauseSeq numbers the pauses begun here (BeginPause): a pause that
@@ -118,8 +119,8 @@ type Fleet struct {
 	// process, which holds them until the resume it will be sent.
 	forward atomic.Pointer[worker.Worker]
 
-	// ask, when set, asks a worker its weight version (GET
-	// /get_weight_version: userspace/engine) and records it: a worker that
+	// ask, when set, asks a worker its weight version (userspace/engine,
+	// in the engine's words) and records it: a worker that
 	// joins with the fleet's weights is unfenced without an update.
 	ask func(w *worker.Worker)
 }

@@ -3,6 +3,7 @@ package fleet
 import (
 	"time"
 
+	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/worker"
 )
@@ -16,19 +17,6 @@ func safe(method []byte) bool {
 	return false
 }
 
-// Bypass are the paths of engine control calls a trainer may send while
-// the fleet is paused (so they are never held), besides tetherd's own:
-// their engines serve them paused, and holding them would deadlock the
-// trainer that waits for them before it resumes.
-var Bypass = map[string]bool{
-	"/collective_rpc": true, "/weight_checker": true, "/start_draft_weight_update": true,
-	"/get_weights_by_name": true, "/load_lora_adapter": true, "/unload_lora_adapter": true,
-	"/v1/load_lora_adapter": true, "/v1/unload_lora_adapter": true,
-	"/tokenize": true, "/detokenize": true, "/v1/tokenize": true, "/v1/detokenize": true,
-	"/get_world_size": true, "/fetch_weights": true,
-	"/init_weights_send_group_for_remote_instance": true, "/send_weights_to_remote_instance": true,
-}
-
 // Held reports whether req must wait now: the fleet is not serving, or w
 // (nil: not routed yet) is fenced, or this tetherd is retiring (Forward).
 // Serving and unfenced, it is one atomic load or two.
@@ -40,18 +28,7 @@ func (f *Fleet) Held(req *httphead.Request, w *worker.Worker) bool {
 	if w != nil && w == fw {
 		return false
 	}
-	return !safe(req.Method) && !bypass(req.Path)
-}
-
-// bypass reports whether path (its query cut) is a control call never held.
-func bypass(path []byte) bool {
-	for i, c := range path {
-		if c == '?' {
-			path = path[:i]
-			break
-		}
-	}
-	return Bypass[string(path)]
+	return !safe(req.Method) && !dialect.IsNeverHeld(req.Path)
 }
 
 func (f *Fleet) clearLocked(w *worker.Worker) bool {

@@ -14,17 +14,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/registry"
 	"github.com/tether-rl/tether/userspace/upstream"
 	"github.com/tether-rl/tether/userspace/worker"
+	"github.com/tether-rl/tether/userspace/workerclient"
 )
 
 // Defaults of Config, and of the flags that set them (cmd/tetherd:
@@ -118,34 +118,28 @@ func NewProberWith(o ProbeOptions) registry.Prober {
 	if path == "" {
 		path = Path
 	}
-	tr := &http.Transport{
-		Proxy:                  nil, // never through an HTTP proxy from the environment
-		DialContext:            (&net.Dialer{Timeout: timeout}).DialContext,
-		DisableKeepAlives:      true,
-		ResponseHeaderTimeout:  timeout,
-		MaxResponseHeaderBytes: 64 << 10,
-	}
-	client := &http.Client{Transport: tr, Timeout: timeout,
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	client := workerclient.New(workerclient.Options{
+		DialTimeout:    timeout,
+		Timeout:        timeout,
+		MaxIdlePerHost: 0, // a fresh connection for every check
+		MaxHeaderBytes: 64 << 10,
+		MaxBody:        64 << 10,
+		APIKey:         o.APIKey,
+		UserAgent:      "tetherd-health",
+	})
+	check := dialect.Call{Method: http.MethodGet, Path: path}
 	return func(ctx context.Context, url string) error {
 		ctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(url, "/")+path, nil)
+		a, err := client.Do(ctx, strings.TrimSuffix(url, "/"), check, "")
+		if errors.Is(err, workerclient.ErrCutShort) {
+			err = nil // the answer's status decides (its body is not read further)
+		}
 		if err != nil {
 			return err
 		}
-		req.Header.Set("User-Agent", "tetherd-health")
-		if o.APIKey != "" {
-			req.Header.Set("Authorization", "Bearer "+o.APIKey)
-		}
-		resp, err := client.Do(req)
-		if err != nil {
-			return err
-		}
-		io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		resp.Body.Close()
-		if resp.StatusCode < 200 || resp.StatusCode > 299 {
-			return fmt.Errorf("GET %s: %s", path, resp.Status)
+		if !a.OK() {
+			return fmt.Errorf("GET %s: %s", path, a.StatusText)
 		}
 		return nil
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/testenv/fakeengine"
+	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/stats"
 	"github.com/tether-rl/tether/userspace/worker"
@@ -50,14 +51,14 @@ func TestParse(t *testing.T) {
 		loads   string // /v1/loads body ("" 404)
 		metrics string // /metrics body ("" 404)
 		want    worker.EngineSignals
-		kind    worker.EngineKind
+		kind    dialect.Kind
 		known   bool
 	}{
 		{
 			name:  "sglang v1/loads, two DP ranks",
 			loads: `{"timestamp":"x","version":"0.5","loads":[{"dp_rank":0,"num_running_reqs":3,"num_waiting_reqs":1,"token_usage":0.5,"cache_hit_rate":0.8,"max_running_requests":64},{"dp_rank":1,"num_running_reqs":5,"num_waiting_reqs":0,"token_usage":0.7,"cache_hit_rate":0.6,"max_running_requests":64}]}`,
 			want:  worker.EngineSignals{Running: 8, Waiting: 1, KVUsage: 0.6, HitRate: 0.7, MaxRunning: 128, Source: "v1/loads"},
-			kind:  worker.EngineSGLang, known: true,
+			kind:  dialect.SGLang, known: true,
 		},
 		{
 			name: "vllm metrics with labels",
@@ -68,22 +69,22 @@ func TestParse(t *testing.T) {
 				`vllm:prefix_cache_queries_total{model_name="m"} 1000` + "\n" +
 				`vllm:prefix_cache_hits_total{model_name="m"} 900 1712345678` + "\n",
 			want: worker.EngineSignals{Running: 7, Waiting: 2, KVUsage: 0.25, HitRate: 0.9, Source: "metrics"},
-			kind: worker.EngineVLLM, known: true,
+			kind: dialect.VLLM, known: true,
 		},
 		{
 			name:    "sglang metrics only",
 			metrics: "sglang:num_running_reqs{tp_rank=\"0\"} 4\nsglang:num_queue_reqs 6\nsglang:token_usage 0.91\nsglang:cache_hit_rate 0.5\n",
 			want:    worker.EngineSignals{Running: 4, Waiting: 6, KVUsage: 0.91, HitRate: 0.5, Source: "metrics"},
-			kind:    worker.EngineSGLang, known: true,
+			kind:    dialect.SGLang, known: true,
 		},
 		{
 			name:    "lies: negative and NaN counts, usage beyond 100",
 			metrics: "vllm:num_requests_running -5\nvllm:num_requests_waiting NaN\nvllm:kv_cache_usage_perc 4000\n",
 			want:    worker.EngineSignals{KVUsage: -1, HitRate: -1, Source: "metrics"},
-			kind:    worker.EngineVLLM, known: true,
+			kind:    dialect.VLLM, known: true,
 		},
-		{name: "neither", metrics: "go_goroutines 12\n", kind: worker.EngineUnknown},
-		{name: "nothing", kind: worker.EngineUnknown},
+		{name: "neither", metrics: "go_goroutines 12\n", kind: dialect.Unknown},
+		{name: "nothing", kind: dialect.Unknown},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var auth atomic.Value
@@ -143,7 +144,7 @@ func TestFakeEngines(t *testing.T) {
 	defer vl.Close()
 	rt, ws, p := setup(t, sgl.URL(), vl.URL())
 	p.Round()
-	if ws[0].Engine() != worker.EngineSGLang || ws[1].Engine() != worker.EngineVLLM {
+	if ws[0].Engine() != dialect.SGLang || ws[1].Engine() != dialect.VLLM {
 		t.Fatalf("kinds %v %v", ws[0].Engine(), ws[1].Engine())
 	}
 	if !ws[0].EngineKnown() || !ws[1].EngineKnown() {

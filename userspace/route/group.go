@@ -3,6 +3,7 @@ package route
 import (
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/jsonpeek"
 	"github.com/tether-rl/tether/userspace/keyhash"
@@ -11,11 +12,10 @@ import (
 // GRPO groups: the samples of one prompt are sent as separate requests
 // that carry the same prompt and differ in their request id, seed or
 // sampling parameters. GroupHash names the prompt: the hash of the value
-// of the first prompt field of the body's top-level JSON object
-// ("input_ids", "text", "prompt" or "messages": SGLang /generate, OpenAI
-// completions and chat), as far as it lies within the peeked bytes.
-// Everything else (rid, request_id, sampling_params, seed, stream) is left
-// out, wherever it stands.
+// of the first prompt field of the body's top-level JSON object (the
+// engines' APIs' prompt fields, dialect.PromptFields), as far as it lies
+// within the peeked bytes. Everything else (the request id, sampling
+// parameters, seed, stream) is left out, wherever it stands.
 //
 // A prompt longer than the peek is cut: then its prefix within the peek
 // may be the same for every prompt (a long shared system prompt), so the
@@ -26,8 +26,9 @@ import (
 // then two groups; fields before it do not matter.) The hash is xxhash64:
 // about 10 GB/s, 1 µs for 12 KiB.
 
-// groupFields are the prompt fields, by engine API.
-var groupFields = [...]string{"input_ids", "text", "prompt", "messages"}
+// groupFields are the prompt fields of every engine's API
+// (dialect.PromptFields: a field's index is part of the hash).
+var groupFields = dialect.PromptFields()
 
 // GroupHash returns the group of a keyless request: ok false when the
 // body holds no prompt field within the peeked bytes (or is no JSON

@@ -37,7 +37,7 @@ package route
 //     engine signals by engine state (policy_engine.go); with
 //     Keyless = p2c the less loaded of two random healthy workers (power of
 //     two choices, O(1) for very large sets); with Keyless = prefix, the first PrefixBytes of the body
-//     (rid and request_id values left out) are hashed on the ring like a
+//     (request-id values left out) are hashed on the ring like a
 //     key, so that the samples of one GRPO group share a prefix cache.
 //
 // Routing is a pure function of (key, workers, loads): every tetherd
@@ -394,27 +394,24 @@ func p2c(rt *Router, ws []*worker.Worker) Decision {
 
 // PrefixHash hashes the start of a request body for --keyless=prefix: the
 // samples of a GRPO group share their prompt but not their request id, so
-// the string values of the top-level "rid" and "request_id" members (the
-// first of each, as far as they are within body) are left out.
+// the string values of the top-level request-id members (the first of
+// each field, as far as they are within body) are left out.
 func PrefixHash(body []byte) uint64 {
-	var skip [2][2]int
+	var skip [maxIDFields][2]int
 	ns := 0
-	var seen [len(requestIDFields)]bool
+	var seen [maxIDFields]bool
 	o := jsonpeek.Open(body)
-	for n := 0; n < len(seen); {
+	for n := 0; n < len(requestIDFields); {
 		m, st := o.Next()
 		if st != jsonpeek.OK {
 			break
 		}
-		for k, name := range requestIDFields {
-			if !seen[k] && m.KeyIs(name) {
-				seen[k] = true
-				n++
-				if m.Value[0] == '"' {
-					skip[ns] = [2]int{m.Start, m.Start + len(m.Value)}
-					ns++
-				}
-				break
+		if k, ok := isRequestIDField(&m); ok && !seen[k] {
+			seen[k] = true
+			n++
+			if m.Value[0] == '"' {
+				skip[ns] = [2]int{m.Start, m.Start + len(m.Value)}
+				ns++
 			}
 		}
 	}

@@ -1,6 +1,9 @@
 package route
 
 import (
+	"strings"
+
+	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/jsonpeek"
 )
@@ -11,12 +14,35 @@ import (
 // abort of the id reaches the one worker that has it (package engine
 // keeps the ids in flight: RequestOwners).
 
-// RequestIDHeader carries a request id (vLLM's X-Request-Id).
-const RequestIDHeader = "X-Request-ID"
+// requestIDFields are the top-level body members that carry a request id,
+// in the engines' order (dialect.RequestIDKeys, unquoted), at most
+// maxIDFields; requestIDHeaders the headers (dialect.RequestIDHeaders).
+var (
+	requestIDFields  = unquoted(dialect.RequestIDKeys())
+	requestIDHeaders = dialect.RequestIDHeaders()
+)
 
-// requestIDFields are the top-level body members that carry a request id:
-// SGLang's rid, vLLM's request_id.
-var requestIDFields = [...]string{"rid", "request_id"}
+// maxIDFields bounds the request-id fields PrefixHash leaves out.
+const maxIDFields = 4
+
+func unquoted(keys []string) []string {
+	out := make([]string, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, strings.Trim(k, `"`))
+	}
+	return out[:min(len(out), maxIDFields)]
+}
+
+// isRequestIDField reports whether m is named by a request-id field, and
+// which (its index in requestIDFields).
+func isRequestIDField(m *jsonpeek.Member) (int, bool) {
+	for k, name := range requestIDFields {
+		if m.KeyIs(name) {
+			return k, true
+		}
+	}
+	return 0, false
+}
 
 // RequestOwners tracks which worker serves each request id in flight
 // (engine.Owners).
@@ -29,9 +55,9 @@ type RequestOwners interface {
 }
 
 // RequestID returns the request id of a request: the string value of the
-// first top-level "rid" or "request_id" member of the body's JSON object
-// (SGLang /generate and chat, vLLM), when it is within the peeked bytes,
-// else the X-Request-ID header; nil when there is none. The body form is
+// first top-level request-id member of the body's JSON object (SGLang's
+// rid, vLLM's request_id: dialect), when it is within the peeked bytes,
+// else a request-id header; nil when there is none. The body form is
 // returned as in the JSON text (still escaped: RequestIDString decodes
 // it). A batch (a list of ids) is not tracked.
 func RequestID(req *httphead.Request, body []byte) []byte {
@@ -42,7 +68,7 @@ func RequestID(req *httphead.Request, body []byte) []byte {
 			if st != jsonpeek.OK {
 				break
 			}
-			if m.KeyIs(requestIDFields[0]) || m.KeyIs(requestIDFields[1]) {
+			if _, ok := isRequestIDField(&m); ok {
 				if raw, _, ok := m.Str(); ok && len(raw) > 0 {
 					return raw
 				}
@@ -52,8 +78,13 @@ func RequestID(req *httphead.Request, body []byte) []byte {
 	}
 	for i := range req.Fields {
 		f := &req.Fields[i]
-		if len(f.Value) > 0 && httphead.EqualFold(f.Name, RequestIDHeader) {
-			return f.Value
+		if len(f.Value) == 0 {
+			continue
+		}
+		for _, h := range requestIDHeaders {
+			if httphead.EqualFold(f.Name, h) {
+				return f.Value
+			}
 		}
 	}
 	return nil

@@ -7,8 +7,8 @@ import (
 )
 
 // Engine signals: what the load poller (userspace/loadpoll) last read from
-// a worker's engine (SGLang GET /v1/loads, or the Prometheus /metrics of
-// vLLM or SGLang). The poller writes them once per --engine-poll; the data
+// a worker's engine (its JSON load endpoint or its Prometheus metrics, as
+// userspace/dialect reads them). The poller writes them once per --engine-poll; the data
 // path reads two atomics per worker (sig, base) next to the in-flight count
 // it reads today, and never waits for the poller.
 
@@ -21,7 +21,7 @@ type EngineSignals struct {
 	// HitRate: the prefix cache's hit rate, 0..1 (negative: unknown).
 	HitRate    float64
 	MaxRunning int // the engine's running batch bound (0: unknown)
-	// WeightVersion, when the engine says (SGLang /v1/loads "version").
+	// WeightVersion, when the engine says.
 	WeightVersion string
 	Source        string // "v1/loads", "get_load" or "metrics"
 }

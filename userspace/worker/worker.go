@@ -64,7 +64,7 @@ type Worker struct {
 	// takes no new keys (0: no limit).
 	maxInFlight atomic.Uint64
 	gate        gate          // holds requests in flight to maxInFlight (gate.go)
-	engine      atomic.Int32  // EngineKind (engine.go)
+	engine      atomic.Int32  // dialect.Kind (engine.go)
 	fence       atomic.Uint32 // Fence* bits (fence.go)
 	// decided counts the requests routed to this worker, by route.Reason:
 	// GET /workers and /metrics show them per worker.
