@@ -17,6 +17,7 @@ import (
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/supervisor"
 	"github.com/tether-rl/tether/userspace/sysd"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // The control plane: worker registry, health checks, supervisor of --spawn
@@ -61,7 +62,7 @@ func (d *Daemon) newRegistry(opts Options) error {
 		Pool:   opts.Pool,
 		Self:   selfEndpoints(d.Addr(), opts.Admin),
 		Probe:  d.ctl.prober,
-		OnPut: func(w *route.Worker) {
+		OnPut: func(w *worker.Worker) {
 			if d.Metrics != nil {
 				d.Metrics.SetWorker(w)
 			}

@@ -24,6 +24,7 @@ import (
 	"github.com/tether-rl/tether/userspace/registry"
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/supervisor"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // ctlDaemon runs tetherd in-process with its admin API on a loopback port.
@@ -144,7 +145,7 @@ func TestAdminAbsentFromDataPort(t *testing.T) {
 		t.Fatalf("registry changed through the data port: %v", got)
 	}
 	for i := 0; i < 2; i++ {
-		if w := d.Table.Get(i); w == nil || w.State() != route.Healthy {
+		if w := d.Table.Get(i); w == nil || w.State() != worker.Healthy {
 			t.Fatalf("worker %d changed", i)
 		}
 	}
@@ -326,7 +327,7 @@ func TestHealthPanicAndBack(t *testing.T) {
 	admin := "http://" + d.AdminAddr()
 	addr := strings.TrimPrefix(w0.URL(), "http://")
 	w0.Close()
-	testenv.WaitFor(t, "the dead worker unhealthy", func() bool { return d.Table.Get(0).State() == route.Unhealthy })
+	testenv.WaitFor(t, "the dead worker unhealthy", func() bool { return d.Table.Get(0).State() == worker.Unhealthy })
 	for i := 0; i < 10; i++ {
 		var s struct{ Worker int }
 		ctlDo(t, "POST", "http://"+d.Addr()+"/sessions", "").json(t, &s)
@@ -353,7 +354,7 @@ func TestHealthPanicAndBack(t *testing.T) {
 	}
 	defer back.Close()
 	testenv.WaitFor(t, "the worker back healthy, panic mode over", func() bool {
-		return d.Table.Get(0).State() == route.Healthy && !d.Registry.Panic()
+		return d.Table.Get(0).State() == worker.Healthy && !d.Registry.Panic()
 	})
 }
 
@@ -488,7 +489,7 @@ func TestSpawn(t *testing.T) {
 	syscall.Kill(pids[0], syscall.SIGKILL)
 	for {
 		p := d.Supervisor.Procs()[0]
-		if p.Ready && p.PID != pids[0] && d.Table.Get(0).State() == route.Healthy {
+		if p.Ready && p.PID != pids[0] && d.Table.Get(0).State() == worker.Healthy {
 			pids = append(pids, p.PID)
 			break
 		}

@@ -40,6 +40,7 @@ import (
 	"github.com/tether-rl/tether/userspace/supervisor"
 	"github.com/tether-rl/tether/userspace/upgrade"
 	"github.com/tether-rl/tether/userspace/upstream"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // Options are tetherd's settings.
@@ -121,7 +122,7 @@ type Daemon struct {
 	opts       Options
 	log        *slog.Logger
 	InstanceID string
-	Table      *route.Table
+	Table      *worker.Table
 	Fleet      *fleet.Fleet // weight-sync phase, hold and versions
 	Router     *route.Router
 	Proxy      *proxy.Server
@@ -227,7 +228,7 @@ func New(opts Options) (*Daemon, error) {
 		rand.Read(idb[:])
 		id = hex.EncodeToString(idb[:])
 	}
-	d := &Daemon{opts: opts, log: opts.Log, InstanceID: id, Table: route.NewTable()}
+	d := &Daemon{opts: opts, log: opts.Log, InstanceID: id, Table: worker.NewTable()}
 	perWorker := opts.Proxy.QueueSize
 	if perWorker <= 0 { // no queue (-1): the hold keeps its own bound
 		perWorker = DefaultMaxQueue

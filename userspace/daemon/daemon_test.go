@@ -24,6 +24,7 @@ import (
 	"github.com/tether-rl/tether/userspace/demo"
 	"github.com/tether-rl/tether/userspace/proxy"
 	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // startDaemon runs tetherd in-process on loopback, with its counters in
@@ -394,7 +395,7 @@ func TestHealthProbes(t *testing.T) {
 		t.Fatalf("/readiness: %d %v", st, m)
 	}
 	for _, w := range d.Table.Snapshot() {
-		w.SetState(route.Unhealthy)
+		w.SetState(worker.Unhealthy)
 	}
 	if st, m := get("/health"); st != 503 || m["session_server_instance_id"] != "miles-abc123" {
 		t.Fatalf("/health with no healthy worker: %d %v", st, m)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/testenv/fakeengine"
+	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/route"
 )
 
@@ -49,7 +50,7 @@ func TestEngineGroupsEndToEnd(t *testing.T) {
 	d, do := runRouting(t, Options{Workers: urls, BPF: "off", Routing: RoutingOptions{RouteHeader: "X-Tether-Route", StickyStore: "memory"}})
 	waitKnown(t, d)
 	for _, w := range d.Table.Snapshot() {
-		if w.Engine() != route.EngineSGLang {
+		if w.Engine() != dialect.SGLang {
 			t.Fatalf("slot %d: kind %v", w.Slot, w.Engine())
 		}
 	}

@@ -162,7 +162,8 @@ func setupRouting(opts Options, g *listener.Group, rt *route.Router, share func(
 		r.poller.Start()
 	}
 	r.owners = engine.NewOwners(o.MaxTrackedRequests)
-	r.router = &engine.Tracker{Router: rt, Owners: r.owners}
+	rt.Owners = r.owners
+	r.router = rt
 	if !o.NoEngineEndpoints {
 		r.engine = engine.New(engine.Config{
 			Table:  rt.Table,

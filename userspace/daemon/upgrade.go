@@ -18,11 +18,11 @@ import (
 
 	"github.com/tether-rl/tether/userspace/fleet"
 	"github.com/tether-rl/tether/userspace/registry"
-	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/stats"
 	"github.com/tether-rl/tether/userspace/sysd"
 	"github.com/tether-rl/tether/userspace/upgrade"
 	"github.com/tether-rl/tether/userspace/upstream"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // Names of the descriptors handed over.
@@ -244,7 +244,7 @@ func (d *Daemon) forwardHeld() {
 		}
 	}
 	ws := stats.NewHeap().Worker(0)
-	w := &route.Worker{Slot: -1, URL: "http://" + addr, Addr: addr, Stats: ws, Pool: upstream.New(addr, ws, d.opts.Pool)}
+	w := &worker.Worker{Slot: -1, URL: "http://" + addr, Addr: addr, Stats: ws, Pool: upstream.New(addr, ws, d.opts.Pool)}
 	d.log.Info("retiring: generation requests still read here, and the held ones, go to the new tetherd", "held", d.Fleet.HeldNow(), "to", addr)
 	d.Fleet.Forward(w)
 }

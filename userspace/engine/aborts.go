@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/tether-rl/tether/userspace/dialect"
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // AbortAnswer is the answer of an abort.
@@ -63,12 +63,12 @@ func (e *Engine) abortOne(w http.ResponseWriter, r *http.Request, client dialect
 	if !a.All && e.cfg.Owners != nil {
 		if slot, ok := e.cfg.Owners.Owner([]byte(rid)); ok {
 			if wk := e.cfg.Table.Get(slot); wk != nil {
-				targets, routed = []*route.Worker{wk}, "owner"
+				targets, routed = []*worker.Worker{wk}, "owner"
 			}
 		}
 	}
 	auth := e.auth(r)
-	res := e.fanoutDialect(r.Context(), auth, targets, client, 0, func(wk *route.Worker, d *dialect.Dialect) []call {
+	res := e.fanoutDialect(r.Context(), auth, targets, client, 0, func(wk *worker.Worker, d *dialect.Dialect) []call {
 		switch {
 		case d.Kind == client:
 			return []call{{w: wk, Call: d.AbortAsClient(body)}}
@@ -88,7 +88,7 @@ func (e *Engine) abortList(w http.ResponseWriter, r *http.Request, client dialec
 		body, _ := json.Marshal(m)
 		ws := e.workers()
 		auth := e.auth(r)
-		res := e.fanoutDialect(r.Context(), auth, ws, client, 0, func(wk *route.Worker, d *dialect.Dialect) []call {
+		res := e.fanoutDialect(r.Context(), auth, ws, client, 0, func(wk *worker.Worker, d *dialect.Dialect) []call {
 			if d.Kind != client {
 				return abortAll(wk, d)
 			}
@@ -113,14 +113,14 @@ func (e *Engine) abortList(w http.ResponseWriter, r *http.Request, client dialec
 	}
 	auth := e.auth(r)
 	sends := map[int][]string{}
-	var targets []*route.Worker
+	var targets []*worker.Worker
 	for _, wk := range e.workers() {
 		if send := append(slices.Clone(known[wk.Slot]), unknown...); len(send) > 0 {
 			sends[wk.Slot] = send
 			targets = append(targets, wk)
 		}
 	}
-	build := func(wk *route.Worker, d *dialect.Dialect) []call {
+	build := func(wk *worker.Worker, d *dialect.Dialect) []call {
 		return toCalls(wk, d.AbortIDs(sends[wk.Slot], m)) // the client's other fields go to its own kind
 	}
 	routed := "owners"
@@ -161,8 +161,8 @@ type IdleAnswer struct {
 	Failed       []Result  `json:"failed"` // abort calls that failed in the last wave
 }
 
-func (e *Engine) busy() []*route.Worker {
-	var out []*route.Worker
+func (e *Engine) busy() []*worker.Worker {
+	var out []*worker.Worker
 	for _, w := range e.workers() {
 		if w.Stats.Pending() > 0 {
 			out = append(out, w)

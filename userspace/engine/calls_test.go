@@ -13,10 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/engine"
 	"github.com/tether-rl/tether/userspace/fleet"
-	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/stats"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // TestCallsTranscript: every call tetherd makes to workers of each kind
@@ -58,13 +59,13 @@ func TestCallsTranscript(t *testing.T) {
 	defer s0.Close()
 	defer s1.Close()
 	defer s2.Close()
-	tab := route.NewTable()
+	tab := worker.NewTable()
 	st := stats.NewHeap()
-	tab.Put(&route.Worker{Slot: 0, URL: s0.URL, Stats: st.Worker(0)})
-	tab.Put(&route.Worker{Slot: 1, URL: s1.URL, Stats: st.Worker(1)})
-	tab.Put(&route.Worker{Slot: 2, URL: s2.URL, Stats: st.Worker(2)})
-	tab.Get(0).SetEngine(route.EngineSGLang)
-	tab.Get(1).SetEngine(route.EngineVLLM)
+	tab.Put(&worker.Worker{Slot: 0, URL: s0.URL, Stats: st.Worker(0)})
+	tab.Put(&worker.Worker{Slot: 1, URL: s1.URL, Stats: st.Worker(1)})
+	tab.Put(&worker.Worker{Slot: 2, URL: s2.URL, Stats: st.Worker(2)})
+	tab.Get(0).SetEngine(dialect.SGLang)
+	tab.Get(1).SetEngine(dialect.VLLM)
 	f := fleet.New(fleet.Config{Table: tab})
 	eng := engine.New(engine.Config{Table: tab, Timeout: 2 * time.Second, WorkerAPIKey: "wk", Fleet: f, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	defer eng.Close()

@@ -16,6 +16,7 @@ import (
 	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/fleet"
 	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // MaxControlBody bounds the body of a fanned-out control call (the
@@ -75,7 +76,7 @@ func (e *Engine) control(w http.ResponseWriter, r *http.Request, kind dialect.Up
 			writeError(w, http.StatusBadRequest, route.TargetWorkerHeader+" names no worker: "+strconv.Quote(v))
 			return
 		}
-		ws = []*route.Worker{wk}
+		ws = []*worker.Worker{wk}
 	}
 	changes := kind == dialect.Weights || kind == dialect.OpenUpdate || kind == dialect.CloseUpdate
 	if kind == dialect.Weights && f.UpdateOpen() {
@@ -101,7 +102,7 @@ func (e *Engine) control(w http.ResponseWriter, r *http.Request, kind dialect.Up
 		}
 		// The workers called, by slot (not the table now: a worker put
 		// into a slot during the fan-out did not get the update).
-		called := make(map[int]*route.Worker, len(ws))
+		called := make(map[int]*worker.Worker, len(ws))
 		for _, wk := range ws {
 			called[wk.Slot] = wk
 		}
@@ -250,7 +251,7 @@ func (e *Engine) timeoutParam(w http.ResponseWriter, r *http.Request, def time.D
 // (dialect.AnyVersionCall) and records what it says: one with the fleet's
 // weights is unfenced at once; one that cannot say stays fenced until an
 // update through tetherd.
-func (e *Engine) askVersion(w *route.Worker) {
+func (e *Engine) askVersion(w *worker.Worker) {
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
 	defer cancel()
 	c := call{w: w, Call: dialect.AnyVersionCall()} // with the worker API key
@@ -267,7 +268,7 @@ func (e *Engine) askVersion(w *route.Worker) {
 
 // targetWorker returns the worker a X-SMG-Target-Worker value names (a
 // slot or a URL), or nil.
-func (e *Engine) targetWorker(v string) *route.Worker {
+func (e *Engine) targetWorker(v string) *worker.Worker {
 	if n, err := strconv.Atoi(v); err == nil && strconv.Itoa(n) == v {
 		return e.cfg.Table.Get(n)
 	}

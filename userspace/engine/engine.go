@@ -1,7 +1,7 @@
 // Package engine serves tetherd's inference-engine endpoints on the data
 // port (through proxy Config.Local): aborts that reach the worker owning a
 // request, and fan-outs to every worker. It also tracks which worker serves
-// each request id in flight (Owners, Tracker).
+// each request id in flight (Owners, the router's RequestOwners).
 //
 //	abort (dialect OpAbort, each engine's form: one id or everything, or a
 //	     list of ids or everything): to the owner of each id when known,
@@ -48,13 +48,13 @@ import (
 
 	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/fleet"
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 	"github.com/tether-rl/tether/userspace/workerclient"
 )
 
 // Config configures an Engine. Zero values take the defaults.
 type Config struct {
-	Table  *route.Table
+	Table  *worker.Table
 	Owners *Owners // nil: every abort by id goes to every worker
 	// FinishSession forgets a routing key (route.Policy.FinishSession);
 	// nil: /finish_session answers "finished": false.
@@ -232,7 +232,7 @@ type Results struct {
 
 // call is a dialect Call to one worker.
 type call struct {
-	w *route.Worker
+	w *worker.Worker
 	dialect.Call
 	auth  string        // the client's Authorization ("": the worker API key's)
 	limit time.Duration // bound of this call (0: Config.Timeout)
@@ -328,8 +328,8 @@ func (e *Engine) do(ctx context.Context, c *call) Result {
 
 // workers returns every worker in the table, whatever its state: an
 // unhealthy worker may still run requests worth aborting.
-func (e *Engine) workers() []*route.Worker {
-	var out []*route.Worker
+func (e *Engine) workers() []*worker.Worker {
+	var out []*worker.Worker
 	for _, w := range e.cfg.Table.Snapshot() {
 		if w != nil {
 			out = append(out, w)
@@ -438,7 +438,7 @@ func (e *Engine) flushCache(w http.ResponseWriter, r *http.Request, client diale
 	}
 	ws := e.workers()
 	auth := e.auth(r)
-	res := e.fanoutDialect(r.Context(), auth, ws, client, 0, func(wk *route.Worker, d *dialect.Dialect) []call {
+	res := e.fanoutDialect(r.Context(), auth, ws, client, 0, func(wk *worker.Worker, d *dialect.Dialect) []call {
 		return []call{{w: wk, Call: d.FlushCache()}}
 	})
 	ans := FlushAnswer{Results: res, TotalWorkers: len(res.Successful) + len(res.Failed)}

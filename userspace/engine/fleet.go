@@ -39,7 +39,7 @@ import (
 
 	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/fleet"
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // PathFleet is tetherd's own fleet report.
@@ -167,7 +167,7 @@ func (e *Engine) pause(w http.ResponseWriter, r *http.Request, client dialect.Ki
 		query = r.URL.Query()
 		query.Del("timeout_s")
 	}
-	res := e.fanoutDialect(pctx, auth, ws, client, 0, func(wk *route.Worker, d *dialect.Dialect) []call {
+	res := e.fanoutDialect(pctx, auth, ws, client, 0, func(wk *worker.Worker, d *dialect.Dialect) []call {
 		c := d.Pause(m, ans.Quiet)
 		if d.Kind == client {
 			c = d.PauseAsClient(c, m, ans.Quiet, clientBody, query)
@@ -224,8 +224,8 @@ func (e *Engine) pauseOvertaken(w http.ResponseWriter, st fleet.PauseState, ans 
 
 // nativeResume builds each engine's resume call; body, in the client's
 // dialect, is sent as it came.
-func nativeResume(client dialect.Kind, body []byte) func(wk *route.Worker, d *dialect.Dialect) []call {
-	return func(wk *route.Worker, d *dialect.Dialect) []call {
+func nativeResume(client dialect.Kind, body []byte) func(wk *worker.Worker, d *dialect.Dialect) []call {
+	return func(wk *worker.Worker, d *dialect.Dialect) []call {
 		c := d.Resume()
 		if d.Kind == client && len(body) > 0 {
 			c.Body = body
@@ -265,8 +265,8 @@ func (e *Engine) quiesce(ctx context.Context, auth string, abort bool, ours func
 
 // admitted returns the workers with requests admitted (past tetherd's
 // gates, on their way to or in the engine).
-func (e *Engine) admitted() []*route.Worker {
-	var out []*route.Worker
+func (e *Engine) admitted() []*worker.Worker {
+	var out []*worker.Worker
 	for _, w := range e.workers() {
 		if w.Admitted() > 0 {
 			out = append(out, w)
@@ -346,7 +346,7 @@ func (e *Engine) resume(w http.ResponseWriter, r *http.Request, client dialect.K
 func (e *Engine) fenced() []int {
 	out := []int{}
 	for _, wk := range e.workers() {
-		if wk.Fenced()&route.FenceVersion != 0 {
+		if wk.Fenced()&worker.FenceVersion != 0 {
 			out = append(out, wk.Slot)
 		}
 	}

@@ -7,18 +7,18 @@ import (
 	"time"
 
 	"github.com/tether-rl/tether/userspace/dialect"
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // Each worker is spoken to in its own dialect (userspace/dialect). The
-// kind is learned per worker (route.Worker.Engine): by the load poller
+// kind is learned per worker (worker.Worker.Engine): by the load poller
 // (from what dialect detects in its answers), or here, from a call that
 // got 404 in one dialect and succeeded in the other. A worker of unknown
 // kind is spoken to in the client's dialect first.
 
 // speak returns the dialect to speak to w: the one learned, else the
 // client's (prefer).
-func speak(w *route.Worker, prefer dialect.Kind) *dialect.Dialect {
+func speak(w *worker.Worker, prefer dialect.Kind) *dialect.Dialect {
 	if d := dialect.For(w.Engine()); d != nil {
 		return d
 	}
@@ -30,14 +30,14 @@ func speak(w *route.Worker, prefer dialect.Kind) *dialect.Dialect {
 // worker not learned yet that answers 404 to every call is asked again
 // in another dialect, and what answered is learned: no call is a silent
 // 404 because tetherd guessed the engine wrong.
-func (e *Engine) fanoutDialect(ctx context.Context, auth string, ws []*route.Worker, prefer dialect.Kind, limit time.Duration,
-	build func(w *route.Worker, d *dialect.Dialect) []call) Results {
+func (e *Engine) fanoutDialect(ctx context.Context, auth string, ws []*worker.Worker, prefer dialect.Kind, limit time.Duration,
+	build func(w *worker.Worker, d *dialect.Dialect) []call) Results {
 	var calls []call
 	for _, w := range ws {
 		calls = append(calls, build(w, speak(w, prefer))...)
 	}
 	res := e.fanoutTimeout(ctx, auth, calls, limit)
-	var retry []*route.Worker
+	var retry []*worker.Worker
 	for _, w := range ws {
 		if dialect.Speaks(w.Engine()) {
 			continue
@@ -103,12 +103,12 @@ func (e *Engine) fanoutDialect(ctx context.Context, auth string, ws []*route.Wor
 
 // abortAll builds the abort-everything call of fanoutDialect (running,
 // waiting and, where the engine's abort reaches them, parked requests).
-func abortAll(w *route.Worker, d *dialect.Dialect) []call {
+func abortAll(w *worker.Worker, d *dialect.Dialect) []call {
 	return []call{{w: w, Call: d.AbortAll()}}
 }
 
 // toCalls puts dialect calls to w.
-func toCalls(w *route.Worker, cs []dialect.Call) []call {
+func toCalls(w *worker.Worker, cs []dialect.Call) []call {
 	out := make([]call, len(cs))
 	for i, c := range cs {
 		out[i] = call{w: w, Call: c}

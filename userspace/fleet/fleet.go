@@ -28,7 +28,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // Phase of the fleet.
@@ -65,7 +65,7 @@ func ParsePhase(s string) (Phase, bool) {
 
 // Config configures a Fleet.
 type Config struct {
-	Table *route.Table
+	Table *worker.Table
 	// MaxHeldPerWorker bounds the hold: at most this many requests per
 	// worker in the table (at least this many in all) wait at once; past
 	// it 503 with Retry-After. Default 1024 (--max-queue).
@@ -117,17 +117,17 @@ type Fleet struct {
 	// forward, once set (a tetherd retiring after an upgrade while the
 	// fleet is held), takes every held request: they go to the new
 	// process, which holds them until the resume it will be sent.
-	forward atomic.Pointer[route.Worker]
+	forward atomic.Pointer[worker.Worker]
 
 	// ask, when set, asks a worker its weight version (userspace/engine,
 	// in the engine's words) and records it: a worker that
 	// joins with the fleet's weights is unfenced without an update.
-	ask func(w *route.Worker)
+	ask func(w *worker.Worker)
 }
 
 // SetAsk sets how a joining worker of unknown version is asked its
 // version (in the background).
-func (f *Fleet) SetAsk(ask func(w *route.Worker)) {
+func (f *Fleet) SetAsk(ask func(w *worker.Worker)) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.ask = ask

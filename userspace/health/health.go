@@ -22,8 +22,8 @@ import (
 
 	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/registry"
-	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/upstream"
+	"github.com/tether-rl/tether/userspace/worker"
 	"github.com/tether-rl/tether/userspace/workerclient"
 )
 
@@ -164,8 +164,8 @@ type Checker struct {
 	probe registry.Prober
 
 	mu       sync.Mutex
-	running  map[*route.Worker]bool   // a check in progress
-	seen     map[*route.Worker]uint64 // connect failures already counted
+	running  map[*worker.Worker]bool   // a check in progress
+	seen     map[*worker.Worker]uint64 // connect failures already counted
 	stop     chan struct{}
 	kick     chan struct{}
 	wg       sync.WaitGroup
@@ -187,7 +187,7 @@ func New(reg *registry.Registry, opts Options) *Checker {
 		p = opts.Config.Prober("") // the timeout and path set
 	}
 	return &Checker{opts: opts, reg: reg, probe: p,
-		running: map[*route.Worker]bool{}, seen: map[*route.Worker]uint64{},
+		running: map[*worker.Worker]bool{}, seen: map[*worker.Worker]uint64{},
 		stop: make(chan struct{}), kick: make(chan struct{}, 1)}
 }
 
@@ -249,7 +249,7 @@ func (c *Checker) checkAll() {
 }
 
 // check runs one active check of w unless one is already running.
-func (c *Checker) check(w *route.Worker) {
+func (c *Checker) check(w *worker.Worker) {
 	c.mu.Lock()
 	if c.running[w] {
 		c.mu.Unlock()
@@ -296,8 +296,8 @@ func (c *Checker) check(w *route.Worker) {
 // and confirms each with an active check.
 func (c *Checker) passive() {
 	ws := c.reg.Workers()
-	live := make(map[*route.Worker]bool, len(ws))
-	var failed []*route.Worker
+	live := make(map[*worker.Worker]bool, len(ws))
+	var failed []*worker.Worker
 	c.mu.Lock()
 	for _, w := range ws {
 		live[w] = true

@@ -1,5 +1,5 @@
 // Package loadpoll reads the load of every worker's inference engine each
-// --engine-poll and hands it to placement (route.Worker.SetEngineSignals):
+// --engine-poll and hands it to placement (worker.Worker.SetEngineSignals):
 // an engine's JSON load endpoint when it answers (running, waiting, token
 // usage, cache hit rate, per DP rank), else the engines' Prometheus
 // /metrics, parsed by metric name whatever the labels; what to call and
@@ -22,6 +22,7 @@ import (
 
 	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 	"github.com/tether-rl/tether/userspace/workerclient"
 )
 
@@ -77,7 +78,7 @@ func (c *Config) Provision() {
 type Options struct {
 	Config
 	APIKey string // sent as "Authorization: Bearer KEY"
-	Table  *route.Table
+	Table  *worker.Table
 	// Router: its EnginePlacement (the veto thresholds, SetKnown) is read
 	// at each round, so a reload applies.
 	Router *route.Router
@@ -92,7 +93,7 @@ type Poller struct {
 	client *workerclient.Client
 
 	mu      sync.Mutex
-	state   map[*route.Worker]*wstate
+	state   map[*worker.Worker]*wstate
 	stop    chan struct{}
 	kick    chan struct{}
 	wg      sync.WaitGroup
@@ -141,7 +142,7 @@ func New(o Options) *Poller {
 		APIKey:         o.APIKey,
 		UserAgent:      "tetherd-loadpoll",
 	})
-	return &Poller{opts: o, state: map[*route.Worker]*wstate{}, client: client,
+	return &Poller{opts: o, state: map[*worker.Worker]*wstate{}, client: client,
 		stop: make(chan struct{}), kick: make(chan struct{}, 1)}
 }
 
@@ -210,7 +211,7 @@ func (p *Poller) Round() {
 	}()
 	var wg sync.WaitGroup
 	p.mu.Lock()
-	live := make(map[*route.Worker]bool, len(ws))
+	live := make(map[*worker.Worker]bool, len(ws))
 	for _, w := range ws {
 		if w == nil {
 			continue
@@ -242,7 +243,7 @@ func (p *Poller) Round() {
 
 // settle publishes the count of workers with signals and holds admissions
 // while every healthy engine is vetoed.
-func (p *Poller) settle(ws []*route.Worker) {
+func (p *Poller) settle(ws []*worker.Worker) {
 	known, healthy, vetoed := 0, 0, 0
 	for _, w := range ws {
 		if w == nil {
@@ -252,7 +253,7 @@ func (p *Poller) settle(ws []*route.Worker) {
 		if k {
 			known++
 		}
-		if w.State() == route.Healthy {
+		if w.State() == worker.Healthy {
 			healthy++
 			if k && w.EngineVetoed() {
 				vetoed++

@@ -8,14 +8,14 @@ import (
 	"strings"
 
 	"github.com/tether-rl/tether/userspace/dialect"
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // One worker's poll: the load endpoint it serves (detected, then kept),
 // the reading handed to placement, the failures counted.
 
 // poll reads one worker's engine.
-func (p *Poller) poll(ctx context.Context, w *route.Worker, st *wstate) {
+func (p *Poller) poll(ctx context.Context, w *worker.Worker, st *wstate) {
 	st.polled++
 	if st.ep == epNone && st.polled%redetectRounds != 1 {
 		return
@@ -75,12 +75,12 @@ func loadsPath() string {
 
 // read reads the signals from the endpoint known to work, or detects one
 // (what serves it is dialect's to say).
-func (p *Poller) read(ctx context.Context, w *route.Worker, st *wstate) (route.EngineSignals, endpoint, error) {
+func (p *Poller) read(ctx context.Context, w *worker.Worker, st *wstate) (worker.EngineSignals, endpoint, error) {
 	base := strings.TrimSuffix(w.URL, "/")
 	if c, kind, ok := dialect.LoadsCall(); ok && (st.ep == epUnknown || st.ep == epNone || st.ep == epLoads) {
 		body, code, err := p.get(ctx, base, c)
 		if err != nil {
-			return route.EngineSignals{}, epUnknown, err
+			return worker.EngineSignals{}, epUnknown, err
 		}
 		if code == http.StatusOK {
 			l, err := dialect.ParseLoads(kind, body)
@@ -90,26 +90,26 @@ func (p *Poller) read(ctx context.Context, w *route.Worker, st *wstate) (route.E
 				return signals(l), epLoads, nil
 			}
 			if st.ep == epLoads {
-				return route.EngineSignals{}, epUnknown, err
+				return worker.EngineSignals{}, epUnknown, err
 			}
 		} else if st.ep == epLoads && code != http.StatusNotFound {
-			return route.EngineSignals{}, epUnknown, fmt.Errorf("%s %s: %d", c.Method, c.Path, code)
+			return worker.EngineSignals{}, epUnknown, fmt.Errorf("%s %s: %d", c.Method, c.Path, code)
 		}
 	}
 	c := dialect.MetricsCall
 	body, code, err := p.get(ctx, base, c)
 	if err != nil {
-		return route.EngineSignals{}, epUnknown, err
+		return worker.EngineSignals{}, epUnknown, err
 	}
 	if code != http.StatusOK {
 		if st.ep == epMetrics && code != http.StatusNotFound {
-			return route.EngineSignals{}, epUnknown, fmt.Errorf("%s %s: %d", c.Method, c.Path, code)
+			return worker.EngineSignals{}, epUnknown, fmt.Errorf("%s %s: %d", c.Method, c.Path, code)
 		}
-		return route.EngineSignals{}, epNone, errNoEndpoint
+		return worker.EngineSignals{}, epNone, errNoEndpoint
 	}
 	l, kind, next, ok := dialect.ParseMetrics(body, st.counters)
 	if !ok {
-		return route.EngineSignals{}, epNone, errNoEndpoint
+		return worker.EngineSignals{}, epNone, errNoEndpoint
 	}
 	st.counters = next
 	w.SetEngine(kind)
@@ -118,8 +118,8 @@ func (p *Poller) read(ctx context.Context, w *route.Worker, st *wstate) (route.E
 }
 
 // signals is a dialect reading as placement takes it.
-func signals(l dialect.Load) route.EngineSignals {
-	return route.EngineSignals{Running: l.Running, Waiting: l.Waiting, KVUsage: l.KVUsage, HitRate: l.HitRate,
+func signals(l dialect.Load) worker.EngineSignals {
+	return worker.EngineSignals{Running: l.Running, Waiting: l.Waiting, KVUsage: l.KVUsage, HitRate: l.HitRate,
 		MaxRunning: l.MaxRunning, Source: l.Source}
 }
 

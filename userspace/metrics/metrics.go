@@ -32,6 +32,7 @@ import (
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/stats"
 	"github.com/tether-rl/tether/userspace/upstream"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // Steering is what the BPF program decided (optional; see Sources).
@@ -45,7 +46,7 @@ type Steering struct {
 // skipped.
 type Sources struct {
 	Stats    *stats.Table
-	Table    *route.Table
+	Table    *worker.Table
 	Router   *route.Router
 	Registry *registry.Registry
 	Proxy    *proxy.Counters
@@ -118,7 +119,7 @@ func (m *Metrics) Handler() http.Handler {
 
 // SetWorker creates the Observe series of the worker now in w.Slot
 // (registry.Options.OnPut). If another url held the slot, its series go.
-func (m *Metrics) SetWorker(w *route.Worker) {
+func (m *Metrics) SetWorker(w *worker.Worker) {
 	if w == nil || w.Slot < 0 || w.Slot >= stats.MaxWorkers {
 		return
 	}
@@ -262,7 +263,7 @@ func b2f(b bool) float64 {
 	return 0
 }
 
-var stateNames = [...]route.State{route.Healthy, route.Unhealthy, route.Draining}
+var stateNames = [...]worker.State{worker.Healthy, worker.Unhealthy, worker.Draining}
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	src := c.src
@@ -277,7 +278,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- counter(dWorkerErrors, s.Errors, slot, w.URL)
 			ch <- gauge(dWorkerInFlight, float64(s.InFlight), slot, w.URL)
 			ch <- gauge(dWorkerQueued, float64(w.Queued()), slot, w.URL)
-			for reason, n := range w.Decisions() {
+			for reason, n := range route.Decisions(w) {
 				ch <- counter(dWorkerDecisions, n, slot, w.URL, reason)
 			}
 			ch <- counter(dWorkerBytes, s.BytesUp, slot, w.URL, "up")
@@ -288,7 +289,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 				ch <- counter(dWorkerRetries, w.Pool.Retries(upstream.RetryDeadPooled), slot, w.URL, "dead_pooled")
 			}
 			st := w.BaseState()
-			healthy := st == route.Healthy
+			healthy := st == worker.Healthy
 			if src.Registry != nil {
 				if h, ok := src.Registry.Health(w.Slot); ok {
 					healthy = h

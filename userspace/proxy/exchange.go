@@ -12,11 +12,12 @@ import (
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/upstream"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // exchange is the state of one proxied request.
 type exchange struct {
-	w      *route.Worker
+	w      *worker.Worker
 	status int  // for Config.Observe: tetherd's own answer (the relayed one: the response's)
 	failed bool // counts as a worker error
 

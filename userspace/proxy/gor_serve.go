@@ -14,6 +14,7 @@ import (
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/upstream"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // serve runs the connection on a goroutine until it ends, or until it is
@@ -199,10 +200,10 @@ func (c *conn) serveRouted(dec route.Decision, peek []byte, refused bool) (keep,
 // reroutable set, a worker that refuses the connection gets no answer
 // written: proxy reports refused instead, and the caller may place the
 // request again.
-func (c *conn) proxy(w *route.Worker, learn *route.Learner, reroutable bool) (keep, refused, held bool) {
+func (c *conn) proxy(w *worker.Worker, learn *route.Learner, reroutable bool) (keep, refused, held bool) {
 	x := exchange{w: w, req: reqTraits{head: c.req.IsMethod("HEAD"), http10: c.req.Minor == 0},
 		gx: gx{learn: learn, reroutable: reroutable}}
-	if adm := c.admit(w); adm != route.Admitted {
+	if adm := c.admit(w); adm != worker.Admitted {
 		return c.notAdmitted(adm), false, false
 	}
 	if c.held(w) {
@@ -247,10 +248,10 @@ func (c *conn) proxy(w *route.Worker, learn *route.Learner, reroutable bool) (ke
 	return keep, x.refused, false
 }
 
-// admit takes a place among w's requests in flight (route.Worker.Admit):
+// admit takes a place among w's requests in flight (worker.Worker.Admit):
 // at once under its max_in_flight, else after a wait in its queue while
 // the client is watched, so a client that leaves frees its place in line.
-func (c *conn) admit(w *route.Worker) route.Admission {
+func (c *conn) admit(w *worker.Worker) worker.Admission {
 	cfg := &c.s.cfg
 	if w.MaxInFlight() == 0 && w.Queued() == 0 {
 		return w.Admit(cfg.QueueSize, cfg.QueueTimeout, nil)
@@ -269,14 +270,14 @@ func (c *conn) admit(w *route.Worker) route.Admission {
 // notAdmitted answers a request that got no place with its worker: 503
 // with Retry-After (nothing was sent: safe to retry), or nothing if the
 // client left. It reports whether the connection may go on.
-func (c *conn) notAdmitted(adm route.Admission) bool {
+func (c *conn) notAdmitted(adm worker.Admission) bool {
 	switch adm {
-	case route.QueueLeft:
+	case worker.QueueLeft:
 		c.s.count(countClientAborted)
 		return false
-	case route.QueueFull:
+	case worker.QueueFull:
 		c.s.count(countQueueFull)
-	case route.QueueTimeout:
+	case worker.QueueTimeout:
 		c.s.count(countQueueTimeout)
 	}
 	return c.answerBusy()

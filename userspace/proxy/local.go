@@ -15,7 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tether-rl/tether/userspace/httphead"
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // MaxLocalBody bounds the body of a request tetherd answers itself: control
@@ -87,7 +87,7 @@ func (s *Server) health() HealthBody {
 			continue
 		}
 		n++
-		if wk.BaseState() == route.Healthy {
+		if wk.BaseState() == worker.Healthy {
 			healthy++
 		}
 	}

@@ -4,7 +4,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // Outcomes: every way an exchange can fail is decided here, in one order,
@@ -98,7 +98,7 @@ func (s *Server) gatewayAnswer(status int, sent bool) []byte {
 // path, once it ended: its result on w (failed: a worker error), its place
 // given back, and (observe) Config.Observe told the status class and the
 // time it took.
-func (s *Server) exchangeEnded(w *route.Worker, failed, observe bool, status int, took time.Duration) {
+func (s *Server) exchangeEnded(w *worker.Worker, failed, observe bool, status int, took time.Duration) {
 	w.Stats.End(failed)
 	w.Leave()
 	if obs := s.cfg.Observe; obs != nil && observe {

@@ -30,12 +30,13 @@ import (
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/sysconn"
 	"github.com/tether-rl/tether/userspace/upstream"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // Config configures a Server. Zero durations take the defaults.
 type Config struct {
 	Router Router
-	Table  *route.Table // the workers, for /health
+	Table  *worker.Table // the workers, for /health
 	Limits httphead.Limits
 	// PeekBody: before routing a request with a body, wait until this many
 	// body bytes (or the whole body, if shorter) are buffered, so that the

@@ -1,4 +1,4 @@
-package route
+package worker
 
 // A fence keeps new work off one worker while the fleet control
 // (userspace/fleet) says it must not take any: its weights are being

@@ -1,4 +1,4 @@
-package route
+package worker
 
 import (
 	"math"
@@ -62,7 +62,7 @@ type engineLoad struct {
 // SetEngineSignals records a reading of the worker's engine (the poller):
 // placement uses it from now on, with the requests routed to the worker
 // since (the change of its in-flight count) credited on top. vetoed is
-// the veto the caller decided (EnginePlacement.Veto, with hysteresis);
+// the veto the caller decided (route.EnginePlacement.Veto, with hysteresis);
 // kvLow, when above 0, says it is for the KV usage alone and lifts as
 // soon as the usage, scaled by the share of the reported work still in
 // flight, is below kvLow (placement moves no more keys off the engine
@@ -139,13 +139,13 @@ func (w *Worker) EngineKnown() bool { return w.load.sig.Load()&sigKnown != 0 }
 // its last reading.
 func (w *Worker) EngineVetoed() bool { return w.load.sig.Load()&sigVetoed != 0 }
 
-// engineVetoedNow is the veto with the requests that left since the
+// EngineVetoedNow is the veto with the requests that left since the
 // reading taken into account (see SetEngineSignals).
-func (w *Worker) engineVetoedNow() bool {
+func (w *Worker) EngineVetoedNow() bool {
 	if w.load.sig.Load()&sigVetoed == 0 {
 		return false
 	}
-	_, v := w.engineScore()
+	_, v := w.EngineScore()
 	return v
 }
 
@@ -179,19 +179,19 @@ func (w *Worker) admitLimit() int64 {
 	return limit
 }
 
-// engineScore is the expected time to serve one more request on w, in
+// EngineScore is the expected time to serve one more request on w, in
 // requests: the work the engine reported (running + waiting) plus the
 // requests tetherd routed to it since (never less than tetherd's own in
 // flight there), plus this one, times a penalty that rises toward a full
 // KV cache. Without signals it is the in-flight count plus one. vetoed
 // reports the engine's veto.
-func (w *Worker) engineScore() (score float64, vetoed bool) {
-	score, vetoed, _ = w.engineState()
+func (w *Worker) EngineScore() (score float64, vetoed bool) {
+	score, vetoed, _ = w.EngineEstimate()
 	return score, vetoed
 }
 
-// engineState is engineScore with the KV usage it used.
-func (w *Worker) engineState() (score float64, vetoed bool, u float64) {
+// EngineEstimate is EngineScore with the KV usage it used.
+func (w *Worker) EngineEstimate() (score float64, vetoed bool, u float64) {
 	pend := w.Stats.Pending()
 	sig := w.load.sig.Load()
 	if sig&sigKnown == 0 {

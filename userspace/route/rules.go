@@ -1,0 +1,202 @@
+package route
+
+import (
+	"github.com/tether-rl/tether/userspace/httphead"
+	"github.com/tether-rl/tether/userspace/worker"
+)
+
+// The decision is an ordered list of rules: each looks at the request and
+// either decides where it goes or passes, and the first that decides
+// wins. The order below is the precedence of every rule over the others,
+// written once.
+var rules = [...]rule{
+	ruleSession,    // /sessions/w<idx>-…: the worker in slot idx
+	ruleLearned,    // /sessions/{id} of a learned bare id: the worker that created it
+	ruleBadSession, // any other /sessions/{id}: 404 or spread (--bad-session)
+	ruleTarget,     // X-SMG-Target-Worker: that worker, whatever its state (400: none)
+	ruleRequestID,  // a request id already in flight: the worker serving it
+	ruleKey,        // a routing key: its ring owner (--policy=hash) or sticky owner
+	ruleGroup,      // keyless, engine signals: where the earlier samples of its prompt are
+	rulePrefix,     // keyless, --keyless=prefix: the body's start on the ring
+	ruleP2C,        // keyless, --keyless=p2c: the less loaded of two random workers
+	ruleEngine,     // keyless, engine signals: the engine with the least expected time to serve
+	ruleLeast,      // the least loaded worker (spread), all unhealthy: panic, none: 503
+}
+
+// rule is one rule of the decision (Router.apply).
+type rule uint8
+
+const (
+	ruleSession rule = iota
+	ruleLearned
+	ruleBadSession
+	ruleTarget
+	ruleRequestID
+	ruleKey
+	ruleGroup
+	rulePrefix
+	ruleP2C
+	ruleEngine
+	ruleLeast
+)
+
+// request is what the rules read of one request, each fact found once.
+type request struct {
+	req  *httphead.Request
+	body []byte
+	ws   []*worker.Worker
+	p    *Policy   // nil: no policy (rules of keys and keyless modes pass)
+	l    *Learning // nil: bare session ids are not learned
+	// id is the session id of /sessions/{id}; named: the path has one;
+	// session: it names a session to reach (not the create path).
+	id      []byte
+	named   bool
+	session bool
+	create  bool // POST to the learning's create path
+	rid     []byte
+	ridRead bool
+}
+
+// requestID returns the request's id (RequestID), read once.
+func (q *request) requestID() []byte {
+	if !q.ridRead {
+		q.rid, q.ridRead = RequestID(q.req, q.body), true
+	}
+	return q.rid
+}
+
+// route applies the rules in order. A create request (learning on) gets
+// the Learner of its answer unless it was pinned by its request id (the
+// first copy's Learner learns the id); a request with an id in flight is
+// tracked until its exchange ends.
+func (rt *Router) route(req *httphead.Request, body []byte) Decision {
+	q := request{req: req, body: body, ws: rt.Table.Snapshot(), p: rt.CurrentPolicy(), l: rt.learning.Load()}
+	q.create = q.l != nil && q.l.isCreate(req)
+	q.id, q.named = SessionID(req.Path)
+	q.session = q.named && !q.create
+	var d Decision
+	for _, r := range rules {
+		var ok bool
+		if d, ok = rt.apply(r, &q); ok {
+			break
+		}
+	}
+	if q.create && d.Reason != ReasonRid {
+		d = q.l.creating(d)
+	}
+	return rt.trackRequestID(&q, d)
+}
+
+// apply applies rule r to q: ok false when it passes.
+func (rt *Router) apply(r rule, q *request) (Decision, bool) {
+	p := q.p
+	switch r {
+	case ruleSession:
+		if !q.session {
+			return Decision{}, false
+		}
+		if slot, stamped := SessionSlot(q.id); stamped {
+			if w := rt.Table.Get(slot); w != nil {
+				return rt.decide(w, ReasonSession), true
+			}
+		}
+	case ruleLearned:
+		if !q.session || q.l == nil {
+			return Decision{}, false
+		}
+		if _, stamped := SessionSlot(q.id); stamped {
+			return Decision{}, false
+		}
+		if w := q.l.lookup(q.ws, q.id); w != nil {
+			d := rt.decide(w, ReasonLearned)
+			if q.req.IsMethod("DELETE") && isSessionRoot(q.req.Path) {
+				d.Learn = q.l.deleting(q.id)
+			}
+			return d, true
+		}
+	case ruleBadSession:
+		if !q.session {
+			return Decision{}, false
+		}
+		if rt.BadSessionMode() == BadSessionReject {
+			rt.reasons[ReasonBadSessionReject].Add(1)
+			return Decision{Status: 404, Reason: ReasonBadSessionReject}, true
+		}
+		rt.reasons[ReasonBadSessionSpread].Add(1)
+		return rt.spread(ReasonBadSessionSpread), true
+	case ruleTarget:
+		if p == nil {
+			return Decision{}, false
+		}
+		if v := fieldValue(q.req, TargetWorkerHeader); v != nil {
+			return routeTarget(rt, q.ws, v), true
+		}
+	case ruleRequestID:
+		// A request that names a session or a target (even without a
+		// policy to honour it) is not moved by its id.
+		if rt.Owners == nil || q.named {
+			return Decision{}, false
+		}
+		if _, target := q.req.Lookup(TargetWorkerHeader); target {
+			return Decision{}, false
+		}
+		if rid := q.requestID(); rid != nil {
+			if slot, ok := rt.Owners.Owner(rid); ok {
+				if w := rt.Table.Get(slot); w != nil && w.State() == worker.Healthy {
+					rt.reasons[ReasonRid].Add(1)
+					return Decision{Worker: w, Reason: ReasonRid}, true
+				}
+			}
+		}
+	case ruleKey:
+		if p == nil {
+			return Decision{}, false
+		}
+		if key := p.RoutingKey(q.req); key != nil {
+			h := KeyHash(key)
+			if p.cfg.Kind == PolicySticky {
+				return p.routeSticky(rt, q.ws, h), true
+			}
+			return p.routeKey(rt, q.ws, h), true
+		}
+	case ruleGroup:
+		if p == nil || p.cfg.Keyless != KeylessLeast {
+			return Decision{}, false
+		}
+		if e := rt.engineOn(); e != nil && e.cfg.GroupMax > 0 {
+			if gh, ok := GroupHash(q.req, q.body); ok {
+				return e.group(rt, p, q.ws, gh)
+			}
+		}
+	case rulePrefix:
+		if p == nil || p.cfg.Keyless != KeylessPrefix || len(q.body) == 0 {
+			return Decision{}, false
+		}
+		if b := PeekedBody(q.req, q.body); len(b) > 0 {
+			if len(b) > p.cfg.PrefixBytes {
+				b = b[:p.cfg.PrefixBytes]
+			}
+			return p.routeRing(rt, q.ws, PrefixHash(b)), true
+		}
+	case ruleP2C:
+		if p != nil && p.cfg.Keyless == KeylessP2C {
+			return p2c(rt, q.ws), true
+		}
+	case ruleEngine:
+		if p == nil || p.cfg.Keyless != KeylessLeast {
+			return Decision{}, false
+		}
+		if e := rt.engineOn(); e != nil {
+			return e.least(rt, p, q.ws)
+		}
+	case ruleLeast:
+		return rt.spread(ReasonSpread), true
+	}
+	return Decision{}, false
+}
+
+// decide counts a decision for reason and returns it.
+func (rt *Router) decide(w *worker.Worker, reason Reason) Decision {
+	rt.reasons[reason].Add(1)
+	return Decision{Worker: w, Reason: reason}
+}
