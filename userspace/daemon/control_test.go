@@ -198,7 +198,7 @@ func TestAdminOnDataPort(t *testing.T) {
 // sessions then follow --bad-session) and leaves the others in place; a
 // new worker takes the first free slot and its sessions route there.
 func TestSlotsDrainRemove(t *testing.T) {
-	d := ctlDaemon(t, Options{StartedWorkers: demoURLs(t, 0, 3), BadSession: "reject"})
+	d := ctlDaemon(t, Options{StartedWorkers: demoURLs(t, 0, 3), BadSession: route.BadSessionReject})
 	admin := "http://" + d.AdminAddr()
 	s1 := newSession(t, d, 1)
 	s2 := newSession(t, d, 2)
@@ -369,12 +369,11 @@ func TestReload(t *testing.T) {
 	before, policy := fmt.Sprint(d.Registry.URLs()), d.Router.CurrentPolicy()
 	for _, bad := range []Options{
 		{Workers: []string{b.URL(), "https://127.0.0.1:1"}},
-		{Workers: []string{b.URL()}, BadSession: "maybe"},
 		// Valid workers and bad-session, invalid routing: nothing applies
-		// (the routing check once ran after the workers had changed).
-		{Workers: []string{b.URL()}, BadSession: "reject", Routing: RoutingOptions{Policy: "bogus"}},
-		{Workers: []string{b.URL()}, BadSession: "reject", Routing: RoutingOptions{Keys: route.PolicySettings{LoadFactor: 0.5}}},
-		{Workers: []string{b.URL()}, BadSession: "reject", Routing: RoutingOptions{Keyless: "nope"}},
+		// (every check runs before any worker changes).
+		{Workers: []string{b.URL()}, BadSession: route.BadSessionReject, Routing: RoutingOptions{StickyStore: "bogus"}},
+		{Workers: []string{b.URL()}, BadSession: route.BadSessionReject, Routing: RoutingOptions{Keys: route.PolicySettings{LoadFactor: 0.5}}},
+		{Workers: []string{b.URL()}, BadSession: route.BadSessionReject, Routing: RoutingOptions{PeekBytes: -2}},
 	} {
 		if err := d.Reload(bad); err == nil {
 			t.Fatalf("invalid reload accepted: %+v", bad)
@@ -383,7 +382,7 @@ func TestReload(t *testing.T) {
 	if fmt.Sprint(d.Registry.URLs()) != before || d.Router.BadSessionMode() != route.BadSessionSpread || d.Router.CurrentPolicy() != policy {
 		t.Fatalf("an invalid reload changed something: workers %v (were %s), bad-session %v", d.Registry.URLs(), before, d.Router.BadSessionMode())
 	}
-	if err := d.Reload(Options{Workers: []string{b.URL(), c.URL()}, BadSession: "reject"}); err != nil {
+	if err := d.Reload(Options{Workers: []string{b.URL(), c.URL()}, BadSession: route.BadSessionReject}); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
@@ -533,7 +532,7 @@ func TestSelfNotAWorker(t *testing.T) {
 }
 
 // The admin API bounds reading a whole request: a body trickled a byte at
-// a time is cut off (issue 12: one stayed open 75 s).
+// a time is cut off at adminReadTimeout.
 func TestAdminSlowBodyCut(t *testing.T) {
 	old := adminReadTimeout
 	adminReadTimeout = 300 * time.Millisecond

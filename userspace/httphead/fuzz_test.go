@@ -369,7 +369,7 @@ func FuzzRequestVsNetHTTP(f *testing.F) {
 			// Justified: net/http's url.ParseRequestURI rejects malformed
 			// percent-encoding ("/%zz", "http://a%41/"); tether forwards the
 			// target as received and leaves its percent-encoding to the
-			// origin (checklist row 10 bans only control and non-ASCII bytes).
+			// origin (rule 10 of docs/http-framing.md bans only control and non-ASCII bytes).
 			var ue *url.Error
 			if errors.As(err, &ue) && bytes.IndexByte(req.Target, '%') >= 0 {
 				if _, perr := url.ParseRequestURI(strings.ReplaceAll(string(req.Target), "%", "%25")); perr == nil {

@@ -25,7 +25,7 @@ func statusOf(err error) int {
 }
 
 type rejectCase struct {
-	row    int // checklist row
+	row    int // rule of docs/http-framing.md
 	name   string
 	in     string
 	lim    Limits
