@@ -143,10 +143,11 @@ func parseHelp(help string) ([]Flag, error) {
 }
 
 // defaultCell is a flag's default as a table cell: the help's, or the
-// zero of a standard type the help leaves unsaid.
+// zero of a standard type the help leaves unsaid (unless its usage says
+// the default in words: "default: one per CPU").
 func (f Flag) defaultCell() string {
 	def := f.Default
-	if def == "" {
+	if def == "" && !strings.Contains(f.Usage, "default") {
 		switch f.Type {
 		case "int", "uint":
 			def = "0"

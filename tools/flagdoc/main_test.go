@@ -12,6 +12,7 @@ import (
 const help = "Usage of tetherd:\n" +
 	"  -admin string\n    \tadmin API address; \"off\": none (default \"127.0.0.1:8081\")\n" +
 	"  -io-uring\n    \tbatch through an io_uring (default true)\n" +
+	"  -listeners int\n    \tlisteners (default: one per CPU)\n" +
 	"  -max-conns int\n    \tmost connections | at once\n" +
 	"  -worker value\n    \tbackend worker URL <repeatable>\n"
 
@@ -22,6 +23,7 @@ const doc = "# tetherd\n\n<!-- flagdoc:table -->\nstale\n<!-- /flagdoc -->\n\nli
 const want = "# tetherd\n\n<!-- flagdoc:table -->\n| flag | default | meaning |\n|---|---|---|\n" +
 	"| `--admin string` | `127.0.0.1:8081` | admin API address; \"off\": none |\n" +
 	"| `--io-uring` | `true` | batch through an io_uring |\n" +
+	"| `--listeners int` |  | listeners (default: one per CPU) |\n" +
 	"| `--max-conns int` | `0` | most connections \\| at once |\n" +
 	"| `--worker value` |  | backend worker URL &lt;repeatable&gt; |\n" +
 	"<!-- /flagdoc -->\n\nlimits:\n\n" +
