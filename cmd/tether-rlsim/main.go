@@ -43,8 +43,10 @@ import (
 	"time"
 
 	"github.com/tether-rl/tether/testenv/fakeengine"
+	settings "github.com/tether-rl/tether/userspace/config"
 	"github.com/tether-rl/tether/userspace/daemon"
 	"github.com/tether-rl/tether/userspace/proxy"
+	"github.com/tether-rl/tether/userspace/route"
 )
 
 type config struct {
@@ -151,15 +153,16 @@ func runOne(c config, engines []*fakeengine.Engine, wl, mode string) (result, er
 	target := ""
 	var d *daemon.Daemon
 	if mode != "random" {
-		ro := daemon.RoutingOptions{StickyStore: "memory", RouteHeader: "X-Tether-Route"}
+		ro := daemon.RoutingOptions{StickyStore: daemon.StickyMemory, RouteHeader: daemon.RouteHeaderName}
+		off := settings.Some(time.Duration(0)) // no engine polling
 		switch mode {
 		case "before":
-			ro.EnginePoll = -1
+			ro.EnginePoll = off
 		case "default":
 		case "prefix":
-			ro.EnginePoll, ro.Keyless = -1, "prefix"
+			ro.EnginePoll, ro.Keyless = off, route.KeylessPrefix
 		case "sticky":
-			ro.Policy = "sticky"
+			ro.Policy = route.PolicySticky
 		default:
 			return result{}, fmt.Errorf("unknown mode %q", mode)
 		}
@@ -174,7 +177,7 @@ func runOne(c config, engines []*fakeengine.Engine, wl, mode string) (result, er
 		d.Serve()
 		defer d.Shutdown(context.Background())
 		target = "http://" + d.Addr()
-		if ro.EnginePoll >= 0 {
+		if ro.EnginePoll != off {
 			deadline := time.Now().Add(10 * time.Second)
 			for !allKnown(d) {
 				if time.Now().After(deadline) {

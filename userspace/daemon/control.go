@@ -297,7 +297,7 @@ func (d *Daemon) serveAdminHealth(w http.ResponseWriter, r *http.Request) {
 func (d *Daemon) startControl(opts Options) {
 	if ln := d.ctl.adminLn; ln != nil {
 		// ReadTimeout bounds the whole request, body included: a body
-		// trickled a byte at a time no longer holds a connection open
+		// trickled a byte at a time does not hold a connection open
 		// (the handlers themselves may take long: an add waits for health).
 		d.ctl.adminSrv = &http.Server{Handler: d.Admin, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: adminReadTimeout, IdleTimeout: 2 * time.Minute}
 		srv := d.ctl.adminSrv
@@ -376,10 +376,10 @@ func (d *Daemon) OnReload(f func(Options) (apply func(), err error)) {
 // by --spawn are left alone. --bad-session changes at once. Nothing
 // changes if opts is invalid.
 func (d *Daemon) Reload(opts Options) error {
-	bad, err := badSessionMode(opts.BadSession)
-	if err != nil {
+	if err := opts.checkRanges(); err != nil {
 		return err
 	}
+	bad := opts.BadSession
 	for _, w := range opts.Workers {
 		if _, _, err := registry.ParseURL(w); err != nil {
 			return fmt.Errorf("worker: %w", err)
@@ -397,6 +397,7 @@ func (d *Daemon) Reload(opts Options) error {
 	}
 	var added, removed []string
 	if d.ctl.replica == nil {
+		var err error
 		if added, removed, err = d.Registry.Sync(opts.Workers); err != nil {
 			return err
 		}

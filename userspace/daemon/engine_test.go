@@ -10,6 +10,7 @@ import (
 
 	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/testenv/fakeengine"
+	"github.com/tether-rl/tether/userspace/config"
 	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/route"
 )
@@ -116,7 +117,7 @@ func TestEngineGroupsEndToEnd(t *testing.T) {
 // attract every request.
 func TestEngineLoadEndpointFails(t *testing.T) {
 	es, urls := fakeFleet(t, 3, fakeengine.Config{Kind: fakeengine.SGLang, DecodeStep: time.Millisecond})
-	d, do := runRouting(t, Options{Workers: urls, BPF: "off", Routing: RoutingOptions{EnginePoll: 50 * time.Millisecond, StickyStore: "memory"}})
+	d, do := runRouting(t, Options{Workers: urls, BPF: "off", Routing: RoutingOptions{EnginePoll: config.Some(50 * time.Millisecond), StickyStore: "memory"}})
 	waitKnown(t, d)
 	w0 := d.Table.Get(0)
 	es[0].SetLoadMode(fakeengine.LoadTimeout)

@@ -46,6 +46,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tether-rl/tether/userspace/config"
 	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/fleet"
 	"github.com/tether-rl/tether/userspace/worker"
@@ -119,13 +120,8 @@ func (s *Settings) Provision() {
 }
 
 // Validate refuses a negative setting (zero is the default), naming
-// tetherd's flag.
-func (s Settings) Validate() error {
-	if s.UpdateTimeout < 0 {
-		return errors.New("--update-timeout: negative")
-	}
-	return nil
-}
+// tetherd's flag (settings, flags.go).
+func (s Settings) Validate() error { return config.Validate(s.settings()) }
 
 // New returns an Engine.
 func New(cfg Config) *Engine {

@@ -22,12 +22,12 @@
 package fleet
 
 import (
-	"errors"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/tether-rl/tether/userspace/config"
 	"github.com/tether-rl/tether/userspace/worker"
 )
 
@@ -165,13 +165,8 @@ func (s *Settings) Provision() {
 }
 
 // Validate refuses a negative setting (zero is the default), naming
-// tetherd's flag.
-func (s Settings) Validate() error {
-	if s.HoldTimeout < 0 {
-		return errors.New("--pause-timeout: negative")
-	}
-	return nil
-}
+// tetherd's flag (settings, flags.go).
+func (s Settings) Validate() error { return config.Validate(s.settings()) }
 
 // New returns a serving fleet.
 func New(cfg Config) *Fleet {

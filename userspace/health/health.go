@@ -20,6 +20,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tether-rl/tether/userspace/config"
 	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/registry"
 	"github.com/tether-rl/tether/userspace/upstream"
@@ -71,18 +72,8 @@ func (c *Config) Provision() {
 }
 
 // Validate refuses out-of-range settings (zero is the default), naming
-// tetherd's flag.
-func (c Config) Validate() error {
-	switch {
-	case c.Interval < 0:
-		return errors.New("--health-interval: negative")
-	case c.Timeout < 0:
-		return errors.New("--health-timeout: negative")
-	case c.Path != "" && !strings.HasPrefix(c.Path, "/"):
-		return fmt.Errorf("--health-path %q: want an absolute path such as /health", c.Path)
-	}
-	return nil
-}
+// tetherd's flag (settings, flags.go).
+func (c Config) Validate() error { return config.Validate(c.settings()) }
 
 // Prober returns the prober of c's timeout and path, sending apiKey as a
 // Bearer token when set (NewProberWith).

@@ -16,7 +16,6 @@ package proxy
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -26,6 +25,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tether-rl/tether/userspace/config"
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/sysconn"
@@ -92,11 +92,11 @@ type Config struct {
 	// listener's event loop once idle this long; 0: at once. Negative:
 	// never (it waits on its goroutine to the idle timeout).
 	ParkAfter time.Duration
-	// NoRing: the event loops make each socket read and write as its own
-	// system call instead of batching a wake-up's through an io_uring
-	// (loop_ring.go). Without io_uring (kernel.io_uring_disabled, a seccomp
-	// filter) they do so anyway.
-	NoRing bool
+	// Ring: the event loops batch a wake-up's socket reads and writes
+	// through an io_uring (loop_ring.go); unset: they do. Set to false, or
+	// without io_uring (kernel.io_uring_disabled, a seccomp filter), each
+	// read and write is its own system call.
+	Ring config.Optional[bool]
 	// Waits are the data plane's internal waits; tests shorten them to
 	// sequence events instead of sleeping past them.
 	Waits Waits
@@ -140,7 +140,7 @@ const (
 // Defaults returns a Config whose settings are all at their defaults, and
 // no wiring. Settings whose zero is a meaning of its own stay zero:
 // MaxBodyBytes (no limit), MaxConns (no cap), ParkAfter (park at once),
-// NoRing (batch through io_uring).
+// Ring (unset: batch through io_uring).
 func Defaults() Config {
 	var c Config
 	c.Provision()
@@ -176,6 +176,9 @@ func (c *Config) Provision() {
 	if c.SpliceMin <= 0 {
 		c.SpliceMin = DefaultSpliceMin
 	}
+	if !c.Ring.IsSet() {
+		c.Ring = config.Some(true)
+	}
 	for _, n := range []struct {
 		p   *int
 		def int
@@ -192,35 +195,8 @@ func (c *Config) Provision() {
 }
 
 // Validate refuses out-of-range settings (zero is the default), naming
-// tetherd's flag of each.
-func (c *Config) Validate() error {
-	for _, b := range []struct {
-		flag string
-		bad  bool
-		want string
-	}{
-		{"response-timeout", c.ResponseTimeout < 0, "a duration > 0"},
-		{"stream-idle-timeout", c.StreamIdleTimeout < 0, "a duration > 0"},
-		{"idle-timeout", c.IdleTimeout < 0, "a duration > 0"},
-		{"head-timeout", c.HeadTimeout < 0, "a duration > 0"},
-		{"io-timeout", c.IOTimeout < 0, "a duration > 0"},
-		{"queue-timeout", c.QueueTimeout < 0, "a duration > 0"},
-		{"splice-min", c.SpliceMin < 0, "a size > 0"},
-		{"max-body-bytes", c.MaxBodyBytes < 0, "a size >= 0 (0: no limit)"},
-		{"max-conns", c.MaxConns < 0, "a count >= 0 (0: from the descriptor limit)"},
-		{"max-queue", c.QueueSize < -1, "a count > 0, or -1: no queue"},
-		{"local-body-budget", c.LocalBodyBudget < 0, "a size > 0"},
-		{"max-request-line", c.Limits.RequestLine < 0, "a size > 0"},
-		{"max-head-bytes", c.Limits.Head < 0, "a size > 0"},
-		{"max-header-fields", c.Limits.Fields < 0, "a count > 0"},
-		{"max-chunk-ext-bytes", c.Limits.ChunkExt < 0, "a size > 0"},
-	} {
-		if b.bad {
-			return fmt.Errorf("--%s: negative; want %s", b.flag, b.want)
-		}
-	}
-	return nil
-}
+// tetherd's flag of each (settings, flags.go).
+func (c *Config) Validate() error { return config.Validate(c.settings()) }
 
 func (c *Config) setDefaults() {
 	c.Provision()

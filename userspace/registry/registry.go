@@ -17,12 +17,12 @@ package registry
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/tether-rl/tether/userspace/config"
 	"github.com/tether-rl/tether/userspace/stats"
 	"github.com/tether-rl/tether/userspace/upstream"
 	"github.com/tether-rl/tether/userspace/worker"
@@ -119,24 +119,9 @@ func (c *Config) Provision() {
 	}
 }
 
-// Validate refuses negative settings (zero is the default), naming
-// tetherd's flag.
-func (c Config) Validate() error {
-	for _, b := range []struct {
-		flag string
-		bad  bool
-	}{
-		{"health-failures", c.Failures < 0},
-		{"health-successes", c.Successes < 0},
-		{"worker-startup-timeout", c.StartupTimeout < 0},
-		{"remove-grace", c.RemoveGrace < 0},
-	} {
-		if b.bad {
-			return fmt.Errorf("--%s: negative", b.flag)
-		}
-	}
-	return nil
-}
+// Validate refuses out-of-range settings (zero is the default), naming
+// tetherd's flag (settings, flags.go).
+func (c Config) Validate() error { return config.Validate(c.settings()) }
 
 // Prober checks a worker's health (GET url/health); nil means healthy.
 type Prober func(ctx context.Context, url string) error

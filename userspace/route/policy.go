@@ -54,6 +54,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tether-rl/tether/userspace/config"
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/jsonpeek"
 	"github.com/tether-rl/tether/userspace/keyhash"
@@ -152,8 +153,8 @@ type PolicySettings struct {
 	KeyHeaders []string // routing key headers in order; nil: DefaultKeyHeaders
 	LoadFactor float64  // c of the bounded load, >= 1; 0: DefaultLoadFactor
 	// SpillMin: the absolute overload bound (in flight above the mean);
-	// 0: DefaultSpillMin, negative: none (the relative bound alone).
-	SpillMin int
+	// unset: DefaultSpillMin, 0: none (the relative bound alone).
+	SpillMin config.Optional[int]
 	// SpillTTL: a spilled key is remembered this long after its last
 	// request; 0: DefaultSpillTTL.
 	SpillTTL time.Duration
@@ -169,8 +170,7 @@ func DefaultPolicySettings() PolicySettings {
 	return s
 }
 
-// Provision fills s's zero fields with the defaults (a negative SpillMin,
-// none, is kept).
+// Provision fills s's zero (unset) fields with the defaults.
 func (s *PolicySettings) Provision() {
 	if s.KeyHeaders == nil {
 		s.KeyHeaders = DefaultKeyHeaders
@@ -178,8 +178,8 @@ func (s *PolicySettings) Provision() {
 	if s.LoadFactor == 0 {
 		s.LoadFactor = DefaultLoadFactor
 	}
-	if s.SpillMin == 0 {
-		s.SpillMin = DefaultSpillMin
+	if !s.SpillMin.IsSet() {
+		s.SpillMin = config.Some(DefaultSpillMin)
 	}
 	if s.SpillTTL == 0 {
 		s.SpillTTL = DefaultSpillTTL
@@ -238,9 +238,6 @@ func NewPolicy(cfg PolicyConfig) (*Policy, error) {
 	cfg.KeyHeaders = hs
 	if !(cfg.LoadFactor >= 1 && cfg.LoadFactor <= 100) {
 		return nil, fmt.Errorf("--hash-load-factor %v: want 1 <= c <= 100", cfg.LoadFactor)
-	}
-	if cfg.SpillMin < 0 {
-		cfg.SpillMin = 0 // none
 	}
 	if cfg.SpillTTL < time.Second {
 		return nil, fmt.Errorf("--hash-spill-ttl %v: want at least 1s", cfg.SpillTTL)

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/tether-rl/tether/userspace/config"
 	"github.com/tether-rl/tether/userspace/worker"
 )
 
@@ -58,11 +59,11 @@ const (
 // --waiting-veto, --group-max). Zero values take the defaults
 // (Provision); NewEnginePlacement validates them.
 type EngineConfig struct {
-	KVVeto      float64 // veto at KV usage >= this; DefaultKVVeto; >= 1: never
-	WaitingVeto int     // veto above this many waiting; 0: DefaultWaitingVeto, negative: none
-	GroupMax    int     // a prompt's samples in flight per engine; 0: DefaultGroupMax, negative: no grouping
-	MoveMargin  float64 // 0: DefaultMoveMargin
-	MoveSlack   float64 // 0: DefaultMoveSlack
+	KVVeto      float64              // veto at KV usage >= this; DefaultKVVeto; >= 1: never
+	WaitingVeto config.Optional[int] // veto above this many waiting; unset: DefaultWaitingVeto, 0: none
+	GroupMax    config.Optional[int] // a prompt's samples in flight per engine; unset: DefaultGroupMax, 0: no grouping
+	MoveMargin  float64              // 0: DefaultMoveMargin
+	MoveSlack   float64              // 0: DefaultMoveSlack
 }
 
 // DefaultEngineConfig is EngineConfig with every field at its default.
@@ -77,11 +78,11 @@ func (c *EngineConfig) Provision() {
 	if c.KVVeto == 0 {
 		c.KVVeto = DefaultKVVeto
 	}
-	if c.WaitingVeto == 0 {
-		c.WaitingVeto = DefaultWaitingVeto
+	if !c.WaitingVeto.IsSet() {
+		c.WaitingVeto = config.Some(DefaultWaitingVeto)
 	}
-	if c.GroupMax == 0 {
-		c.GroupMax = DefaultGroupMax
+	if !c.GroupMax.IsSet() {
+		c.GroupMax = config.Some(DefaultGroupMax)
 	}
 	if c.MoveMargin == 0 {
 		c.MoveMargin = DefaultMoveMargin
@@ -122,24 +123,30 @@ func (e *EnginePlacement) SetKnown(n int) { e.known.Store(int32(n)) }
 // usage >= KVVeto or more than WaitingVeto waiting; once on, off only when
 // KV usage is below KVVeto-0.1 and at most WaitingVeto/2 wait.
 func (e *EnginePlacement) Veto(prev bool, s worker.EngineSignals) bool {
-	kv, wait := e.cfg.KVVeto, e.cfg.WaitingVeto
+	kv := e.cfg.KVVeto
+	wait, bound := e.waitingBound()
 	if prev {
 		kv -= vetoBand
-		if wait > 0 {
-			wait /= 2
-		}
+		wait /= 2
 	}
 	if s.KVUsage >= 0 && s.KVUsage >= kv && e.cfg.KVVeto < 1 {
 		return true
 	}
-	return wait >= 0 && s.Waiting > wait
+	return bound && s.Waiting > wait
+}
+
+// waitingBound is WaitingVeto, and whether it bounds at all (0, or a
+// negative value: no bound).
+func (e *EnginePlacement) waitingBound() (int, bool) {
+	w := e.cfg.WaitingVeto.Or(0)
+	return w, w > 0
 }
 
 // VetoLow is the KV low mark of a veto decided by Veto for s: the usage
 // below which the veto lifts between readings (Worker.SetEngineSignals),
 // or 0 when the waiting queue vetoes it too (that lifts at a reading).
 func (e *EnginePlacement) VetoLow(s worker.EngineSignals) float64 {
-	if wait := e.cfg.WaitingVeto; wait >= 0 && s.Waiting > wait/2 {
+	if wait, bound := e.waitingBound(); bound && s.Waiting > wait/2 {
 		return 0
 	}
 	return max(e.cfg.KVVeto-vetoBand, 0.01)
@@ -322,7 +329,7 @@ func (e *EnginePlacement) group(rt *Router, p *Policy, ws []*worker.Worker, gh u
 		g.hash, g.set = gh, true
 		g.slot, g.n = [2]int32{-1, -1}, [2]int32{}
 	}
-	max := int32(e.cfg.GroupMax)
+	max := int32(e.cfg.GroupMax.Or(0))
 	var skip *worker.Worker
 	for k := 0; k < 2; k++ {
 		s := int(g.slot[k])

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tether-rl/tether/testenv"
+	"github.com/tether-rl/tether/userspace/config"
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/sticky"
 	"github.com/tether-rl/tether/userspace/worker"
@@ -187,7 +188,7 @@ func TestGroupsTogether(t *testing.T) {
 // TestGroupMax: a prompt's samples beyond --group-max in flight on its
 // engine go to the next best engine, and the later ones follow them.
 func TestGroupMax(t *testing.T) {
-	rt, _ := engineRouter(t, 4, PolicyHash, EngineConfig{GroupMax: 4})
+	rt, _ := engineRouter(t, 4, PolicyHash, EngineConfig{GroupMax: config.Some(4)})
 	body := `{"text":"one prompt"}`
 	per := map[int]int{}
 	for i := 0; i < 8; i++ {

@@ -170,7 +170,7 @@ func loadOf(ws []*worker.Worker) load {
 // to its owner only once the owner is below them, so a load that hovers
 // at the bound does not make the key flap.
 func (p *Policy) overloaded(w *worker.Worker, l load, low bool) bool {
-	c, abs, capacity := p.cfg.LoadFactor, float64(p.cfg.SpillMin), w.MaxInFlight()
+	c, abs, capacity := p.cfg.LoadFactor, float64(max(p.cfg.SpillMin.Or(0), 0)), w.MaxInFlight()
 	if low {
 		c, abs = 1+(c-1)/2, abs/2
 		if capacity > 1 {

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tether-rl/tether/userspace/config"
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/stats"
 	"github.com/tether-rl/tether/userspace/worker"
@@ -274,7 +275,7 @@ func TestBoundedLoadHotKey(t *testing.T) {
 		t.Run(fmt.Sprintf("c=%v,spill-min=%v", c, abs), func(t *testing.T) {
 			const n = 8
 			tab, _ := testWorkers(t, n)
-			rt := testRouter(t, tab, PolicyConfig{PolicySettings: PolicySettings{LoadFactor: c, SpillMin: tc.abs}})
+			rt := testRouter(t, tab, PolicyConfig{PolicySettings: PolicySettings{LoadFactor: c, SpillMin: config.Some(max(tc.abs, 0))}})
 			ws := tab.Snapshot()
 			hot := keyReq(t, "hot-trajectory")
 			owner := rt.CurrentPolicy().Owner(ws, KeyHashString("hot-trajectory"))

@@ -163,7 +163,7 @@ func (rt *Router) apply(r rule, q *request) (Decision, bool) {
 		if p == nil || p.cfg.Keyless != KeylessLeast {
 			return Decision{}, false
 		}
-		if e := rt.engineOn(); e != nil && e.cfg.GroupMax > 0 {
+		if e := rt.engineOn(); e != nil && e.cfg.GroupMax.Or(0) > 0 {
 			if gh, ok := GroupHash(q.req, q.body); ok {
 				return e.group(rt, p, q.ws, gh)
 			}

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-rl/tether/userspace/config"
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/sticky"
 	"github.com/tether-rl/tether/userspace/worker"
@@ -32,9 +33,9 @@ func unload(w *worker.Worker) {
 // bound is for.
 func TestNoSpillBelowAbsoluteBound(t *testing.T) {
 	for _, tc := range []struct {
-		spillMin   int
+		spillMin   config.Optional[int]
 		wantSpills bool
-	}{{0, false}, {-1, true}} {
+	}{{config.Optional[int]{}, false}, {config.Some(0), true}} {
 		t.Run(fmt.Sprint("spill-min=", tc.spillMin), func(t *testing.T) {
 			const n, keys, turns = 8, 256, 5
 			tab, _ := testWorkers(t, n)
@@ -58,7 +59,7 @@ func TestNoSpillBelowAbsoluteBound(t *testing.T) {
 				}
 			}
 			spills := rt.Count(ReasonHashSpill)
-			t.Logf("spill-min %d: %d of %d later turns moved; spills %d, kept on their spill target %d", tc.spillMin, moved, keys*(turns-1), spills, rt.Count(ReasonHashSpilled))
+			t.Logf("spill-min %v: %d of %d later turns moved; spills %d, kept on their spill target %d", tc.spillMin, moved, keys*(turns-1), spills, rt.Count(ReasonHashSpilled))
 			if got := spills > 0; got != tc.wantSpills {
 				t.Errorf("%d spills, want spills: %v", spills, tc.wantSpills)
 			}
@@ -80,7 +81,7 @@ func TestSpillRememberedThenReturns(t *testing.T) {
 			tab, _ := testWorkers(t, n)
 			ws := tab.Snapshot()
 			clock := sticky.Now()
-			rt := testRouter(t, tab, PolicyConfig{PolicySettings: PolicySettings{SpillMin: 8}, Sticky: newTable(), Now: func() int64 { return clock }})
+			rt := testRouter(t, tab, PolicyConfig{PolicySettings: PolicySettings{SpillMin: config.Some(8)}, Sticky: newTable(), Now: func() int64 { return clock }})
 			const key = "traj-hot"
 			p := rt.CurrentPolicy()
 			owner := ws[p.Owner(ws, KeyHashString(key))]
