@@ -1,7 +1,7 @@
 package engine
 
 // Aborts that reach the worker owning a request, in its dialect
-// (dialect.go), and /abort_until_idle's waves.
+// (speak.go), and /abort_until_idle's waves.
 
 import (
 	"context"
