@@ -269,16 +269,17 @@ func leastVetoed(ws []*worker.Worker, start uint64) *worker.Worker {
 
 // least places a request without a key (--keyless=least) on the best
 // engine, ties rotating; every engine vetoed: the least loaded vetoed one.
-// ok false: no healthy worker; the least rule applies its panic rule.
-func (e *EnginePlacement) least(rt *Router, p *Policy, ws []*worker.Worker) (Decision, bool) {
+// false: no healthy worker (d untouched); the least rule applies its panic
+// rule.
+func (e *EnginePlacement) least(rt *Router, p *Policy, ws []*worker.Worker, d *Decision) bool {
 	w, _ := e.best(p, ws, rt.rr.Add(1), false, nil)
 	if w == nil {
 		if w = leastVetoed(ws, rt.rr.Add(1)); w == nil {
-			return Decision{}, false
+			return false
 		}
 	}
-	rt.reasons[ReasonEngineLeast].Add(1)
-	return Decision{Worker: w, Reason: ReasonEngineLeast}, true
+	*d = rt.decide(w, ReasonEngineLeast)
+	return true
 }
 
 // newKey places a key seen for the first time (--policy=sticky): the best
@@ -310,7 +311,7 @@ func (e *EnginePlacement) moveKey(p *Policy, ws []*worker.Worker, h uint64, cur 
 }
 
 // group places a sample of the prompt gh.
-func (e *EnginePlacement) group(rt *Router, p *Policy, ws []*worker.Worker, gh uint64) (Decision, bool) {
+func (e *EnginePlacement) group(rt *Router, p *Policy, ws []*worker.Worker, gh uint64, d *Decision) bool {
 	g := e.groups.entry(gh)
 	g.mu.Lock()
 	if g.hash != gh || !g.set {
@@ -320,11 +321,12 @@ func (e *EnginePlacement) group(rt *Router, p *Policy, ws []*worker.Worker, gh u
 			w, _ := e.best(p, ws, gh, true, nil)
 			if w == nil {
 				if w = leastVetoed(ws, gh); w == nil {
-					return Decision{}, false
+					return false
 				}
 			}
 			rt.reasons[ReasonEngineLeast].Add(1)
-			return Decision{Worker: w, Reason: ReasonEngineLeast}, true
+			*d = Decision{Worker: w, Reason: ReasonEngineLeast}
+			return true
 		}
 		g.hash, g.set = gh, true
 		g.slot, g.n = [2]int32{-1, -1}, [2]int32{}
@@ -344,7 +346,8 @@ func (e *EnginePlacement) group(rt *Router, p *Policy, ws []*worker.Worker, gh u
 			g.n[k]++
 			g.mu.Unlock()
 			rt.reasons[ReasonGroup].Add(1)
-			return Decision{Worker: w, Reason: ReasonGroup, Done: g.rel[k]}, true
+			*d = Decision{Worker: w, Reason: ReasonGroup, Done: g.rel[k]}
+			return true
 		}
 		skip = w // full: the next best engine
 	}
@@ -354,7 +357,7 @@ func (e *EnginePlacement) group(rt *Router, p *Policy, ws []*worker.Worker, gh u
 	}
 	if w == nil {
 		g.mu.Unlock()
-		return Decision{}, false
+		return false
 	}
 	// Record it where no sample is in flight (the later samples follow).
 	k := -1
@@ -384,7 +387,8 @@ func (e *EnginePlacement) group(rt *Router, p *Policy, ws []*worker.Worker, gh u
 	}
 	g.mu.Unlock()
 	rt.reasons[reason].Add(1)
-	return Decision{Worker: w, Reason: reason, Done: done}, true
+	*d = Decision{Worker: w, Reason: reason, Done: done}
+	return true
 }
 
 // groupTable remembers where the samples of recent prompts went: a

@@ -410,5 +410,7 @@ func (rt *Router) Reroute(req *httphead.Request, body []byte, d Decision) Decisi
 	rt.reasons[ReasonReroute].Add(1)
 	w.CountDecision(int(ReasonReroute))
 	q := request{req: req, body: body}
-	return rt.trackRequestID(&q, Decision{Worker: w, Reason: ReasonReroute, Learn: d.Learn.retarget(w)})
+	nd := Decision{Worker: w, Reason: ReasonReroute, Learn: d.Learn.retarget(w)}
+	rt.trackRequestID(&q, &nd)
+	return nd
 }

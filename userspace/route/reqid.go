@@ -106,13 +106,13 @@ func RequestIDString(rid []byte) string {
 
 // trackRequestID records d's request id, if it has one, as in flight on
 // d's worker until the exchange ends (d.Done).
-func (rt *Router) trackRequestID(q *request, d Decision) Decision {
+func (rt *Router) trackRequestID(q *request, d *Decision) {
 	if rt.Owners == nil || d.Worker == nil {
-		return d
+		return
 	}
 	rid := q.requestID()
 	if rid == nil {
-		return d
+		return
 	}
 	release := rt.Owners.Acquire(RequestIDString(rid), d.Worker.Slot)
 	if prev := d.Done; prev != nil {
@@ -120,5 +120,4 @@ func (rt *Router) trackRequestID(q *request, d Decision) Decision {
 	} else {
 		d.Done = release
 	}
-	return d
 }

@@ -76,123 +76,134 @@ func (rt *Router) route(req *httphead.Request, body []byte) Decision {
 	q.session = q.named && !q.create
 	var d Decision
 	for _, r := range rules {
-		var ok bool
-		if d, ok = rt.apply(r, &q); ok {
+		if rt.apply(r, &q, &d) {
 			break
 		}
 	}
 	if q.create && d.Reason != ReasonRid {
 		d = q.l.creating(d)
 	}
-	return rt.trackRequestID(&q, d)
+	rt.trackRequestID(&q, &d)
+	return d
 }
 
-// apply applies rule r to q: ok false when it passes.
-func (rt *Router) apply(r rule, q *request) (Decision, bool) {
+// apply applies rule r to q: true when it decides (into d), false when it
+// passes (d untouched).
+func (rt *Router) apply(r rule, q *request, d *Decision) bool {
 	p := q.p
 	switch r {
 	case ruleSession:
 		if !q.session {
-			return Decision{}, false
+			return false
 		}
 		if slot, stamped := SessionSlot(q.id); stamped {
 			if w := rt.Table.Get(slot); w != nil {
-				return rt.decide(w, ReasonSession), true
+				*d = rt.decide(w, ReasonSession)
+				return true
 			}
 		}
 	case ruleLearned:
 		if !q.session || q.l == nil {
-			return Decision{}, false
+			return false
 		}
 		if _, stamped := SessionSlot(q.id); stamped {
-			return Decision{}, false
+			return false
 		}
 		if w := q.l.lookup(q.ws, q.id); w != nil {
-			d := rt.decide(w, ReasonLearned)
+			*d = rt.decide(w, ReasonLearned)
 			if q.req.IsMethod("DELETE") && isSessionRoot(q.req.Path) {
 				d.Learn = q.l.deleting(q.id)
 			}
-			return d, true
+			return true
 		}
 	case ruleBadSession:
 		if !q.session {
-			return Decision{}, false
+			return false
 		}
 		if rt.BadSessionMode() == BadSessionReject {
 			rt.reasons[ReasonBadSessionReject].Add(1)
-			return Decision{Status: 404, Reason: ReasonBadSessionReject}, true
+			*d = Decision{Status: 404, Reason: ReasonBadSessionReject}
+			return true
 		}
 		rt.reasons[ReasonBadSessionSpread].Add(1)
-		return rt.spread(ReasonBadSessionSpread), true
+		*d = rt.spread(ReasonBadSessionSpread)
+		return true
 	case ruleTarget:
 		if p == nil {
-			return Decision{}, false
+			return false
 		}
 		if v := fieldValue(q.req, TargetWorkerHeader); v != nil {
-			return routeTarget(rt, q.ws, v), true
+			*d = routeTarget(rt, q.ws, v)
+			return true
 		}
 	case ruleRequestID:
 		// A request that names a session or a target (even without a
 		// policy to honour it) is not moved by its id.
 		if rt.Owners == nil || q.named {
-			return Decision{}, false
+			return false
 		}
 		if _, target := q.req.Lookup(TargetWorkerHeader); target {
-			return Decision{}, false
+			return false
 		}
 		if rid := q.requestID(); rid != nil {
 			if slot, ok := rt.Owners.Owner(rid); ok {
 				if w := rt.Table.Get(slot); w != nil && w.State() == worker.Healthy {
 					rt.reasons[ReasonRid].Add(1)
-					return Decision{Worker: w, Reason: ReasonRid}, true
+					*d = Decision{Worker: w, Reason: ReasonRid}
+					return true
 				}
 			}
 		}
 	case ruleKey:
 		if p == nil {
-			return Decision{}, false
+			return false
 		}
 		if key := p.RoutingKey(q.req); key != nil {
 			h := KeyHash(key)
 			if p.cfg.Kind == PolicySticky {
-				return p.routeSticky(rt, q.ws, h), true
+				*d = p.routeSticky(rt, q.ws, h)
+				return true
 			}
-			return p.routeKey(rt, q.ws, h), true
+			*d = p.routeKey(rt, q.ws, h)
+			return true
 		}
 	case ruleGroup:
 		if p == nil || p.cfg.Keyless != KeylessLeast {
-			return Decision{}, false
+			return false
 		}
 		if e := rt.engineOn(); e != nil && e.cfg.GroupMax.Or(0) > 0 {
 			if gh, ok := GroupHash(q.req, q.body); ok {
-				return e.group(rt, p, q.ws, gh)
+				return e.group(rt, p, q.ws, gh, d)
 			}
 		}
 	case rulePrefix:
 		if p == nil || p.cfg.Keyless != KeylessPrefix || len(q.body) == 0 {
-			return Decision{}, false
+			return false
 		}
 		if b := PeekedBody(q.req, q.body); len(b) > 0 {
 			if len(b) > p.cfg.PrefixBytes {
 				b = b[:p.cfg.PrefixBytes]
 			}
-			return p.routeRing(rt, q.ws, PrefixHash(b)), true
+			*d = p.routeRing(rt, q.ws, PrefixHash(b))
+			return true
 		}
 	case ruleP2C:
 		if p != nil && p.cfg.Keyless == KeylessP2C {
-			return p2c(rt, q.ws), true
+			*d = p2c(rt, q.ws)
+			return true
 		}
 	case ruleEngine:
 		if p == nil || p.cfg.Keyless != KeylessLeast {
-			return Decision{}, false
+			return false
 		}
 		if e := rt.engineOn(); e != nil {
-			return e.least(rt, p, q.ws)
+			return e.least(rt, p, q.ws, d)
 		}
 	case ruleLeast:
-		return rt.spread(ReasonSpread), true
+		*d = rt.spread(ReasonSpread)
+		return true
 	}
-	return Decision{}, false
+	return false
 }
 
 // decide counts a decision for reason and returns it.
