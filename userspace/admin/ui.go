@@ -266,6 +266,9 @@ func view(in registry.Info, rep *fleet.Report) (string, string) {
 			target = rep.TargetVersion
 		}
 		v := in.WeightVersion
+		if v == "" && in.Engine != nil {
+			v = in.Engine.WeightVersion // what the engine itself last said
+		}
 		if v == "" {
 			v = "unknown"
 		}
