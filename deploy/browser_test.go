@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -208,7 +209,14 @@ func TestScreenshot(t *testing.T) {
 	bin := need(t, "chromium", "chromium")
 	fx := newFixture(t, 6, 2, "")
 	answered, _ := fx.load(t, 24)
-	testenv.WaitForWithin(t, "a minute of load", 3*time.Minute, func() bool { return answered() > 0 && fx.d.Fleet.Report().Epoch > 0 && time.Since(start) > 70*time.Second })
+	samples := func() int {
+		var st struct {
+			History []json.RawMessage `json:"history"`
+		}
+		fx.adminGet(t, "/ui/state", &st)
+		return len(st.History)
+	}
+	testenv.WaitForWithin(t, "a minute of samples under load", 3*time.Minute, func() bool { return answered() > 0 && samples() >= 12 })
 	fx.post(t, "/pause_generation", `{"mode":"abort"}`)
 	fx.post(t, "/update_weights_from_disk", `{"model_path":"/m","weight_version":"v1"}`)
 	fx.post(t, "/continue_generation", "")
@@ -217,10 +225,9 @@ func TestScreenshot(t *testing.T) {
 	fx.post(t, "/update_weights_from_disk", `{"model_path":"/m","weight_version":"v2"}`)
 	fx.post(t, "/continue_generation", "")
 	fx.d.Registry.Drain(fx.engines[5].URL())
-	time.Sleep(12 * time.Second) // a few samples after the syncs, for the charts
+	n := samples()
+	testenv.WaitForWithin(t, "two samples after the syncs", time.Minute, func() bool { return samples() >= n+2 })
 	out, _ := filepath.Abs("../docs/fleet-page.png")
 	chromium(t, bin, fx.admin+"/ui", 4*time.Second, out)
 	t.Logf("wrote %s", out)
 }
-
-var start = time.Now()
