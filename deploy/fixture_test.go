@@ -32,6 +32,12 @@ type fixture struct {
 
 func newFixture(t *testing.T, sglang, vllm int, token string) *fixture {
 	t.Helper()
+	return newFixturePoll(t, sglang, vllm, token, 100*time.Millisecond)
+}
+
+// newFixturePoll is newFixture with the engines' load read every poll.
+func newFixturePoll(t *testing.T, sglang, vllm int, token string, poll time.Duration) *fixture {
+	t.Helper()
 	var engines []*fakeengine.Engine
 	for _, c := range []struct {
 		n    int
@@ -53,7 +59,7 @@ func newFixture(t *testing.T, sglang, vllm int, token string) *fixture {
 	})
 	opts := daemon.Options{Listen: "127.0.0.1:0", Admin: "127.0.0.1:0", AdminToken: token, BPF: "off", Listeners: 2,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	opts.Routing.EnginePoll = 100 * time.Millisecond
+	opts.Routing.EnginePoll = poll
 	for _, e := range engines {
 		opts.Workers = append(opts.Workers, e.URL())
 	}

@@ -126,7 +126,7 @@ type UIState struct {
 	Workers   []UIWorker      `json:"workers"`
 	Listeners []Listener      `json:"listeners"`
 	Syncs     []history.Sync  `json:"syncs"`
-	History   []history.Point `json:"history"`
+	History   []history.Point `json:"history"` // oldest first; with ?since=T only those after T
 	Cluster   any             `json:"cluster,omitempty"`
 }
 
@@ -184,8 +184,9 @@ func (s *Server) baseline(w http.ResponseWriter, r *http.Request) {
 
 var uiSeq atomic.Uint64
 
-// State returns what GET /ui/state answers.
-func (s *Server) State() UIState {
+// State returns what GET /ui/state answers: the history's samples after
+// since (zero: all of them; the page asks only for the new ones).
+func (s *Server) State(since time.Time) UIState {
 	st := UIState{Seq: uiSeq.Add(1), Now: time.Now().UTC(), Workers: []UIWorker{}, Listeners: []Listener{}, Syncs: []history.Sync{}, History: []history.Point{}}
 	var rep *fleet.Report
 	if s.cfg.Fleet != nil {
@@ -204,7 +205,7 @@ func (s *Server) State() UIState {
 			st.Syncs = u.Syncs.List()
 		}
 		if u.History != nil {
-			st.History = u.History.Points()
+			st.History = u.History.Since(since)
 		}
 		if u.Baseline != nil {
 			b := u.Baseline()
@@ -237,8 +238,17 @@ func (s *Server) State() UIState {
 }
 
 func (s *Server) uiState(w http.ResponseWriter, r *http.Request) {
+	var since time.Time
+	if v := r.URL.Query().Get("since"); v != "" {
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "since: want an RFC 3339 time (a sample's \"t\")")
+			return
+		}
+		since = t
+	}
 	w.Header().Set("Cache-Control", "no-store")
-	writeJSON(w, http.StatusOK, s.State())
+	writeJSON(w, http.StatusOK, s.State(since))
 }
 
 // view names a worker's state on the page and the reason it is not

@@ -138,6 +138,9 @@ func (d *Daemon) uiReading() history.Reading {
 	return rd
 }
 
+// UIHistory is the live page's sample ring (tests fill it).
+func (d *Daemon) UIHistory() *history.Ring { return d.ctl.ui.ring }
+
 func (d *Daemon) startUI() {
 	u := d.ctl.ui
 	u.sampler = &history.Sampler{Ring: u.ring, Interval: history.DefaultInterval, Read: d.uiReading}

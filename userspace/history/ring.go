@@ -96,6 +96,20 @@ func (r *Ring) Points() []Point {
 	return append(out, r.buf[:r.next]...)
 }
 
+// Since returns the samples taken after t, oldest first (all of them for
+// a zero t).
+func (r *Ring) Since(t time.Time) []Point {
+	pts := r.Points()
+	if t.IsZero() {
+		return pts
+	}
+	i := len(pts)
+	for i > 0 && pts[i-1].T.After(t) {
+		i--
+	}
+	return pts[i:]
+}
+
 // Len is the number of samples kept.
 func (r *Ring) Len() int {
 	r.mu.Lock()

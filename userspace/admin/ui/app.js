@@ -9,6 +9,8 @@
   const pct = (x) => (x == null ? "-" : Math.round(x * 100) + "%");
   const secs = (s) => (s == null ? "-" : s < 1 ? Math.round(s * 1000) + " ms" : s < 120 ? s.toFixed(s < 10 ? 2 : 1) + " s" : Math.round(s / 60) + " min");
   let refreshes = 0;
+  let hist = []; // the samples so far: each refresh asks only for the new ones
+  const keepMs = 15 * 60 * 1000;
   $("every").textContent = every;
 
   function bar(x) {
@@ -147,7 +149,10 @@
   }
 
   function renderCharts(st) {
-    const h = st.history.map((p) => ({ t: new Date(p.t).getTime(), p }));
+    hist = hist.concat(st.history.map((p) => ({ t: new Date(p.t).getTime(), p })));
+    const now = new Date(st.now).getTime();
+    hist = hist.filter((x) => now - x.t <= keepMs);
+    const h = hist;
     chart($("chart-rps"), [{ name: "requests/s", pts: h.map(({ t, p }) => [t, p.rps]) }], { fmt: (v) => v.toFixed(v < 10 ? 1 : 0) });
     chart($("chart-held"), [{ name: "held", pts: h.map(({ t, p }) => [t, p.held]) }], { fmt: (v) => String(Math.round(v)) });
     const bySlot = new Map();
@@ -168,7 +173,8 @@
 
   async function tick() {
     try {
-      const r = await fetch("/ui/state", { credentials: "same-origin", cache: "no-store" });
+      const since = hist.length ? "?since=" + encodeURIComponent(hist[hist.length - 1].p.t) : "";
+      const r = await fetch("/ui/state" + since, { credentials: "same-origin", cache: "no-store" });
       if (!r.ok) throw new Error("HTTP " + r.status);
       render(await r.json());
       $("status").textContent = "live " + new Date().toLocaleTimeString();
