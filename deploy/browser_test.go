@@ -207,8 +207,9 @@ func TestScreenshot(t *testing.T) {
 		t.Skip("TETHER_SCREENSHOT=1 writes docs/fleet-page.png")
 	}
 	bin := need(t, "chromium", "chromium")
-	fx := newFixture(t, 6, 2, "")
-	answered, _ := fx.load(t, 24)
+	fx := newFixture(t, 8, 0, "")
+	fx.tokens = 600
+	answered, _ := fx.load(t, 40)
 	samples := func() int {
 		var st struct {
 			History []json.RawMessage `json:"history"`

@@ -28,6 +28,8 @@ type fixture struct {
 	admin   string // admin API
 	token   string
 	client  *http.Client
+	// tokens: the most tokens a load request generates (default 24).
+	tokens int
 }
 
 func newFixture(t *testing.T, sglang, vllm int, token string) *fixture {
@@ -118,7 +120,11 @@ func (fx *fixture) load(t *testing.T, n int) (answered func() int64, stop func()
 				if i%2 == 1 {
 					kind = fakeengine.VLLM
 				}
-				if _, err := fx.generate(kind, fmt.Sprintf("c%d-%d", i, j%8), 8+j%16); err == nil {
+				most := fx.tokens
+				if most <= 0 {
+					most = 24
+				}
+				if _, err := fx.generate(kind, fmt.Sprintf("c%d-%d", i, j%8), most/3+j%(most-most/3)); err == nil {
 					count.Add(1)
 				}
 			}
