@@ -273,10 +273,11 @@ func Steps(kind, path string, start time.Time, d time.Duration, status int, body
 		st.Quiet = a.Quiet
 		return []Step{st}
 	}
-	q := Step{Kind: "quiesce", Path: path, Start: start, DurationS: secs(*a.QuiesceS), Status: status, Mode: a.Mode,
+	qs := min(max(*a.QuiesceS, 0), d.Seconds()) // within the call
+	q := Step{Kind: "quiesce", Path: path, Start: start, DurationS: secs(qs), Status: status, Mode: a.Mode,
 		AbortWaves: a.AbortWaves, Quiet: a.Quiet, StillRunning: len(a.StillRunning)}
-	st.Start = start.Add(time.Duration(*a.QuiesceS * float64(time.Second)))
-	st.DurationS = secs(max(d.Seconds()-*a.QuiesceS, 0))
+	st.Start = start.Add(time.Duration(qs * float64(time.Second)))
+	st.DurationS = secs(d.Seconds() - qs)
 	return []Step{q, st}
 }
 
