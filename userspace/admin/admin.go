@@ -19,6 +19,9 @@
 //	GET    /routing                 routing decisions by reason, learned session counts
 //	GET    /metrics                 Prometheus
 //	GET    /health                  tetherd's own health (admin listener)
+//	GET    /ui                      the live page (ui.go); / redirects to it
+//	GET    /ui/state                what the page polls: workers, fleet, syncs, listeners, history
+//	GET    /baseline                the pinned counters at this tetherd's start (this run's counts)
 //
 // Errors are JSON: {"error":{"code":N,"message":"..."}}; bad input is a 4xx
 // and changes nothing.
@@ -63,7 +66,10 @@ type Config struct {
 	// Token, when set, is required as "Authorization: Bearer TOKEN" on
 	// every endpoint, wherever it is served.
 	Token string
-	Log   *slog.Logger
+	// UI feeds the live page (ui.go); nil: the page shows the workers
+	// and the fleet only.
+	UI  *UIConfig
+	Log *slog.Logger
 }
 
 // Writer is what changes the worker table.
@@ -115,12 +121,13 @@ func New(cfg Config) *Server {
 	m.HandleFunc("GET /v1/loads", s.loads)
 	m.HandleFunc("GET /metrics", s.metrics)
 	m.HandleFunc("GET /health", s.health)
+	s.routeUI(m)
 	return s
 }
 
 // ServeHTTP checks the token, then serves the endpoint.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if s.token != nil && !s.authorized(r) {
+	if s.token != nil && !s.authorized(r) && !s.uiAuthorized(r) {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="tetherd"`)
 		writeError(w, http.StatusUnauthorized, "missing or wrong admin token (Authorization: Bearer TOKEN)")
 		return
@@ -140,7 +147,12 @@ func (s *Server) authorized(r *http.Request) bool {
 	if len(h) <= len(prefix) || !strings.EqualFold(h[:len(prefix)], prefix) {
 		return false
 	}
-	return subtle.ConstantTimeCompare([]byte(strings.TrimSpace(h[len(prefix):])), s.token) == 1
+	return s.tokenIs(strings.TrimSpace(h[len(prefix):]))
+}
+
+// tokenIs reports whether t is the admin token (set).
+func (s *Server) tokenIs(t string) bool {
+	return s.token != nil && t != "" && subtle.ConstantTimeCompare([]byte(t), s.token) == 1
 }
 
 // DataPort is the proxy's Local hook for --admin-on-data-port: it returns
@@ -163,11 +175,12 @@ func IsAdminPath(path []byte) bool {
 		}
 	}
 	switch string(path) {
-	case "/add_worker", "/remove_worker", "/list_workers", "/workers", "/get_loads", "/v1/loads", "/metrics", "/routing", "/cluster":
+	case "/add_worker", "/remove_worker", "/list_workers", "/workers", "/get_loads", "/v1/loads", "/metrics", "/routing", "/cluster",
+		"/ui", "/baseline":
 		return true
 	}
-	const p = "/workers/"
-	return len(path) > len(p) && string(path[:len(p)]) == p
+	const p, u = "/workers/", "/ui/"
+	return len(path) > len(p) && string(path[:len(p)]) == p || len(path) > len(u) && string(path[:len(u)]) == u
 }
 
 // jsonErrorWriter turns the mux's plain-text error into a JSON one (and

@@ -12,6 +12,7 @@ import (
 	"github.com/tether-rl/tether/userspace/admin"
 	"github.com/tether-rl/tether/userspace/cluster"
 	"github.com/tether-rl/tether/userspace/health"
+	"github.com/tether-rl/tether/userspace/history"
 	"github.com/tether-rl/tether/userspace/metrics"
 	"github.com/tether-rl/tether/userspace/registry"
 	"github.com/tether-rl/tether/userspace/route"
@@ -48,6 +49,7 @@ type control struct {
 	reloadMu sync.Mutex
 	reload   []func(Options) (func(), error)
 	stopOnce sync.Once
+	ui       *uiParts // the live page's history, syncs and baseline (ui.go)
 }
 
 // newRegistry creates the registry, reserves slots 0..Spawn-1 for the
@@ -65,6 +67,9 @@ func (d *Daemon) newRegistry(opts Options) error {
 		OnPut: func(w *worker.Worker) {
 			if d.Metrics != nil {
 				d.Metrics.SetWorker(w)
+			}
+			if d.ctl.ui != nil {
+				d.ctl.ui.onPut(w)
 			}
 		},
 		Log: d.log,
@@ -146,8 +151,10 @@ func (d *Daemon) newControl(opts Options) error {
 		Fleet:    func() any { return d.Fleet.Report() },
 		Decorate: d.decorateWorker,
 		Token:    opts.AdminToken,
+		UI:       d.uiConfig(),
 		Log:      d.log,
 	})
+	d.snapshotBaseline()
 	inherited := opts.Inherited.Take(fdAdmin)
 	if opts.Admin != "" && inherited != nil {
 		ln, err := sysd.TCPListener(inherited)
@@ -256,7 +263,8 @@ func (d *Daemon) localHook(opts Options) func(method, path []byte) http.Handler 
 		hooks = append(hooks, func(method, path []byte) http.Handler { return d.Admin.DataPort(method, path) })
 	}
 	if d.routing != nil && d.routing.local != nil {
-		hooks = append(hooks, d.routing.local) // engine endpoints (routing.go)
+		// engine endpoints (routing.go); the sync's steps recorded for the page
+		hooks = append(hooks, history.Recording(d.routing.local, d.ctl.ui.syncs))
 	}
 	switch len(hooks) {
 	case 0:
@@ -321,6 +329,7 @@ func (d *Daemon) startControl(opts Options) {
 	}
 	d.ctl.trimStop = make(chan struct{})
 	d.startTrim(d.ctl.trimStop)
+	d.startUI()
 }
 
 // stopControl stops the --spawn processes (TERM, then KILL after the
@@ -330,6 +339,7 @@ func (d *Daemon) stopControl(ctx context.Context) {
 		if d.ctl.trimStop != nil {
 			close(d.ctl.trimStop)
 		}
+		d.stopUI()
 		if d.Supervisor != nil {
 			d.Supervisor.Stop(ctx)
 		}

@@ -216,6 +216,7 @@ func New(opts Options) (*Daemon, error) {
 		id = hex.EncodeToString(idb[:])
 	}
 	d := &Daemon{opts: opts, log: opts.Log, InstanceID: id, Table: worker.NewTable()}
+	d.ctl.ui = newUIParts()
 	perWorker := opts.Proxy.QueueSize
 	if perWorker <= 0 { // no queue (-1): the hold keeps its own bound
 		perWorker = DefaultMaxQueue

@@ -59,7 +59,12 @@ var ErrUpgradeSpawn = errors.New("upgrade with --spawn is not supported (the wor
 // timeout for it to serve. On success the caller retires this process
 // (Retire); on failure this process goes on serving and the error says
 // why.
-func (d *Daemon) Upgrade(exe string, args []string, stderr *os.File, timeout time.Duration) (*os.Process, error) {
+func (d *Daemon) Upgrade(exe string, args []string, stderr *os.File, timeout time.Duration) (p *os.Process, err error) {
+	defer func() {
+		if d.Metrics != nil {
+			d.Metrics.CountUpgrade(err == nil) // tether_upgrades_total
+		}
+	}()
 	if d.Supervisor != nil {
 		return nil, ErrUpgradeSpawn
 	}
@@ -72,7 +77,7 @@ func (d *Daemon) Upgrade(exe string, args []string, stderr *os.File, timeout tim
 	if err != nil {
 		return nil, fmt.Errorf("upgrade: %w", err)
 	}
-	p, err := upgrade.Start(exe, args, files, stderr, timeout)
+	p, err = upgrade.Start(exe, args, files, stderr, timeout)
 	if err != nil {
 		return nil, fmt.Errorf("upgrade: %w", err)
 	}

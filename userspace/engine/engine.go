@@ -38,6 +38,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -218,6 +219,9 @@ type Result struct {
 	InFlight   *uint64         `json:"in_flight,omitempty"` // tetherd's count (get_loads)
 	Response   json.RawMessage `json:"response,omitempty"`
 	Error      string          `json:"error,omitempty"`
+	// ElapsedS: how long the worker took to answer (the sync's
+	// timeline, userspace/history).
+	ElapsedS float64 `json:"elapsed_s"`
 }
 
 // Results are the per-worker outcomes of a fan-out, by slot.
@@ -261,7 +265,9 @@ func (e *Engine) fanoutTimeout(ctx context.Context, auth string, calls []call, l
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			t0 := time.Now()
 			out[i] = e.do(ctx, &calls[i])
+			out[i].ElapsedS = math.Round(time.Since(t0).Seconds()*1000) / 1000
 		}()
 	}
 	wg.Wait()

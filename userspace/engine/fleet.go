@@ -93,6 +93,7 @@ type PauseAnswer struct {
 	Held         int       `json:"held"`       // requests waiting in tetherd
 	HeldSince    string    `json:"held_since"` // from this moment nothing new reached an engine
 	AbortWaves   int       `json:"abort_waves,omitempty"`
+	QuiesceS     float64   `json:"quiesce_s"` // of ElapsedS, the time until nothing was in flight (or the timeout)
 	ElapsedS     float64   `json:"elapsed_s"`
 	Epoch        uint64    `json:"epoch"`
 	StillRunning []Running `json:"still_running"`
@@ -149,6 +150,7 @@ func (e *Engine) pause(w http.ResponseWriter, r *http.Request, client dialect.Ki
 	case dialect.PauseWait:
 		ans.Quiet, _ = e.quiesce(ctx, auth, false, stillOurs)
 	}
+	ans.QuiesceS = math.Round(time.Since(start).Seconds()*1000) / 1000
 	if st := f.PauseState(seq); st != fleet.PauseOurs {
 		// Resumed (or paused again by another call) while it quiesced:
 		// the engines are not paused by this call.

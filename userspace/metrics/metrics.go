@@ -80,6 +80,7 @@ type Metrics struct {
 	src       Sources
 	responses *prometheus.CounterVec
 	duration  *prometheus.HistogramVec
+	upgrades  *prometheus.CounterVec
 
 	mu  sync.Mutex // serializes SetWorker
 	obs [stats.MaxWorkers]atomic.Pointer[slotObs]
@@ -98,13 +99,19 @@ func New(src Sources) *Metrics {
 		Help:    "Time from routing a request to the end of its response, by worker.",
 		Buckets: DurationBuckets,
 	}, []string{"slot", "url"})
+	m.upgrades = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_upgrades_total",
+		Help: "In-place upgrades (SIGUSR2) this process tried, by outcome: handed_over (the new process serves; this one drains and exits), failed (this process keeps serving).",
+	}, []string{"outcome"})
+	m.upgrades.WithLabelValues("handed_over")
+	m.upgrades.WithLabelValues("failed")
 	if src.Table != nil {
 		m.reg.MustRegister(engineCollector{tab: src.Table}) // engine.go
 	}
 	if src.Fleet != nil {
 		m.reg.MustRegister(fleetCollector{f: src.Fleet, tab: src.Table})
 	}
-	m.reg.MustRegister(m.responses, m.duration, &collector{src: src},
+	m.reg.MustRegister(m.responses, m.duration, m.upgrades, &collector{src: src},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -141,6 +148,15 @@ func (m *Metrics) SetWorker(w *worker.Worker) {
 			m.responses.DeleteLabelValues(slot, old.url, c)
 		}
 		m.duration.DeleteLabelValues(slot, old.url)
+	}
+}
+
+// CountUpgrade counts an in-place upgrade tried: handed over or failed.
+func (m *Metrics) CountUpgrade(ok bool) {
+	if ok {
+		m.upgrades.WithLabelValues("handed_over").Inc()
+	} else {
+		m.upgrades.WithLabelValues("failed").Inc()
 	}
 }
 
