@@ -1,0 +1,73 @@
+package kvindex
+
+import (
+	"sync"
+	"time"
+)
+
+// Credits: right after a decision the chosen engine is credited with the
+// request's blocks for CreditTTL, so that requests with the same start
+// arriving before the engine's events (a GRPO group's samples, n samples)
+// follow it. A credit is keyed by the last block the request's scan
+// hashed: the first block no engine held, or its last full block.
+
+// CreditTTL is how long a credit lasts.
+const CreditTTL = 3 * time.Second
+
+const creditEntries = 4096
+
+type credit struct {
+	mu     sync.Mutex
+	key    uint64
+	engine EngineID
+	blocks uint16
+	until  int64
+}
+
+type creditTable struct {
+	e []credit
+}
+
+func (t *creditTable) init() { t.e = make([]credit, creditEntries) }
+
+func (t *creditTable) slot(k uint64) *credit { return &t.e[(k^k>>29)%creditEntries] }
+
+// Credit credits engine id with the request of m (Scan) placed on it.
+func (x *Index) Credit(m *Match, id EngineID) {
+	if m.NBlocks == 0 || m.BlockSize == 0 {
+		return
+	}
+	blocks := max(m.Prompt/m.BlockSize, m.NBlocks)
+	c := x.credits.slot(m.Last)
+	c.mu.Lock()
+	c.key, c.engine, c.blocks = m.Last, id, uint16(min(blocks, 1<<16-1))
+	c.until = time.Now().Add(CreditTTL).UnixNano()
+	c.mu.Unlock()
+}
+
+func (t *creditTable) apply(m *Match, now int64) {
+	c := t.slot(m.Last)
+	c.mu.Lock()
+	if c.key == m.Last && c.until > now {
+		b := c.blocks
+		if limit := max(m.Prompt/m.BlockSize, m.NBlocks); int(b) > limit {
+			b = uint16(min(limit, 1<<16-1))
+		}
+		if b > m.Blocks[c.engine] {
+			m.Blocks[c.engine] = b
+		}
+	}
+	c.mu.Unlock()
+}
+
+// forget drops the credits of an engine (cleared, or its events arrived).
+func (t *creditTable) forget(id EngineID) {
+	for i := range t.e {
+		c := &t.e[i]
+		c.mu.Lock()
+		if c.engine == id {
+			c.until = 0
+		}
+		c.mu.Unlock()
+	}
+}
