@@ -49,7 +49,7 @@ type Index struct {
 	engines [MaxEngines]*engine
 	names   map[string]EngineID
 	live    atomic.Uint64 // bits of the registered engines
-	entries int // engine × block pairs
+	entries int           // engine × block pairs
 	max     int
 
 	blockSize atomic.Int32
