@@ -145,7 +145,10 @@ func (d *Daemon) newControl(opts Options) error {
 		Fleet:    func() any { return d.Fleet.Report() },
 		Decorate: d.decorateWorker,
 		Token:    opts.AdminToken,
-		Log:      d.log,
+		SetKVEvents: func(url, ep, replay string) error { // issue 28 (kvevents.go)
+			return d.SetWorkerKVEvents(url, ep, replay)
+		},
+		Log: d.log,
 	})
 	inherited := opts.Inherited.Take(fdAdmin)
 	if opts.Admin != "" && inherited != nil {
@@ -421,6 +424,7 @@ func (d *Daemon) decorateWorker(in *registry.Info) {
 	}
 	if w := d.Table.Get(in.Slot); w != nil && w.URL == in.URL {
 		in.WeightVersion = d.Fleet.Version(w.URL)
+		d.decorateKVEvents(in) // issue 28 (kvevents.go)
 		in.SyncState = d.Fleet.WorkerState(w)
 		if d.routing != nil {
 			if counts := d.routing.pinned.get(d.routing.sticky); counts != nil {

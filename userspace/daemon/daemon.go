@@ -127,6 +127,7 @@ type Daemon struct {
 	Proxy      *proxy.Server
 	Stats      *stats.Table
 	routing    *routing
+	kv         *kvWiring // KV-event placement (kvevents.go, issue 28); nil: off
 	Group      *listener.Group
 	lns        []net.Listener
 	wg         sync.WaitGroup
@@ -261,6 +262,11 @@ func New(opts Options) (*Daemon, error) {
 		return nil, err
 	}
 	d.OnReload(d.routing.reload)
+	if kv := opts.Routing.KVEvents; kv.Template != "" || kv.On { // issue 28
+		if d.kv, err = startKVEvents(kv, d.Router, d.Table); err != nil {
+			return nil, err
+		}
+	}
 	pc := opts.Proxy // the settings; the wiring:
 	pc.Router = d.routing.router
 	pc.PeekBody = d.routing.peek
@@ -344,4 +350,7 @@ func (d *Daemon) Close() {
 		}
 	}
 	d.routing.close()
+	if d.kv != nil {
+		d.kv.close()
+	}
 }

@@ -21,6 +21,7 @@ type credit struct {
 	key    uint64
 	engine EngineID
 	blocks uint16
+	n      int32 // requests placed under this credit within its TTL
 	until  int64
 }
 
@@ -39,9 +40,15 @@ func (x *Index) Credit(m *Match, id EngineID) {
 	}
 	blocks := max(m.Prompt/m.BlockSize, m.NBlocks)
 	c := x.credits.slot(m.Last)
+	now := time.Now()
 	c.mu.Lock()
+	if c.key == m.Last && c.engine == id && c.until > now.UnixNano() {
+		c.n++
+	} else {
+		c.n = 1
+	}
 	c.key, c.engine, c.blocks = m.Last, id, uint16(min(blocks, 1<<16-1))
-	c.until = time.Now().Add(CreditTTL).UnixNano()
+	c.until = now.Add(CreditTTL).UnixNano()
 	c.mu.Unlock()
 }
 
@@ -56,6 +63,7 @@ func (t *creditTable) apply(m *Match, now int64) {
 		if b > m.Blocks[c.engine] {
 			m.Blocks[c.engine] = b
 		}
+		m.Credited, m.CreditEngine, m.Siblings = true, c.engine, int(c.n)
 	}
 	c.mu.Unlock()
 }

@@ -98,8 +98,8 @@ func TestIndexSemantics(t *testing.T) {
 	s0, s1 := newEngineSim(16, 1), newEngineSim(16, 2)
 
 	var m Match
-	if x.Scan(body(a, ""), -1, &m) {
-		t.Fatal("a match before any event: no block size known yet")
+	if !x.Scan(body(a, ""), -1, &m) || m.Engines != 0 || m.BlockSize != provisionalBlockSize {
+		t.Fatalf("before any event: %+v", m)
 	}
 	x.Apply(e0, []kvevents.Event{*s0.store(a)})
 	x.Apply(e1, []kvevents.Event{*s1.store(sys)})

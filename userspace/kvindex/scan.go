@@ -25,7 +25,17 @@ type Match struct {
 	Complete  bool   // the whole prompt was within the bytes read
 	NBlocks   int    // full blocks hashed
 	Last      uint64 // key of the last block hashed (Credit)
+	// Credited: a request with the same start was placed on
+	// CreditEngine moments ago (Credit), Siblings times within CreditTTL.
+	Credited     bool
+	CreditEngine EngineID
+	Siblings     int
 }
+
+// provisionalBlockSize hashes requests before any event told the block
+// size: only credits (siblings of a request placed moments ago) can match
+// then.
+const provisionalBlockSize = 16
 
 // Matched returns the tokens engine id holds of the request.
 func (m *Match) Matched(id EngineID) int { return int(m.Blocks[id]) * m.BlockSize }
@@ -39,7 +49,10 @@ var tokenFields = [...]string{"input_ids", "prompt"}
 func (x *Index) Scan(body []byte, contentLength int64, m *Match) bool {
 	*m = Match{}
 	bs := x.BlockSize()
-	if bs == 0 || len(body) == 0 {
+	if bs == 0 {
+		bs = provisionalBlockSize
+	}
+	if len(body) == 0 {
 		return false
 	}
 	start, salt, ok := x.findTokens(body)

@@ -301,7 +301,11 @@ func (p *Policy) route(rt *Router, req *httphead.Request, body []byte) Decision 
 	if v := fieldValue(req, TargetWorkerHeader); v != nil {
 		return routeTarget(rt, ws, v)
 	}
-	if key := p.RoutingKey(req); key != nil {
+	key := p.RoutingKey(req)
+	if d, ok := rt.placeByPrefix(ws, req, body, key); ok { // issue 28: kvprefix.go
+		return d
+	}
+	if key != nil {
 		h := KeyHash(key)
 		if p.cfg.Kind == PolicySticky {
 			return p.routeSticky(rt, ws, h)
