@@ -85,6 +85,7 @@ func routingFlags(fs *flag.FlagSet, o *daemon.RoutingOptions) func() {
 	groupMax := &count{name: "group-max", n: edef.GroupMax}
 	fs.Var(groupMax, "group-max", "keyless requests with the same prompt (a GRPO group's samples) go to one engine, up to this many in flight there, then to the next best; 0: no grouping")
 	routeHeader := fs.Bool("route-header", false, "add X-Tether-Route: <slot> <reason> to every proxied response (debugging a rollout)")
+	kvEventsFlags(fs, &o.KVEvents) // issue 28: kvevents_flags.go
 	engineEndpoints := fs.Bool("engine-endpoints", true, "serve /abort_request, /abort_requests, /abort_until_idle, /flush_cache, /get_loads and /finish_session on the data port (false: proxy them)")
 	return func() {
 		ks.SpillMin = spillMin.n

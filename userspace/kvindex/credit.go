@@ -33,15 +33,24 @@ func (t *creditTable) init() { t.e = make([]credit, creditEntries) }
 
 func (t *creditTable) slot(k uint64) *credit { return &t.e[(k^k>>29)%creditEntries] }
 
-// Credit credits engine id with the request of m (Scan) placed on it.
-func (x *Index) Credit(m *Match, id EngineID) {
+// Credit credits engine id with the request of m (Scan) placed on it. It
+// returns the engine the request should go to: id, or the engine a
+// request with the same start claimed since m was scanned (samples of one
+// prompt arriving together), which the caller should follow.
+func (x *Index) Credit(m *Match, id EngineID) EngineID {
 	if m.NBlocks == 0 || m.BlockSize == 0 {
-		return
+		return id
 	}
 	blocks := max(m.Prompt/m.BlockSize, m.NBlocks)
 	c := x.credits.slot(m.Last)
 	now := time.Now()
 	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.key == m.Last && c.until > now.UnixNano() && !m.Credited && c.engine != id {
+		// Claimed by a sibling between this request's scan and now.
+		c.n++
+		return c.engine
+	}
 	if c.key == m.Last && c.engine == id && c.until > now.UnixNano() {
 		c.n++
 	} else {
@@ -49,7 +58,7 @@ func (x *Index) Credit(m *Match, id EngineID) {
 	}
 	c.key, c.engine, c.blocks = m.Last, id, uint16(min(blocks, 1<<16-1))
 	c.until = now.Add(CreditTTL).UnixNano()
-	c.mu.Unlock()
+	return id
 }
 
 func (t *creditTable) apply(m *Match, now int64) {

@@ -178,13 +178,22 @@ func (rt *Router) placeByPrefix(ws []*Worker, req *httphead.Request, body []byte
 			score = max(score-float64(m.Siblings), 1)
 		}
 		base := p.cfg.TokensPerRequest * score
+		if v := w.load.view.Load(); v != nil && v.MaxRunning > 0 && score >= float64(v.MaxRunning) {
+			// Past the running batch's bound a request waits a whole
+			// request's time: worth far more than any prefill.
+			base += (score - float64(v.MaxRunning) + 1) * 16 * p.cfg.TokensPerRequest
+		}
 		if len(ids) == 0 {
 			return float64(m.Prompt) + base, -1, 0, vetoed
 		}
 		best, rank, held := math.Inf(1), 0, 0
 		for r, id := range ids {
 			h := m.Matched(id)
-			c := float64(m.Prompt-h) + base + p.backlog[id].get(now, tau)
+			bl := p.backlog[id].get(now, tau)
+			if m.Credited && id == m.CreditEngine {
+				bl = max(bl-float64(m.Prompt), 0) // its group's own prefill
+			}
+			c := float64(m.Prompt-h) + base + bl
 			if c < best {
 				best, rank, held = c, r, h
 			}
@@ -233,7 +242,12 @@ func (rt *Router) placeByPrefix(ws []*Worker, req *httphead.Request, body []byte
 	}
 	if ids := engines[bw.Slot]; brank >= 0 && brank < len(ids) {
 		id := ids[brank]
-		p.x.Credit(&m, id)
+		if got := p.x.Credit(&m, id); got != id {
+			// A sibling arriving together claimed another engine: follow.
+			if w, r, ok := workerOf(ws, engines, got); ok && w.State() == Healthy {
+				bw, brank, bheld, id = w, r, 0, got
+			}
+		}
 		p.backlog[id].add(float64(max(m.Prompt-bheld, 0)), now, tau)
 	}
 	p.decisions.Add(1)
@@ -250,4 +264,16 @@ func containsID(ids []kvindex.EngineID, id kvindex.EngineID) bool {
 		}
 	}
 	return false
+}
+
+// workerOf finds the worker and rank of an index engine.
+func workerOf(ws []*Worker, engines map[int][]kvindex.EngineID, id kvindex.EngineID) (*Worker, int, bool) {
+	for slot, ids := range engines {
+		for r, x := range ids {
+			if x == id && slot < len(ws) && ws[slot] != nil {
+				return ws[slot], r, true
+			}
+		}
+	}
+	return nil, 0, false
 }
