@@ -124,6 +124,8 @@ func (d *Daemon) newControl(opts Options) error {
 			return st.Up, st.Applied, st.Skipped, true
 		},
 	})
+	d.registerKVMetrics() // issue 28 (kvevents_metrics.go)
+
 	for _, w := range d.Table.Snapshot() {
 		if w != nil {
 			d.Metrics.SetWorker(w)

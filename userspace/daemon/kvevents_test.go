@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -77,6 +78,14 @@ func TestKVEventsEndToEnd(t *testing.T) {
 	st, ix, ok := d.KVEventsStatus()
 	if !ok || ix.Entries == 0 || st[urls[first]][0].Batches == 0 || !st[urls[first]][0].Connected {
 		t.Fatalf("status %+v index %+v", st, ix)
+	}
+	// /metrics shows it.
+	rec := httptest.NewRecorder()
+	d.Metrics.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	for _, m := range []string{"tether_kv_blocks_indexed{rank=\"0\",url=\"" + urls[first] + "\"} 22", "tether_kv_prefix_decisions_total 2", "tether_kv_index_entries 22"} {
+		if !strings.Contains(rec.Body.String(), m) {
+			t.Fatalf("/metrics lacks %q", m)
+		}
 	}
 	// The engine restarts: its entries go, routing goes on.
 	es[first].Restart()

@@ -112,22 +112,22 @@ func (x *Index) Unregister(id EngineID) {
 	if e == nil {
 		return
 	}
+	x.credits.forget(id)
 	x.clearLocked(e)
 	delete(x.names, e.name)
 	x.engines[id] = nil
 	x.live.Store(x.live.Load() &^ e.bit)
-	x.credits.forget(id)
 }
 
 // Clear drops everything the engine holds (a restart, a lost publisher,
 // AllBlocksCleared, an unhealthy or fenced worker).
 func (x *Index) Clear(id EngineID) {
 	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.credits.forget(id) // before the entries: no reader sees one without the other
 	if e := x.engines[id]; e != nil {
 		x.clearLocked(e)
 	}
-	x.mu.Unlock()
-	x.credits.forget(id)
 }
 
 func (x *Index) clearLocked(e *engine) {
