@@ -13,13 +13,19 @@
 //	sessions keyed (X-Session-ID) agent sessions, turns in sequence, each
 //	         turn's prompt the whole context so far
 //	skewed   sessions where one in -skew-every has -skew× the context
+//	keyless  the sessions sent without a key (token ids, as slime sends them)
+//	restart  keyless sessions, engine 0 restarted (-restart-after): how
+//	         long its entries in tetherd's KV index took to go
 //
 // Modes (-modes): before (tetherd with --engine-poll 0: placement by its
 // in-flight counts, as before engine signals), default (tetherd's default
 // flags), prefix (--keyless=prefix --engine-poll 0), sticky
 // (--policy=sticky), random (no router: a random engine per request; a
 // session keeps its engine for all turns in random mode would be sticky,
-// so every request draws again).
+// so every request draws again), hash (no router: crc32 of the key modulo
+// the engines, keyless requests random), kv (tetherd placing by the
+// engines' KV-cache events, issue 28; the fake engines publish them in
+// -kv-form with replay).
 //
 //	go run ./cmd/tether-rlsim            # all workloads, all modes
 //	make rlsim
