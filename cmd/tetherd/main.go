@@ -96,18 +96,19 @@ func parse(args []string) (*cli, error) {
 	c := &cli{fs: fs}
 	o := &c.opts
 	for _, r := range []interface{ RegisterFlags(*flag.FlagSet) }{
-		c,                 // tetherd's own
-		o,                 // the daemon's: listen, workers, cluster, admin API
-		&o.Proxy,          // the data plane
-		&o.Fleet,          // weight syncs' hold
-		&o.Engine,         // engine endpoints
-		&o.Health,         // active health checks
-		&o.Registry,       // worker life
-		&o.Spawn,          // --spawn
-		&o.Routing,        // routing modes, engine polling
-		&o.Routing.Keys,   // the policy's bounds
-		&o.Routing.Learn,  // learned session ids
-		&o.Routing.Engine, // engine-aware placement
+		c,                   // tetherd's own
+		o,                   // the daemon's: listen, workers, cluster, admin API
+		&o.Proxy,            // the data plane
+		&o.Fleet,            // weight syncs' hold
+		&o.Engine,           // engine endpoints
+		&o.Health,           // active health checks
+		&o.Registry,         // worker life
+		&o.Spawn,            // --spawn
+		&o.Routing,          // routing modes, engine polling
+		&o.Routing.Keys,     // the policy's bounds
+		&o.Routing.Learn,    // learned session ids
+		&o.Routing.Engine,   // engine-aware placement
+		&o.Routing.KVEvents, // placement from the engines' KV-cache events
 	} {
 		r.RegisterFlags(fs)
 	}

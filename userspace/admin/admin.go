@@ -60,6 +60,9 @@ type Config struct {
 	// Decorate, when set, adds what other parts of tetherd know of a
 	// worker (its weight version and sync state) to GET /workers.
 	Decorate func(*registry.Info)
+	// SetKVEvents, when set, takes an add's "kv_events" (tcp://host:port,
+	// the worker's KV-event publisher) and "kv_events_replay".
+	SetKVEvents func(url, endpoint, replay string) error
 	// Cluster returns what GET /cluster answers (the etcd link's state);
 	// nil (not in cluster mode): 404.
 	Cluster func() any
@@ -265,6 +268,9 @@ func (s *Server) fail(w http.ResponseWriter, err error) {
 type workerSpec struct {
 	URL         string  `json:"url"`
 	MaxInFlight *uint64 `json:"max_in_flight"`
+	// KV-cache events: the worker's publisher, its replay.
+	KVEvents       string `json:"kv_events"`
+	KVEventsReplay string `json:"kv_events_replay"`
 	// sglang-router's fields: only regular workers are routed yet.
 	WorkerType    string          `json:"worker_type"`
 	BootstrapPort json.RawMessage `json:"bootstrap_port"`
@@ -346,6 +352,16 @@ func (s *Server) add(w http.ResponseWriter, r *http.Request) (registry.Info, boo
 		writeError(w, http.StatusBadRequest, err.Error())
 		return registry.Info{}, false
 	}
+	if spec.KVEvents != "" || spec.KVEventsReplay != "" {
+		if s.cfg.SetKVEvents == nil {
+			writeError(w, http.StatusBadRequest, "kv_events: KV-event placement is off")
+			return registry.Info{}, false
+		}
+		if err := s.cfg.SetKVEvents(spec.URL, spec.KVEvents, spec.KVEventsReplay); err != nil {
+			writeError(w, http.StatusBadRequest, err.Error())
+			return registry.Info{}, false
+		}
+	}
 	if spec.MaxInFlight != nil {
 		// Before the add: the worker routes with its capacity from the start.
 		if _, err := s.cfg.Writer.SetCapacity(spec.URL, *spec.MaxInFlight); err != nil {
@@ -354,6 +370,9 @@ func (s *Server) add(w http.ResponseWriter, r *http.Request) (registry.Info, boo
 		}
 	}
 	info, err := s.cfg.Writer.Add(r.Context(), spec.URL, registry.OriginAdmin)
+	if spec.KVEvents != "" && info.URL != "" && info.URL != spec.URL {
+		s.cfg.SetKVEvents(info.URL, spec.KVEvents, spec.KVEventsReplay) // the canonical URL
+	}
 	if errors.Is(err, registry.ErrDuplicate) {
 		// An engine restarted on the same host:port registers again: the
 		// routers this replaces treat that as a no-op, and clients call

@@ -130,6 +130,8 @@ func (d *Daemon) newControl(opts Options) error {
 			return st.Up, st.Applied, st.Skipped, true
 		},
 	})
+	d.registerKVMetrics() // kvevents_metrics.go
+
 	for _, w := range d.Table.Snapshot() {
 		if w != nil {
 			d.Metrics.SetWorker(w)
@@ -142,17 +144,18 @@ func (d *Daemon) newControl(opts Options) error {
 		clusterStatus = func() any { return d.ClusterStatus() }
 	}
 	d.Admin = admin.New(admin.Config{
-		Registry: d.Registry,
-		Writer:   writer,
-		Cluster:  clusterStatus,
-		Metrics:  d.Metrics.Handler(),
-		Health:   http.HandlerFunc(d.serveAdminHealth),
-		Routing:  func() any { return d.RoutingCounts() },
-		Fleet:    func() any { return d.Fleet.Report() },
-		Decorate: d.decorateWorker,
-		Token:    opts.AdminToken,
-		UI:       d.uiConfig(),
-		Log:      d.log,
+		Registry:    d.Registry,
+		Writer:      writer,
+		Cluster:     clusterStatus,
+		Metrics:     d.Metrics.Handler(),
+		Health:      http.HandlerFunc(d.serveAdminHealth),
+		Routing:     func() any { return d.RoutingCounts() },
+		Fleet:       func() any { return d.Fleet.Report() },
+		Decorate:    d.decorateWorker,
+		Token:       opts.AdminToken,
+		UI:          d.uiConfig(),
+		Log:         d.log,
+		SetKVEvents: d.SetWorkerKVEvents,
 	})
 	d.snapshotBaseline()
 	inherited := opts.Inherited.Take(fdAdmin)
@@ -433,6 +436,7 @@ func (d *Daemon) decorateWorker(in *registry.Info) {
 	}
 	if w := d.Table.Get(in.Slot); w != nil && w.URL == in.URL {
 		in.WeightVersion = d.Fleet.Version(w.URL)
+		d.decorateKVEvents(in) // kvevents.go
 		in.SyncState = d.Fleet.WorkerState(w)
 		if d.routing != nil {
 			if counts := d.routing.pinned.get(d.routing.sticky); counts != nil {

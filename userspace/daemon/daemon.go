@@ -132,6 +132,7 @@ type Daemon struct {
 	Proxy      *proxy.Server
 	Stats      *stats.Table
 	routing    *routing
+	kv         *kvWiring // KV-event placement (kvevents.go); nil: off
 	Group      *listener.Group
 	lns        []net.Listener
 	wg         sync.WaitGroup
@@ -250,6 +251,11 @@ func New(opts Options) (*Daemon, error) {
 		return nil, err
 	}
 	d.OnReload(d.routing.reload)
+	if kv := opts.Routing.KVEvents; kv.Template != "" || kv.On {
+		if d.kv, err = startKVEvents(kv, d.Router, d.Table); err != nil {
+			return nil, err
+		}
+	}
 	pc := opts.Proxy // the settings; the wiring:
 	pc.Router = d.routing.router
 	pc.PeekBody = d.routing.peek
@@ -333,4 +339,7 @@ func (d *Daemon) Close() {
 		}
 	}
 	d.routing.close()
+	if d.kv != nil {
+		d.kv.close()
+	}
 }

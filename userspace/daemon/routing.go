@@ -78,6 +78,9 @@ type RoutingOptions struct {
 	// RouteHeader: the response header naming the worker and the reason
 	// of each request (--route-header; "" none).
 	RouteHeader string
+	// KVEvents: placement from the engines' KV-cache events
+	// (kvevents.go); off unless a template or a worker's endpoint is set.
+	KVEvents KVEventsOptions
 }
 
 // routing is what setupRouting built.

@@ -55,6 +55,9 @@ type Info struct {
 	// Decisions: the requests this process routed to the worker, by
 	// reason (session, hash, group, engine-least, veto, ...).
 	Decisions map[string]uint64 `json:"decisions,omitempty"`
+	// KVEvents: the worker's KV-event subscriptions, one per DP rank
+	// (daemon.KVEngineStatus), filled in by the admin API.
+	KVEvents any `json:"kv_events,omitempty"`
 
 	ConsecutiveFailures int        `json:"consecutive_failures"`
 	LastError           string     `json:"last_error,omitempty"`

@@ -51,6 +51,7 @@ const (
 	ReasonVeto        // key moved off a vetoed engine (KV or queue full)
 	ReasonGroup       // keyless: where the earlier samples of its prompt are
 	ReasonEngineLeast // free to go anywhere: the engine with the least expected time to serve
+	ReasonKVPrefix    // token ids: the engine with the least expected work given what it holds (kvprefix.go)
 	NumReasons
 )
 
@@ -60,7 +61,7 @@ var _ [worker.MaxReasons - NumReasons]struct{}
 var reasonNames = [NumReasons]string{"session", "spread", "bad_session_spread", "bad_session_reject", "no_worker", "panic",
 	"target", "bad_target", "hash", "hash_spill", "hash_spilled", "hash_return", "hash_failover",
 	"sticky", "sticky_new", "sticky_failover", "prefix", "rid", "learned", "reroute",
-	"veto", "group", "engine-least"}
+	"veto", "group", "engine-least", "kv_prefix"}
 
 func (r Reason) String() string { return reasonNames[r] }
 
@@ -78,6 +79,7 @@ type Router struct {
 	learning   atomic.Pointer[Learning] // nil: bare session ids are not learned
 
 	engine atomic.Pointer[EnginePlacement] // nil: no engine-aware placement (policy_engine.go)
+	prefix atomic.Pointer[PrefixPlacement] // nil: no placement by the engines' caches (kvprefix.go)
 
 	rr      atomic.Uint64
 	reasons [NumReasons]atomic.Uint64
@@ -109,6 +111,10 @@ type Decision struct {
 	// Learn, when set, wants to see the response (learn.go): the proxy
 	// calls its Status, Body and End before relaying what it shows.
 	Learn *Learner
+	// Matched and Rank (ReasonKVPrefix, kvprefix.go): the prompt tokens
+	// the chosen engine holds, and its data-parallel rank (-1: none known).
+	Matched int
+	Rank    int
 }
 
 // Route picks the worker for a request. body holds the first bytes of the

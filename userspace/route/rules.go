@@ -15,6 +15,7 @@ var rules = [...]rule{
 	ruleBadSession, // any other /sessions/{id}: 404 or spread (--bad-session)
 	ruleTarget,     // X-SMG-Target-Worker: that worker, whatever its state (400: none)
 	ruleRequestID,  // a request id already in flight: the worker serving it
+	ruleKVPrefix,   // token ids in the body, KV events on: the engine with the least expected work (kvprefix.go)
 	ruleKey,        // a routing key: its ring owner (--policy=hash) or sticky owner
 	ruleGroup,      // keyless, engine signals: where the earlier samples of its prompt are
 	rulePrefix,     // keyless, --keyless=prefix: the body's start on the ring
@@ -32,6 +33,7 @@ const (
 	ruleBadSession
 	ruleTarget
 	ruleRequestID
+	ruleKVPrefix
 	ruleKey
 	ruleGroup
 	rulePrefix
@@ -55,6 +57,8 @@ type request struct {
 	create  bool // POST to the learning's create path
 	rid     []byte
 	ridRead bool
+	key     []byte // the policy's routing key (routingKey)
+	keyRead bool
 }
 
 // requestID returns the request's id (RequestID), read once.
@@ -63,6 +67,15 @@ func (q *request) requestID() []byte {
 		q.rid, q.ridRead = RequestID(q.req, q.body), true
 	}
 	return q.rid
+}
+
+// routingKey returns the request's routing key under policy p (nil: none),
+// read once.
+func (q *request) routingKey() []byte {
+	if !q.keyRead {
+		q.key, q.keyRead = q.p.RoutingKey(q.req), true
+	}
+	return q.key
 }
 
 // route applies the rules in order. A create request (learning on) gets
@@ -154,11 +167,19 @@ func (rt *Router) apply(r rule, q *request, d *Decision) bool {
 				}
 			}
 		}
+	case ruleKVPrefix:
+		if p == nil {
+			return false
+		}
+		if dd, ok := rt.placeByPrefix(q.ws, q.req, q.body, q.routingKey()); ok {
+			*d = dd
+			return true
+		}
 	case ruleKey:
 		if p == nil {
 			return false
 		}
-		if key := p.RoutingKey(q.req); key != nil {
+		if key := q.routingKey(); key != nil {
 			h := KeyHash(key)
 			if p.cfg.Kind == PolicySticky {
 				*d = p.routeSticky(rt, q.ws, h)
