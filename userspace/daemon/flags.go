@@ -79,9 +79,9 @@ func (o *RoutingOptions) settings() []config.Setting {
 		config.Mode(&o.Keyless, "keyless", route.KeylessLeast, "requests without a key: least (fewest in flight, rotating tie-break), p2c (less loaded of two random workers) or prefix (hash the first --peek-bytes of the body, bounded load)", route.ParseKeyless),
 		config.Num(&o.PeekBytes, "peek-bytes", route.DefaultPrefixBytes, config.PositiveOrNone, "body bytes read before routing (request id \"rid\", --keyless=prefix, the prompt of GRPO groups), at most 16384; -1: none"),
 		config.Num(&o.MaxTrackedRequests, "max-tracked-requests", engine.DefaultMaxOwners, config.Positive, "request ids remembered for abort routing (oldest dropped beyond) (> 0)"),
-		config.Opt(&o.EnginePoll, "engine-poll", loadpoll.DefaultInterval, config.Any, "read every worker's engine load (SGLang /v1/loads, vLLM or SGLang /metrics) this often and place keyless work, new keys and sessions by it; 0: off (placement by tetherd's in-flight counts alone)").Type("duration"),
+		config.Opt(&o.EnginePoll, "engine-poll", loadpoll.DefaultInterval, config.Any, "read every worker's engine load (its engine's load endpoint, else its Prometheus metrics) this often and place keyless work, new keys and sessions by it; 0: off (placement by tetherd's in-flight counts alone)").Type("duration"),
 		config.Flag(&o.RouteHeader, "route-header", RouteHeaderName, "add X-Tether-Route: <slot> <reason> to every proxied response (debugging a rollout)"),
-		config.Switch(&o.EngineEndpoints, "engine-endpoints", true, "serve /abort_request, /abort_requests, /abort_until_idle, /flush_cache, /get_loads and /finish_session on the data port (false: proxy them)"),
+		config.Switch(&o.EngineEndpoints, "engine-endpoints", true, "serve the engines' abort, cache-flush, loads and finish_session endpoints on the data port, in each engine's words (false: proxy them)"),
 	}
 }
 

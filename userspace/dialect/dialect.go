@@ -202,6 +202,9 @@ type Dialect struct {
 	RequestIDHeader string
 	// PromptFields: the top-level body fields holding the prompt.
 	PromptFields []string
+	// TokenIDFields: the prompt fields that hold token ids when their
+	// value is a list (of ids, or of lists of ids for a batch).
+	TokenIDFields []string
 }
 
 var (
@@ -214,6 +217,7 @@ var (
 	idFields  []string
 	idQuoted  []string
 	prompts   []string
+	tokenIDs  []string
 	verFields []string
 )
 
@@ -252,6 +256,11 @@ func register(d *Dialect) {
 		for _, f := range d.PromptFields {
 			if !slices.Contains(prompts, f) {
 				prompts = append(prompts, f)
+			}
+		}
+		for _, f := range d.TokenIDFields {
+			if !slices.Contains(tokenIDs, f) {
+				tokenIDs = append(tokenIDs, f)
 			}
 		}
 		for _, f := range d.VersionFields {
@@ -394,6 +403,18 @@ func RequestIDHeaders() []string {
 // fixed order (a field's index names it in a group hash); the caller must
 // not change the slice.
 func PromptFields() []string { return prompts }
+
+// IsTokenIDField reports whether a top-level body field holds token ids
+// when its value is a list (SGLang's input_ids, vLLM's prompt). It
+// allocates nothing.
+func IsTokenIDField(key []byte) bool {
+	for _, f := range tokenIDs {
+		if string(key) == f {
+			return true
+		}
+	}
+	return false
+}
 
 // jsonKind names the JSON type of a raw value for error messages.
 func jsonKind(raw json.RawMessage) string {

@@ -148,6 +148,7 @@ var sglang = &Dialect{
 
 	RequestIDFields: []string{"rid"},
 	PromptFields:    []string{"input_ids", "text"},
+	TokenIDFields:   []string{"input_ids"},
 }
 
 // sglangMode is each normalized mode in SGLang's words.

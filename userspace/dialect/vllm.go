@@ -136,6 +136,7 @@ var vllm = &Dialect{
 	RequestIDFields: []string{"request_id"},
 	RequestIDHeader: "X-Request-ID",
 	PromptFields:    []string{"prompt", "messages"},
+	TokenIDFields:   []string{"prompt"},
 }
 
 // vllmMode is mode m in vLLM's words; quiet: nothing is in flight (a wait

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/tether-rl/tether/userspace/dialect"
 )
 
 // The weight syncs' timeline: each call to tetherd's pause, update and
@@ -137,27 +139,19 @@ func Kind(path []byte) string {
 			break
 		}
 	}
-	switch string(path) {
-	case "/pause_generation", "/pause":
-		return "pause"
-	case "/continue_generation", "/resume":
-		return "resume"
+	e, ok := dialect.Served(path)
+	if !ok {
+		return ""
 	}
-	if updatePaths[string(path)] {
+	switch e.Op {
+	case dialect.OpPause:
+		return "pause"
+	case dialect.OpResume:
+		return "resume"
+	case dialect.OpUpdate:
 		return "update"
 	}
 	return ""
-}
-
-// updatePaths are the fanned-out calls of a sync (userspace/engine's
-// control paths).
-var updatePaths = map[string]bool{
-	"/update_weights_from_disk": true, "/update_weights_from_distributed": true, "/update_weights_from_tensor": true,
-	"/update_weights_from_ipc": true, "/init_weights_update_group": true, "/destroy_weights_update_group": true,
-	"/update_weight_version": true, "/post_process_weights": true, "/init_weight_transfer_engine": true,
-	"/start_weight_update": true, "/update_weights": true, "/finish_weight_update": true,
-	"/release_memory_occupation": true, "/resume_memory_occupation": true, "/sleep": true, "/wake_up": true,
-	"/reset_prefix_cache": true,
 }
 
 // Recording wraps tetherd's local-endpoint hook (proxy.Config.Local):

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"math/bits"
 	"time"
+
+	"github.com/tether-rl/tether/userspace/dialect"
 )
 
 // The lookup: token ids read from a request body (SGLang /generate
@@ -40,8 +42,6 @@ const provisionalBlockSize = 16
 // Matched returns the tokens engine id holds of the request.
 func (m *Match) Matched(id EngineID) int { return int(m.Blocks[id]) * m.BlockSize }
 
-// tokenFields are the body fields read as token ids.
-var tokenFields = [...]string{"input_ids", "prompt"}
 
 // Scan reads the request body's first bytes (body; contentLength the
 // whole body's length, -1 when unknown) into m. ok false: no token ids in
@@ -214,7 +214,7 @@ func (x *Index) findTokens(b []byte) (int, uint64, bool) {
 			break
 		}
 		i = skipSpace(b, i+1)
-		if tokens < 0 && i < len(b) && b[i] == '[' && (string(k) == tokenFields[0] || string(k) == tokenFields[1]) {
+		if tokens < 0 && i < len(b) && b[i] == '[' && dialect.IsTokenIDField(k) {
 			j := skipSpace(b, i+1)
 			if j < len(b) && b[j] == '[' {
 				j++ // a batch: its first prompt

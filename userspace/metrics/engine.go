@@ -31,7 +31,7 @@ var (
 	dEngineFailures = prometheus.NewDesc("tether_engine_poll_failures",
 		"Load polls of the engine failed in a row.", []string{"slot", "url"}, nil)
 	dEngineVersion = prometheus.NewDesc("tether_engine_weight_version_info",
-		"The weight version the engine reported (SGLang /get_weight_version) (1).", []string{"slot", "url", "version"}, nil)
+		"The weight version the engine reported (1).", []string{"slot", "url", "version"}, nil)
 )
 
 type engineCollector struct{ tab *worker.Table }
