@@ -3,7 +3,7 @@ package proxy
 // One exchange, two drivers. An exchange is one request proxied to a
 // worker and its response relayed back; the event loop drives it on raw
 // non-blocking sockets (loop_*.go), a goroutine drives it with blocking
-// calls on a net.TCPConn where the loop does not run it (gor_*.go: a
+// calls on a net.TCPConn where no loop runs it (gor_*.go: a
 // queue wait, an upgrade, a hand-off). Both keep the same facts of it
 // here, under one name each, conclude it in outcome.go, and keep only
 // their own I/O state apart: lx (the loop's) and gx (the goroutine's).
@@ -24,6 +24,13 @@ type exchange struct {
 	req  reqTraits
 	fr   respFraming // framing.go's frameResponse (keep: the request's, until the head)
 	prog progress
+	// linger: the answer goes out over a request body not all read (given
+	// up for the worker's early answer: giveUpBody; or a failure's
+	// verdict): the client connection then closes, lingering (linger.go).
+	// The loop carries it out in end and apply, the goroutine path once
+	// the exchange is accounted and its worker's place and socket given
+	// back (proxy).
+	linger bool
 
 	lx // the loop's sockets, pipe and buffers (loop_exchange.go)
 	gx // the goroutine path's connection and learner
@@ -58,11 +65,24 @@ type gx struct {
 	// route/learn.go); lsc frames its view of a chunked body.
 	learn *route.Learner
 	lsc   httphead.Chunked
-	// linger: the answer went out over a request body not all read; the
-	// client connection lingers (lingerClose) once the exchange is
-	// accounted and its worker's place and socket given back (proxy).
-	linger bool
 }
+
+// newExchange is the exchange of req to w, before its I/O state.
+func newExchange(w *worker.Worker, req *httphead.Request) exchange {
+	return exchange{w: w, req: reqTraits{head: req.IsMethod("HEAD"), http10: req.Minor == 0}, fr: respFraming{keep: req.KeepAlive}}
+}
+
+// giveUpBody is the early answer's rule (outcome.go, rule 3): the worker
+// answered before it took the whole request body, so the rest of the
+// body is not read; its answer goes out over it, the client connection
+// then lingers and closes, and the upstream connection, left
+// mid-request, is never reused. The loop gives the body up as the upload
+// fails and waits for the answer (earlyAnswer); a goroutine once the
+// answer came (earlyAnswer, or a final answer to Expect: 100-continue).
+func (x *exchange) giveUpBody() { x.linger, x.fr.keep, x.fr.reuse = true, false, false }
+
+// bodySent: the whole request body went up (frameResponse's bodySent).
+func (x *exchange) bodySent() bool { return !x.linger }
 
 // peekWant is how many body bytes the router is shown before the request
 // is routed (Config.PeekBody): never beyond the body, nor beyond the room

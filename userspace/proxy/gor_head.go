@@ -200,6 +200,14 @@ func (c *conn) rejectAndClose(status int) {
 	}
 }
 
+// rejectRequest answers a request tetherd rejects before anything of it
+// went up (outcome.go's rejectVerdict: counted), then the lingering close.
+func (c *conn) rejectRequest(status int) {
+	if c.answerClosing(c.s.rejectVerdict(status).answer) {
+		c.lingerClose()
+	}
+}
+
 // reject answers status (the connection closes after it); false if the
 // answer could not be written.
 func (c *conn) reject(status int) bool { return c.answerClosing(errorResponse(status, true)) }

@@ -52,12 +52,11 @@ func (c *conn) apply(x *exchange, v verdict) bool {
 	x.take(v)
 	switch v.end {
 	case endReject:
-		x.linger = c.answerClosing(v.answer)
+		x.linger = x.linger && c.answerClosing(v.answer)
 	case endGateway:
 		if v.answer != nil {
 			c.writeClient(v.answer)
 		}
-		x.linger = v.linger
 	case endCut:
 		if v.reset {
 			// A body framed by the close would look complete after a

@@ -23,8 +23,8 @@ func (c *conn) earlyAnswer(x *exchange, uw int) bool {
 			return false
 		}
 		if status >= 200 {
-			c.relayResponse(x, uw, false)
-			x.linger = true
+			x.giveUpBody()
+			c.relayResponse(x, uw)
 			return true
 		}
 	}

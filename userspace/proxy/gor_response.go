@@ -18,7 +18,7 @@ func (c *conn) awaitAndRelay(x *exchange, uw int) bool {
 			return c.answerFailed(x, err)
 		}
 		if status >= 200 {
-			return c.relayResponse(x, uw, true)
+			return c.relayResponse(x, uw)
 		}
 		// A 100: readResponseHead relayed it (the first one only) and
 		// already removed it from ubuf.
@@ -88,13 +88,13 @@ func (c *conn) writeInterim(x *exchange) error {
 	return c.writeClient(out)
 }
 
-// relayResponse writes the response head and relays its body. bodyRead
-// says whether the request body was consumed (false after a final answer
-// to Expect: 100-continue, which forces the client connection closed).
-func (c *conn) relayResponse(x *exchange, uw int, bodyRead bool) bool {
-	req, resp := c.req, c.resp
+// relayResponse writes the response head and relays its body (over a
+// request body given up, x.linger, the client connection closes after
+// it).
+func (c *conn) relayResponse(x *exchange, uw int) bool {
+	resp := c.resp
 	cfg := &c.s.cfg
-	f := frameResponse(resp, x.req.head, req.Minor == 0, req.KeepAlive, bodyRead, c.s.closing.Load())
+	f := frameResponse(resp, x.req.head, x.req.http10, x.fr.keep, x.bodySent(), c.s.closing.Load())
 	kind, dechunk, keep := f.kind, f.dechunk, f.keep
 	x.fr.closeCut = f.closeCut
 	x.fr.reuse = f.reuse

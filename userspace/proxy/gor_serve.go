@@ -61,7 +61,7 @@ func (c *conn) serveOne() bool {
 	c.hand = handoff{}
 	switch {
 	case h.reject != 0:
-		c.rejectAndClose(h.reject)
+		c.rejectAndClose(h.reject) // (concluded by the loop)
 		return false
 	case h.decided:
 		return c.serveDecision(h.dec, c.bufferedBody(), h.refused, true)
@@ -70,12 +70,12 @@ func (c *conn) serveOne() bool {
 	}
 	if err := c.readHead(); err != nil {
 		if e, ok := err.(*httphead.Error); ok {
-			c.s.count(countRejected)
 			if bytes.HasPrefix(c.buf[c.r:c.w], h2Preface) {
+				c.s.rejectVerdict(e.Status) // (counted; the answer is HTTP/2's)
 				c.refuseHTTP2()
 				return false
 			}
-			c.rejectAndClose(e.Status)
+			c.rejectRequest(e.Status)
 		}
 		return false
 	}
@@ -93,8 +93,7 @@ func (c *conn) serveOne() bool {
 	}
 	if lim := c.s.cfg.MaxBodyBytes; lim > 0 && req.ContentLength > lim {
 		// Too large by its own account: 413 before anything is forwarded.
-		c.s.count(countRejected)
-		c.rejectAndClose(413)
+		c.rejectRequest(413)
 		return false
 	}
 	return c.serveDecision(route.Decision{}, peek, false, false)
@@ -157,14 +156,13 @@ func (c *conn) serveRouted(dec route.Decision, peek []byte, refused bool) (keep,
 		}
 	}()
 	if dec.Worker == nil {
-		c.s.count(countRejected)
 		// The body was not read: the connection cannot go on after it.
 		keep := req.KeepAlive && !req.HasBody()
 		resp := errorResponse(dec.Status, !keep)
 		if dec.Reason == route.ReasonBadTarget {
 			resp = pick(badTargetResponse, !keep)
 		}
-		if c.writeClient(resp) == nil && req.HasBody() {
+		if c.writeClient(c.s.turnAway(countRejected, resp)) == nil && req.HasBody() {
 			c.lingerClose()
 		}
 		return keep, false
@@ -201,8 +199,8 @@ func (c *conn) serveRouted(dec route.Decision, peek []byte, refused bool) (keep,
 // written: proxy reports refused instead, and the caller may place the
 // request again.
 func (c *conn) proxy(w *worker.Worker, learn *route.Learner, reroutable bool) (keep, refused, held bool) {
-	x := exchange{w: w, req: reqTraits{head: c.req.IsMethod("HEAD"), http10: c.req.Minor == 0},
-		gx: gx{learn: learn, reroutable: reroutable}}
+	x := newExchange(w, c.req)
+	x.gx = gx{learn: learn, reroutable: reroutable}
 	if adm := c.admit(w); adm != worker.Admitted {
 		return c.notAdmitted(adm), false, false
 	}
@@ -273,22 +271,21 @@ func (c *conn) admit(w *worker.Worker) worker.Admission {
 func (c *conn) notAdmitted(adm worker.Admission) bool {
 	switch adm {
 	case worker.QueueLeft:
-		c.s.count(countClientAborted)
+		c.s.clientLeft()
 		return false
 	case worker.QueueFull:
-		c.s.count(countQueueFull)
-	case worker.QueueTimeout:
-		c.s.count(countQueueTimeout)
+		return c.answerBusy(countQueueFull)
 	}
-	return c.answerBusy()
+	return c.answerBusy(countQueueTimeout)
 }
 
 // answerBusy answers 503 with Retry-After to a request that was not sent
-// (safe to retry); it reports whether the connection may go on.
-func (c *conn) answerBusy() bool {
+// (safe to retry), counted as what; it reports whether the connection
+// may go on.
+func (c *conn) answerBusy(what counted) bool {
 	// The body was not read: the connection cannot go on after it.
 	keep := c.req.KeepAlive && !c.req.HasBody()
-	if c.writeClient(pick(busyResponse, !keep)) == nil && c.req.HasBody() {
+	if c.writeClient(c.s.turnAway(what, pick(busyResponse, !keep))) == nil && c.req.HasBody() {
 		c.lingerClose()
 	}
 	return keep
@@ -352,8 +349,8 @@ func (c *conn) proxyExchange(x *exchange) bool {
 		case err == nil:
 			// A final answer before the body: relay it, then close (the
 			// client's body was never read).
-			c.relayResponse(x, uw, false)
-			x.linger = true
+			x.giveUpBody()
+			c.relayResponse(x, uw)
 			return false
 		case !isTimeout(err):
 			return c.answerFailed(x, err)

@@ -457,7 +457,7 @@ func (l *loop) drive(c *conn, st step) step {
 // ring is withdrawn, then c closes or goes to a goroutine.
 func (l *loop) leave(c *conn, why step) {
 	if why == leaveAborted {
-		l.s.count(countClientAborted)
+		l.s.clientLeft() // (counted; abandon closes the upstream)
 	}
 	l.abandon(c)
 	if why == leaveHandoff {

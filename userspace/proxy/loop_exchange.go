@@ -128,7 +128,6 @@ type readiness struct {
 
 // bodyState: the bodies' states beyond their framing.
 type bodyState struct {
-	cut         bool  // the worker answered before the whole request body: the client connection lingers, then closes
 	early       bool  // waiting for such an answer after the body failed to go up (a timeout is 502, not 504)
 	clientLowat lowat // SO_RCVLOWAT raised on the client socket (upload)
 	upLowat     lowat // SO_RCVLOWAT raised on the upstream socket (pumpSplice)
@@ -200,8 +199,8 @@ func (l *loop) begin(c *conn) step {
 	w.Stats.Begin()
 	x := l.newX()
 	c.x = x
-	*x = exchange{w: w, req: reqTraits{head: req.IsMethod("HEAD"), http10: req.Minor == 0}, fr: respFraming{keep: req.KeepAlive},
-		lx: lx{id: l.nextSeq(), dec: dec, up: u, start: l.now, bodyAt: c.r, reqLeft: left, pipe: up, rt: s.routeNote(dec)}}
+	*x = newExchange(w, req)
+	x.lx = lx{id: l.nextSeq(), dec: dec, up: u, start: l.now, bodyAt: c.r, reqLeft: left, pipe: up, rt: s.routeNote(dec)}
 	c.busy = true
 	if u == nil {
 		return l.noDescriptor(c, err)
@@ -408,7 +407,8 @@ func (l *loop) earlyAnswer(c *conn, wait time.Duration) step {
 		x.pipe, x.inPipe = nil, 0
 	}
 	x.reqLeft = 0
-	x.phase, x.fr.keep, x.fr.reuse, x.body.cut, x.body.early = phaseHead, false, false, true, true
+	x.giveUpBody()
+	x.phase, x.body.early = phaseHead, true
 	x.sock.upReady = true
 	l.setDeadline(c, wait)
 	return stepRelay

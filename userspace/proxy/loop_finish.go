@@ -15,9 +15,9 @@ import (
 
 // end finishes an exchange whose response ended at its framing.
 func (l *loop) end(c *conn) step {
-	keep, cut := c.x.fr.keep, c.x.body.cut
+	keep, linger := c.x.fr.keep, c.x.linger
 	l.finishExchange(c)
-	if cut {
+	if linger {
 		return stepLinger // its body was not all read: no reset over the answer
 	}
 	if !keep {
@@ -70,9 +70,9 @@ func (l *loop) bodyFailed(c *conn) step {
 	return l.conclude(c, fault{stage: stageRelay})
 }
 
-// unread: x's request body was not all read (cut: the rest was given up
-// for an early answer).
-func (l *loop) unread(x *exchange) bool { return x.reqLeft > 0 || x.body.cut }
+// unread: x's request body was not all read (linger: the rest was given
+// up for an early answer).
+func (l *loop) unread(x *exchange) bool { return x.reqLeft > 0 || x.linger }
 
 // apply carries out v on c's exchange: the answer written (best effort:
 // the connection closes), the exchange accounted, then the close, a

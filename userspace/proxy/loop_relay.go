@@ -165,7 +165,7 @@ func (l *loop) relayHead(c *conn) step {
 	s := l.s
 	x := c.x
 	resp := c.resp
-	f := frameResponse(resp, x.req.head, x.req.http10, x.fr.keep, !x.body.cut, s.closing.Load())
+	f := frameResponse(resp, x.req.head, x.req.http10, x.fr.keep, x.bodySent(), s.closing.Load())
 	x.fr = f
 	x.status = resp.Status
 	out := c.appendResponseHead(c.out[:0], !x.fr.keep, f.dropTE, x.rt)

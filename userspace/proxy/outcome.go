@@ -94,6 +94,14 @@ func (s *Server) gatewayAnswer(status int, sent bool) []byte {
 	return upstreamError(status, sent, true)
 }
 
+// turnAway counts tetherd's answer to a request it does not send to a
+// worker (what: a 4xx of its own for no worker to route to, a 503 for no
+// place in the queue, the hold or the local body budget) and returns it.
+func (s *Server) turnAway(what counted, answer []byte) []byte {
+	s.count(what)
+	return answer
+}
+
 // exchangeEnded is the accounting of every proxied exchange, on either
 // path, once it ended: its result on w (failed: a worker error), its place
 // given back, and (observe) Config.Observe told the status class and the
@@ -201,6 +209,17 @@ func (s *Server) conclude(f fault, r reached) verdict {
 	return verdict{end: e}
 }
 
+// clientLeft concludes a client that left (endAbort: counted, nothing
+// to answer), in an exchange or in a wait before one (a queue, the hold,
+// a local handler).
+func (s *Server) clientLeft() verdict { return s.conclude(fault{gone: true}, reached{}) }
+
+// rejectVerdict concludes a request tetherd rejects before anything of it
+// went up (its framing, a limit, a head that timed out): endReject.
+func (s *Server) rejectVerdict(status int) verdict {
+	return s.conclude(fault{reject: status}, reached{})
+}
+
 // gatewayVerdict is a worker error (502, 504): answered, and counted, if
 // no response head went out; then the close, lingering over a request
 // body not all read.
@@ -229,7 +248,7 @@ func (x *exchange) reached(unread bool) reached {
 
 // take records v in x, before a driver applies it to its socket.
 func (x *exchange) take(v verdict) {
-	x.failed, x.fr.reuse = v.failed, false
+	x.failed, x.fr.reuse, x.linger = v.failed, false, x.linger || v.linger
 	if v.status != 0 {
 		x.status = v.status
 	}
