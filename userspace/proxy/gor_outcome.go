@@ -42,14 +42,10 @@ func (c *conn) conclude(x *exchange, f fault) bool {
 // the lingering (x.linger), come once the exchange is accounted (proxy).
 // It reports whether the client connection may go on (never).
 func (c *conn) apply(x *exchange, v verdict) bool {
-	switch v.end {
-	case endAbort:
-		x.fr.reuse = false // the upstream closes, so the worker sees it
-		return false
-	case endEarly:
+	if v.end == endEarly {
 		return false // the worker's answer went out (earlyAnswer), the connection lingers
 	}
-	x.take(v)
+	x.take(v) // (endAbort: the upstream closes, so the worker sees it)
 	switch v.end {
 	case endReject:
 		x.linger = x.linger && c.answerClosing(v.answer)
@@ -69,10 +65,8 @@ func (c *conn) apply(x *exchange, v verdict) bool {
 }
 
 // clientLeft ends an exchange whose client left (a write to it failed, or
-// the watch saw it go): nothing to answer.
-func (c *conn) clientLeft(x *exchange) bool {
-	return c.apply(x, c.s.conclude(fault{gone: true}, x.reached(false)))
-}
+// the watch saw it go: watch.go): nothing to answer.
+func (c *conn) clientLeft(x *exchange) bool { return c.apply(x, c.s.clientLeft()) }
 
 // refusedOrFail ends an exchange whose worker could not be connected to
 // (nothing was sent): reported as refused when the request may be placed

@@ -412,7 +412,6 @@ const (
 
 	// Endings.
 	leaveClose   // close the client connection
-	leaveAborted // the client left mid-exchange (counted): close
 	leaveHandoff // give the connection to a goroutine (c.hand says where it starts)
 )
 
@@ -456,9 +455,6 @@ func (l *loop) drive(c *conn, st step) step {
 // (its upstream closed, so the worker sees it), what c queued for the
 // ring is withdrawn, then c closes or goes to a goroutine.
 func (l *loop) leave(c *conn, why step) {
-	if why == leaveAborted {
-		l.s.clientLeft() // (counted; abandon closes the upstream)
-	}
 	l.abandon(c)
 	if why == leaveHandoff {
 		l.handoff(c)
@@ -484,11 +480,8 @@ func (l *loop) clientEvent(c *conn, ev uint32) step {
 		return stepWait
 	}
 	if c.busy {
-		if ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-			// The client left (or half-closed) while its exchange ran:
-			// close the upstream at once, so the engine cancels the
-			// generation (the watch of the goroutine path, gor_watch.go).
-			return leaveAborted
+		if watchSeesLeft(ev) {
+			return l.clientLeft(c) // (watch.go)
 		}
 		if ev&unix.EPOLLIN != 0 {
 			c.readable = true // pipelined: read once this exchange ends

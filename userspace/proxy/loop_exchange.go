@@ -29,7 +29,7 @@ package proxy
 //
 // A failure is concluded by outcome.go (a verdict) and applied to the
 // client's socket by loop_finish.go's apply (through conclude, fail,
-// bodyFailed), or is the ending leaveAborted (the client left). The
+// bodyFailed, clientLeft: the client left). The
 // events: clientEvent (loop.go), exchangeEvent (loop_upstream.go),
 // sentClient (loop_ring.go), expire (loop_deadline.go) each return the
 // phase to drive.
@@ -392,7 +392,7 @@ func (l *loop) upload(c *conn) step {
 			continue
 		}
 		// The client's end (or reset) before its whole body: it left.
-		return leaveAborted
+		return l.clientLeft(c)
 	}
 }
 

@@ -2,8 +2,8 @@ package proxy
 
 // How a loop's exchange ends: at its framing (end), failed before or after
 // the response head (outcome.go's verdict, applied here: apply, through
-// conclude, fail, bodyFailed), abandoned (abandon: the client left,
-// leaveAborted), past its deadline (expireExchange), or with the client
+// conclude, fail, bodyFailed, clientLeft), abandoned (abandon: the
+// server closes), past its deadline (expireExchange), or with the client
 // lingering (lingerClose, drain). What becomes of the client connection
 // is returned (a step): the loop ends it in one place (leave).
 
@@ -78,10 +78,7 @@ func (l *loop) unread(x *exchange) bool { return x.reqLeft > 0 || x.linger }
 // the connection closes), the exchange accounted, then the close, a
 // reset or the lingering close.
 func (l *loop) apply(c *conn, v verdict) step {
-	switch v.end {
-	case endAbort:
-		return leaveClose // (counted; leave abandons the exchange)
-	case endEarly:
+	if v.end == endEarly {
 		return stepFinish // the loop relays an early answer as any response
 	}
 	c.x.take(v)
@@ -98,8 +95,13 @@ func (l *loop) apply(c *conn, v verdict) step {
 	return leaveClose
 }
 
-// abandon ends c's exchange, if one runs, without an answer (the client
-// left, or the server closes; leave): the upstream connection closes, so
+// clientLeft ends c's exchange whose client left (a write to it failed,
+// its end came mid-body, or the watch saw it go: watch.go): nothing to
+// answer, the upstream connection closed at once (outcome.go's endAbort).
+func (l *loop) clientLeft(c *conn) step { return l.apply(c, l.s.clientLeft()) }
+
+// abandon ends c's exchange, if one still runs as c leaves the loop (the
+// server closes), without an answer: the upstream connection closes, so
 // the worker sees it.
 func (l *loop) abandon(c *conn) {
 	if !c.busy {

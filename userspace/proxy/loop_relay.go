@@ -147,7 +147,7 @@ func (l *loop) head(c *conn) step {
 			ok := l.writeClient(c, out)
 			x.uw = copy(c.ubuf, c.ubuf[resp.HeadLen:x.uw])
 			if !ok {
-				return leaveAborted
+				return l.clientLeft(c)
 			}
 			if len(x.pend) > 0 {
 				x.sock.reparse = true
@@ -188,7 +188,7 @@ func (l *loop) relayHead(c *conn) step {
 	c.out = out[:0]
 	x.uw = 0
 	if !l.writeClient(c, out) {
-		return leaveAborted
+		return l.clientLeft(c)
 	}
 	x.prog.sentHead = true
 	x.phase = phaseBody
@@ -225,7 +225,7 @@ func (l *loop) body(c *conn, p []byte) step {
 		return l.bodyFailed(c)
 	}
 	if len(out) > 0 && !l.writeClient(c, out) {
-		return leaveAborted
+		return l.clientLeft(c)
 	}
 	l.setDeadline(c, l.bodyTimeout(x))
 	return stepOn
@@ -271,7 +271,7 @@ func (l *loop) flushClient(c *conn) step {
 	x := c.x
 	x.sock.blocked = false
 	if !l.writeClient(c, x.pend) {
-		return leaveAborted
+		return l.clientLeft(c)
 	}
 	if len(x.pend) == 0 {
 		if x.phase == phaseBody {
