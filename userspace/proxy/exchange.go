@@ -24,6 +24,8 @@ type exchange struct {
 	req  reqTraits
 	fr   respFraming // framing.go's frameResponse (keep: the request's, until the head)
 	prog progress
+	left int64            // the response's Content-Length bytes still to come
+	sc   httphead.Chunked // the chunked response body's framing, as it streams
 	// linger: the answer goes out over a request body not all read (given
 	// up for the worker's early answer: giveUpBody; or a failure's
 	// verdict): the client connection then closes, lingering (linger.go).
@@ -51,13 +53,13 @@ type progress struct {
 	redialed  bool // the one connect retry was made
 	sentUp    bool // a request byte went up (a failure is 502 sent, never retried)
 	sentHead  bool // the response head went to the client (a failure is a cut)
+	sent100   bool // a 100 Continue went to the client (never a second)
 	done      bool // the response ended at its framing
 }
 
 // gx is the goroutine path's own state of an exchange.
 type gx struct {
-	uc      *upstream.Conn // the upstream connection (upstream.Pool's)
-	sent100 bool           // a 100 Continue went to the client (never a second)
+	uc *upstream.Conn // the upstream connection (upstream.Pool's)
 	// reroutable: a refused connect is reported (refused), not answered.
 	reroutable, refused bool
 	// learn, when the router set one, is shown the final status and the

@@ -362,7 +362,7 @@ func (c *conn) proxyExchange(x *exchange) bool {
 			if err := c.writeClient(continue100); err != nil {
 				return c.clientLeft(x)
 			}
-			x.sent100 = true
+			x.prog.sent100 = true
 		}
 		var nout []byte
 		nout, sent, err = c.appendBuffered(c.out[:0], &sc, 0)

@@ -52,7 +52,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/sysconn"
 	"github.com/tether-rl/tether/userspace/upstream"
@@ -107,10 +106,8 @@ type lx struct {
 	reqLeft int64  // request body bytes still to splice up (phaseUpload)
 	uw      int    // response head bytes in conn.ubuf
 	pend    []byte // response bytes the client has not taken yet (loop_relay.go, writeClient)
-	left    int64  // Content-Length bytes still to come
-	sc      httphead.Chunked
-	pipe    *pipe // a body spliced through (pumpSplice, upload); nil: copied through ubuf
-	inPipe  int   // bytes in pipe not yet written on
+	pipe    *pipe  // a body spliced through (pumpSplice, upload); nil: copied through ubuf
+	inPipe  int    // bytes in pipe not yet written on
 	rt      routeNote
 
 	sock readiness
