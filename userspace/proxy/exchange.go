@@ -24,6 +24,7 @@ type exchange struct {
 	req  reqTraits
 	fr   respFraming // framing.go's frameResponse (keep: the request's, until the head)
 	prog progress
+	uw   int              // response head bytes read into conn.ubuf
 	left int64            // the response's Content-Length bytes still to come
 	sc   httphead.Chunked // the chunked response body's framing, as it streams
 	// linger: the answer goes out over a request body not all read (given
@@ -60,6 +61,10 @@ type progress struct {
 // gx is the goroutine path's own state of an exchange.
 type gx struct {
 	uc *upstream.Conn // the upstream connection (upstream.Pool's)
+	// The request body as it goes up: the chunked framing (rsc), the
+	// Content-Length bytes sent (sentBody).
+	rsc      httphead.Chunked
+	sentBody int64
 	// reroutable: a refused connect is reported (refused), not answered.
 	reroutable, refused bool
 	// learn, when the router set one, is shown the final status and the
@@ -82,6 +87,28 @@ func newExchange(w *worker.Worker, req *httphead.Request) exchange {
 // fails and waits for the answer (earlyAnswer); a goroutine once the
 // answer came (earlyAnswer, or a final answer to Expect: 100-continue).
 func (x *exchange) giveUpBody() { x.linger, x.fr.keep, x.fr.reuse = true, false, false }
+
+// wentUp records n request bytes written up: once one went, a failure
+// is never retried and its 502 says sent.
+func (x *exchange) wentUp(n int64) {
+	if n > 0 {
+		x.prog.sentUp = true
+	}
+	x.w.Stats.AddUp(n)
+}
+
+// retrySend is the send's retry rule (upstream.Attempt.Retry) for a
+// write up that failed on a connection reused (or not) from the idle set:
+// a pooled connection that died before it took a byte gets the one redial
+// (reason: upstream.Retry*), which the driver makes and records
+// (prog.redialed).
+func (x *exchange) retrySend(reused bool) (reason int, ok bool) {
+	return upstream.Attempt{Sent: x.prog.sentUp, Reused: reused, Connected: x.prog.connected, Retried: x.prog.redialed}.Retry()
+}
+
+// reusable: the upstream connection goes back to the idle set (the
+// response ended at its framing, and nothing made it unfit).
+func (x *exchange) reusable() bool { return x.fr.reuse && x.prog.done }
 
 // bodySent: the whole request body went up (frameResponse's bodySent).
 func (x *exchange) bodySent() bool { return !x.linger }

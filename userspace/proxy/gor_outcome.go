@@ -11,17 +11,17 @@ import (
 	"github.com/tether-rl/tether/userspace/upstream"
 )
 
-// sendFailed ends an exchange whose request body failed to go up; uw
-// bytes of an answer may already be in the upstream buffer. What is
+// sendFailed ends an exchange whose request body failed to go up; bytes
+// of an answer may already be in the upstream buffer (x.uw). What is
 // looked at is looked at in decide's order: the client's own error, the
 // client gone, then an early answer (read, and relayed, only then).
-func (c *conn) sendFailed(x *exchange, err error, uw int) bool {
+func (c *conn) sendFailed(x *exchange, err error) bool {
 	f := fault{stage: stageBodyUp, timeout: isTimeout(err)}
 	var herr *httphead.Error
 	if errors.As(err, &herr) {
 		f.reject = herr.Status
 	} else if f.gone = c.clientGone(); !f.gone {
-		f.answered = c.earlyAnswer(x, uw)
+		f.answered = c.earlyAnswer(x)
 	}
 	return c.conclude(x, f)
 }

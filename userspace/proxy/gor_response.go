@@ -9,55 +9,67 @@ import (
 	"github.com/tether-rl/tether/userspace/httphead"
 )
 
-func (c *conn) awaitAndRelay(x *exchange, uw int) bool {
+// pump waits for the response head and relays the response (the loop's
+// pump), the client watched meanwhile (watch.go): if it leaves, the
+// upstream connection closes at once so the engine cancels the
+// generation.
+func (c *conn) pump(x *exchange) bool {
+	c.watchClient(x.uc)
+	keep := c.awaitAndRelay(x)
+	if c.stopWatch() {
+		keep = c.clientLeft(x) // (the watch closed the upstream)
+	}
+	return keep
+}
+
+func (c *conn) awaitAndRelay(x *exchange) bool {
 	x.uc.SetReadDeadline(time.Now().Add(c.s.cfg.ResponseTimeout))
 	for {
-		status, nw, err := c.readResponseHead(x, uw)
-		uw = nw
+		status, err := c.readResponseHead(x)
 		if err != nil {
 			return c.answerFailed(x, err)
 		}
 		if status >= 200 {
-			return c.relayResponse(x, uw)
+			return c.relayResponse(x)
 		}
 		// A 100: readResponseHead relayed it (the first one only) and
 		// already removed it from ubuf.
 	}
 }
 
-// readResponseHead reads until ubuf starts with a response head. Interim
-// 1xx heads other than 100 are relayed to HTTP/1.1 clients and skipped;
-// a 100 is returned to the caller (relayed to the client first when the
-// client asked for it). It returns the status and the bytes in ubuf.
-func (c *conn) readResponseHead(x *exchange, uw int) (int, int, error) {
+// readResponseHead reads until ubuf starts with a response head (the
+// steps: nextHead). Interim heads for the client are relayed and
+// dropped, others dropped; a 100 relayed is returned to the caller. It
+// returns the status.
+func (c *conn) readResponseHead(x *exchange) (int, error) {
 	for {
-		if uw > 0 {
-			next, err := c.nextHead(x, uw, c.respp())
+		if x.uw > 0 {
+			next, err := c.nextHead(x, c.respp())
 			switch next {
 			case headFinal:
-				return c.resp.Status, uw, nil
+				return c.resp.Status, nil
 			case headBroken:
-				return 0, uw, err
+				return 0, err
 			case headInterim:
 				if err := c.writeClient(c.interimHead(x, c.rt)); err != nil {
-					return 0, uw, err
+					return 0, err
 				}
-				uw = c.dropHead(uw)
+				c.dropHead(x)
 				if c.resp.Status == 100 {
-					return 100, uw, nil
+					return 100, nil
 				}
 				continue
 			case headDrop:
-				uw = c.dropHead(uw)
+				c.dropHead(x)
 				continue
 			}
-			c.roomForHead(uw)
+			c.roomForHead(x)
 		}
-		n, err := x.uc.Read(c.ubuf[uw:])
-		uw += n
+		n, err := x.uc.Read(c.ubuf[x.uw:])
+		x.uw += n
 		x.w.Stats.AddDown(int64(n))
 		if err != nil && n == 0 {
-			return 0, uw, err
+			return 0, err
 		}
 	}
 }
@@ -65,10 +77,10 @@ func (c *conn) readResponseHead(x *exchange, uw int) (int, int, error) {
 // relayResponse writes the response head and relays its body (over a
 // request body given up, x.linger, the client connection closes after
 // it).
-func (c *conn) relayResponse(x *exchange, uw int) bool {
+func (c *conn) relayResponse(x *exchange) bool {
 	resp := c.resp
 	cfg := &c.s.cfg
-	out, hl, err := c.finalHead(x, uw, c.rt)
+	out, hl, err := c.finalHead(x, c.rt)
 	if err != nil {
 		return c.apply(x, c.s.brokenVerdict(x.reached(false)))
 	}
@@ -101,8 +113,10 @@ func (c *conn) relayResponse(x *exchange, uw int) bool {
 		if err != errSrcEOF {
 			return c.bodyFailed(x, err)
 		}
+		x.prog.done = true
 		return false
 	}
+	x.prog.done = true
 	return keep
 }
 

@@ -13,7 +13,6 @@ import (
 
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/route"
-	"github.com/tether-rl/tether/userspace/upstream"
 	"github.com/tether-rl/tether/userspace/worker"
 )
 
@@ -215,7 +214,7 @@ func (c *conn) proxy(w *worker.Worker, learn *route.Learner, reroutable bool) (k
 		start = time.Now()
 	}
 	w.Stats.Begin()
-	keep = c.proxyExchange(&x)
+	keep = c.runExchange(&x)
 	st := x.status
 	if x.prog.sentHead {
 		st = c.resp.Status
@@ -230,7 +229,7 @@ func (c *conn) proxy(w *worker.Worker, learn *route.Learner, reroutable bool) (k
 		x.learn.End()
 	}
 	if x.uc != nil {
-		if x.fr.reuse {
+		if x.reusable() {
 			w.Pool.Put(x.uc)
 		} else {
 			x.uc.Discard()
@@ -291,102 +290,17 @@ func (c *conn) answerBusy(what counted) bool {
 	return keep
 }
 
-func (c *conn) proxyExchange(x *exchange) bool {
-	req := c.req
-	cfg := &c.s.cfg
-	up, err := x.w.Pool.Get(context.Background())
-	if err != nil {
-		return c.refusedOrFail(x, err)
+// runExchange drives x through the loop's phases (loop_exchange.go) with
+// blocking calls: send (the head and the body bytes buffered behind it,
+// or the wait for a 100 Continue), upload (the rest of the body), pump
+// (the response); each failure concluded as outcome.go says, the steps
+// shared with the loop (steps.go, exchange.go).
+func (c *conn) runExchange(x *exchange) bool {
+	if keep, ended := c.send(x); ended {
+		return keep
 	}
-	x.uc = up
-
-	out := c.appendUpstreamHead(c.out[:0], x.w)
-
-	// Body bytes already buffered behind the head go in the same write,
-	// unless the client waits for 100 Continue.
-	waitContinue := req.Expect100 && req.HasBody()
-	sc := httphead.Chunked{ExtLimit: cfg.Limits.ChunkExt}
-	var sent int64 // Content-Length body bytes sent
-	if !waitContinue {
-		out, sent, err = c.appendBuffered(out, &sc, 0)
-		if err != nil {
-			c.out = out[:0]
-			return c.sendFailed(x, err, 0)
-		}
+	if err := c.upload(x); err != nil {
+		return c.sendFailed(x, err)
 	}
-	c.out = out[:0]
-	up.SetWriteDeadline(time.Now().Add(cfg.IOTimeout))
-	n, err := up.Write(out)
-	if reason, ok := (upstream.Attempt{Sent: n > 0, Reused: up.Reused(), Connected: true}).Retry(); err != nil && ok {
-		// The pooled connection died between the liveness check and the
-		// write, and not one request byte went out: the one retry.
-		up.Discard()
-		x.uc = nil
-		if up, err = x.w.Pool.Redial(context.Background(), reason); err != nil {
-			return c.refusedOrFail(x, err)
-		}
-		x.uc = up
-		up.SetWriteDeadline(time.Now().Add(cfg.IOTimeout))
-		n, err = up.Write(out)
-	}
-	x.prog.sentUp = n > 0
-	x.w.Stats.AddUp(int64(n))
-	if err != nil {
-		return c.fail(x, 502)
-	}
-
-	c.ubuf = c.s.getBuf()
-	var uw int // bytes in ubuf
-	if waitContinue {
-		// Wait briefly for the backend's 100 (or a final answer); a backend
-		// that ignores Expect gets the body anyway, as curl does.
-		up.SetReadDeadline(time.Now().Add(c.s.cfg.Waits.Continue))
-		status, nw, err := c.readResponseHead(x, uw)
-		uw = nw
-		switch {
-		case err == nil && status == 100:
-			// Relayed to the client (once) by readResponseHead.
-		case err == nil:
-			// A final answer before the body: relay it, then close (the
-			// client's body was never read).
-			x.giveUpBody()
-			c.relayResponse(x, uw)
-			return false
-		case !isTimeout(err):
-			return c.answerFailed(x, err)
-		case req.Minor == 1:
-			// The backend is silent: tell the client to send (RFC 9110
-			// §10.1.1 lets a proxy do so) rather than leave a client that
-			// waits for the 100 stalled until a timeout. A late 100 from
-			// the backend is then dropped: the client sees exactly one.
-			if err := c.writeClient(continue100); err != nil {
-				return c.clientLeft(x)
-			}
-			x.prog.sent100 = true
-		}
-		var nout []byte
-		nout, sent, err = c.appendBuffered(c.out[:0], &sc, 0)
-		if err == nil && len(nout) > 0 {
-			_, err = up.Write(nout)
-			x.w.Stats.AddUp(int64(len(nout)))
-		}
-		c.out = nout[:0]
-		if err != nil {
-			return c.sendFailed(x, err, uw)
-		}
-	}
-
-	// The rest of the request body.
-	if err := c.relayRequestBody(x, &sc, sent); err != nil {
-		return c.sendFailed(x, err, uw)
-	}
-
-	// Watch the client while the backend works: if it leaves, close the
-	// upstream connection at once so the engine cancels the generation.
-	c.watchClient(up)
-	keep := c.awaitAndRelay(x, uw)
-	if c.stopWatch() {
-		keep = c.clientLeft(x) // (the watch closed the upstream)
-	}
-	return keep
+	return c.pump(x)
 }

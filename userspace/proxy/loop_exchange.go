@@ -104,7 +104,6 @@ type lx struct {
 	send    []byte // request bytes not yet written up (in conn.out)
 	bodyAt  int    // where the request body starts in conn.buf (a fallback rewinds to it)
 	reqLeft int64  // request body bytes still to splice up (phaseUpload)
-	uw      int    // response head bytes in conn.ubuf
 	pend    []byte // response bytes the client has not taken yet (loop_relay.go, writeClient)
 	pipe    *pipe  // a body spliced through (pumpSplice, upload); nil: copied through ubuf
 	inPipe  int    // bytes in pipe not yet written on
@@ -295,8 +294,7 @@ func (l *loop) send(c *conn) step {
 	for len(x.send) > 0 {
 		n, err := l.sendUp(c, x.up.fd, x.send)
 		if n > 0 {
-			x.prog.sentUp = true
-			x.w.Stats.AddUp(int64(n))
+			x.wentUp(int64(n))
 			x.send = x.send[n:]
 			continue
 		}
@@ -309,8 +307,7 @@ func (l *loop) send(c *conn) step {
 			l.setDeadline(c, cfg.IOTimeout)
 			return stepWait
 		}
-		a := upstream.Attempt{Sent: x.prog.sentUp, Reused: !x.up.fresh, Connected: x.prog.connected, Retried: x.prog.redialed}
-		if reason, ok := a.Retry(); ok {
+		if reason, ok := x.retrySend(!x.up.fresh); ok {
 			// A pooled connection that died before it took a byte.
 			l.closeUp(x.up)
 			return l.redial(c, reason)
@@ -346,8 +343,7 @@ func (l *loop) upload(c *conn) step {
 			switch {
 			case n > 0:
 				x.inPipe -= int(n)
-				x.prog.sentUp = true
-				x.w.Stats.AddUp(n)
+				x.wentUp(n)
 				l.setDeadline(c, cfg.IOTimeout)
 				continue
 			case err == unix.EINTR:

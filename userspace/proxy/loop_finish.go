@@ -44,7 +44,7 @@ func (l *loop) finishExchange(c *conn) {
 	}
 	if u := x.up; u != nil {
 		u.cl = nil
-		if x.fr.reuse && x.prog.done && !x.sock.upHup {
+		if x.reusable() && !x.sock.upHup {
 			l.putIdle(u)
 		} else {
 			l.closeUp(u)

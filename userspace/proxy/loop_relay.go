@@ -57,7 +57,7 @@ func (l *loop) pump(c *conn) step {
 		}
 		var p []byte
 		if x.phase == phaseHead {
-			c.roomForHead(x.uw)
+			c.roomForHead(x)
 			p = c.ubuf[x.uw:]
 		} else {
 			p = c.ubuf
@@ -121,7 +121,7 @@ func (l *loop) head(c *conn) step {
 	x := c.x
 	resp := l.lendResp(c)
 	for x.uw > 0 {
-		next, _ := c.nextHead(x, x.uw, resp)
+		next, _ := c.nextHead(x, resp)
 		switch next {
 		case headMore:
 			return stepOn
@@ -131,7 +131,7 @@ func (l *loop) head(c *conn) step {
 			return l.relayHead(c)
 		case headInterim:
 			ok := l.writeClient(c, c.interimHead(x, x.rt))
-			x.uw = c.dropHead(x.uw)
+			c.dropHead(x)
 			if !ok {
 				return l.clientLeft(c)
 			}
@@ -141,7 +141,7 @@ func (l *loop) head(c *conn) step {
 			}
 			continue
 		}
-		x.uw = c.dropHead(x.uw)
+		c.dropHead(x)
 	}
 	return stepOn
 }
@@ -151,7 +151,7 @@ func (l *loop) relayHead(c *conn) step {
 	s := l.s
 	x := c.x
 	x.status = c.resp.Status
-	out, _, err := c.finalHead(x, x.uw, x.rt)
+	out, _, err := c.finalHead(x, x.rt)
 	if err != nil {
 		return l.apply(c, s.brokenVerdict(x.reached(l.unread(x))))
 	}

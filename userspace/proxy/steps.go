@@ -26,11 +26,11 @@ const (
 // errBadResponse: an interim head tether never asked for (a 101).
 var errBadResponse = &httphead.Error{Status: 502, Reason: "unexpected 101"}
 
-// nextHead parses the response bytes ubuf[:uw] into resp (c.resp): a
-// final head, an interim one relayed or dropped as interimPolicy says, or
-// a broken head (err says why).
-func (c *conn) nextHead(x *exchange, uw int, resp *httphead.Response) (headNext, error) {
-	err := httphead.ParseResponse(c.ubuf[:uw], c.s.cfg.Limits, resp)
+// nextHead parses the response bytes read (ubuf[:x.uw]) into resp
+// (c.resp): a final head, an interim one relayed or dropped as
+// interimPolicy says, or a broken head (err says why).
+func (c *conn) nextHead(x *exchange, resp *httphead.Response) (headNext, error) {
+	err := httphead.ParseResponse(c.ubuf[:x.uw], c.s.cfg.Limits, resp)
 	switch {
 	case err == httphead.ErrIncomplete:
 		return headMore, nil
@@ -61,32 +61,31 @@ func (c *conn) interimHead(x *exchange, rt routeNote) []byte {
 	return out
 }
 
-// dropHead removes the parsed head from ubuf[:uw]; it returns the bytes
-// left behind it.
-func (c *conn) dropHead(uw int) int { return copy(c.ubuf, c.ubuf[c.resp.HeadLen:uw]) }
+// dropHead removes the parsed head from the bytes read.
+func (c *conn) dropHead(x *exchange) { x.uw = copy(c.ubuf, c.ubuf[c.resp.HeadLen:x.uw]) }
 
 // roomForHead grows ubuf when a head fills it (the parser's limit ends a
 // head too long).
-func (c *conn) roomForHead(uw int) {
-	if uw == len(c.ubuf) {
+func (c *conn) roomForHead(x *exchange) {
+	if x.uw == len(c.ubuf) {
 		nb := make([]byte, 2*len(c.ubuf))
-		copy(nb, c.ubuf[:uw])
+		copy(nb, c.ubuf[:x.uw])
 		c.s.putBuf(c.ubuf)
 		c.ubuf = nb
 	}
 }
 
-// finalHead frames the final head in c.resp (read into ubuf[:uw]) for
+// finalHead frames the final head in c.resp (read into ubuf[:x.uw]) for
 // x's client: x.fr decided (frameResponse), the head as it goes out and
 // the first body bytes behind it framed (frameFirst), x.left and x.sc
 // set for the rest; hl is the head's length in out. An error: those
 // bytes break the framing (outcome.go's brokenVerdict).
-func (c *conn) finalHead(x *exchange, uw int, rt routeNote) (out []byte, hl int, err error) {
+func (c *conn) finalHead(x *exchange, rt routeNote) (out []byte, hl int, err error) {
 	resp := c.resp
 	x.fr = frameResponse(resp, x.req.head, x.req.http10, x.fr.keep, x.bodySent(), c.s.closing.Load())
 	out = c.appendResponseHead(c.out[:0], !x.fr.keep, x.fr.dropTE, rt)
 	hl = len(out)
-	out, left, extra, err := frameFirst(&x.fr, resp, c.ubuf[resp.HeadLen:uw], &x.sc, out)
+	out, left, extra, err := frameFirst(&x.fr, resp, c.ubuf[resp.HeadLen:x.uw], &x.sc, out)
 	if extra {
 		x.fr.reuse = false // bytes past the body's framing
 	}
