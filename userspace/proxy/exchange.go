@@ -24,9 +24,11 @@ type exchange struct {
 	req  reqTraits
 	fr   respFraming // framing.go's frameResponse (keep: the request's, until the head)
 	prog progress
-	uw   int              // response head bytes read into conn.ubuf
-	left int64            // the response's Content-Length bytes still to come
-	sc   httphead.Chunked // the chunked response body's framing, as it streams
+	// reqLeft: the Content-Length request body's bytes still to go up.
+	reqLeft int64
+	uw      int              // response head bytes read into conn.ubuf
+	left    int64            // the response's Content-Length bytes still to come
+	sc      httphead.Chunked // the chunked response body's framing, as it streams
 	// linger: the answer goes out over a request body not all read (given
 	// up for the worker's early answer: giveUpBody; or a failure's
 	// verdict): the client connection then closes, lingering (linger.go).
@@ -60,11 +62,8 @@ type progress struct {
 
 // gx is the goroutine path's own state of an exchange.
 type gx struct {
-	uc *upstream.Conn // the upstream connection (upstream.Pool's)
-	// The request body as it goes up: the chunked framing (rsc), the
-	// Content-Length bytes sent (sentBody).
-	rsc      httphead.Chunked
-	sentBody int64
+	uc  *upstream.Conn   // the upstream connection (upstream.Pool's)
+	rsc httphead.Chunked // the chunked request body's framing, as it goes up
 	// reroutable: a refused connect is reported (refused), not answered.
 	reroutable, refused bool
 	// learn, when the router set one, is shown the final status and the
@@ -76,7 +75,8 @@ type gx struct {
 
 // newExchange is the exchange of req to w, before its I/O state.
 func newExchange(w *worker.Worker, req *httphead.Request) exchange {
-	return exchange{w: w, req: reqTraits{head: req.IsMethod("HEAD"), http10: req.Minor == 0}, fr: respFraming{keep: req.KeepAlive}}
+	return exchange{w: w, req: reqTraits{head: req.IsMethod("HEAD"), http10: req.Minor == 0},
+		fr: respFraming{keep: req.KeepAlive}, reqLeft: max(req.ContentLength, 0)}
 }
 
 // giveUpBody is the early answer's rule (outcome.go, rule 3): the worker

@@ -129,20 +129,20 @@ var continue100 = []byte("HTTP/1.1 100 Continue\r\n\r\n")
 var errBodyTooLarge = &httphead.Error{Status: 413, Reason: "request body too large"}
 
 // appendBuffered moves request body bytes already in the client buffer
-// into out (Content-Length bytes up to the length, counted in
-// x.sentBody; chunked bytes as far as they are valid framing, x.rsc).
+// into out (Content-Length bytes up to the length, x.reqLeft; chunked
+// bytes as far as they are valid framing, x.rsc).
 func (c *conn) appendBuffered(out []byte, x *exchange) ([]byte, error) {
 	req := c.req
 	avail := c.buf[c.r:c.w]
 	switch {
 	case req.ContentLength > 0:
-		take := req.ContentLength - x.sentBody
+		take := x.reqLeft
 		if int64(len(avail)) < take {
 			take = int64(len(avail))
 		}
 		out = append(out, avail[:take]...)
 		c.r += int(take)
-		x.sentBody += take
+		x.reqLeft -= take
 	case req.Chunked:
 		n, err := x.rsc.Scan(avail)
 		if err != nil {
@@ -161,7 +161,7 @@ func (c *conn) upload(x *exchange) error {
 	sc := &x.rsc
 	switch {
 	case req.ContentLength > 0:
-		left := req.ContentLength - x.sentBody
+		left := x.reqLeft
 		if left == 0 {
 			return nil
 		}
@@ -171,6 +171,7 @@ func (c *conn) upload(x *exchange) error {
 			c.buf = c.s.getBuf()
 		}
 		n, err := c.move(x.uc.TCPConn, c.c, left, c.buf, cfg.IOTimeout)
+		x.reqLeft -= n
 		x.wentUp(n)
 		return err
 	case req.Chunked:

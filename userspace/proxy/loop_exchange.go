@@ -96,18 +96,17 @@ const (
 // pipe, buffers and counts, and a few small states, each a group of flags
 // that change together.
 type lx struct {
-	id      uint32 // which exchange (exchanges are reused): loop_ring.go's deferred events
-	dec     route.Decision
-	up      *upconn
-	start   int64
-	phase   stage  // where the exchange is between entries (phaseSend, ...)
-	send    []byte // request bytes not yet written up (in conn.out)
-	bodyAt  int    // where the request body starts in conn.buf (a fallback rewinds to it)
-	reqLeft int64  // request body bytes still to splice up (phaseUpload)
-	pend    []byte // response bytes the client has not taken yet (loop_relay.go, writeClient)
-	pipe    *pipe  // a body spliced through (pumpSplice, upload); nil: copied through ubuf
-	inPipe  int    // bytes in pipe not yet written on
-	rt      routeNote
+	id     uint32 // which exchange (exchanges are reused): loop_ring.go's deferred events
+	dec    route.Decision
+	up     *upconn
+	start  int64
+	phase  stage  // where the exchange is between entries (phaseSend, ...)
+	send   []byte // request bytes not yet written up (in conn.out)
+	bodyAt int    // where the request body starts in conn.buf (a fallback rewinds to it)
+	pend   []byte // response bytes the client has not taken yet (loop_relay.go, writeClient)
+	pipe   *pipe  // a body spliced through (pumpSplice, upload); nil: copied through ubuf
+	inPipe int    // bytes in pipe not yet written on
+	rt     routeNote
 
 	sock readiness
 	body bodyState
@@ -124,7 +123,6 @@ type readiness struct {
 
 // bodyState: the bodies' states beyond their framing.
 type bodyState struct {
-	early       bool  // waiting for such an answer after the body failed to go up (a timeout is 502, not 504)
 	clientLowat lowat // SO_RCVLOWAT raised on the client socket (upload)
 	upLowat     lowat // SO_RCVLOWAT raised on the upstream socket (pumpSplice)
 	upEOF       bool  // the worker closed a close-delimited body (spliced: done once the pipe is empty)
@@ -196,7 +194,8 @@ func (l *loop) begin(c *conn) step {
 	x := l.newX()
 	c.x = x
 	*x = newExchange(w, req)
-	x.lx = lx{id: l.nextSeq(), dec: dec, up: u, start: l.now, bodyAt: c.r, reqLeft: left, pipe: up, rt: s.routeNote(dec)}
+	x.lx = lx{id: l.nextSeq(), dec: dec, up: u, start: l.now, bodyAt: c.r, pipe: up, rt: s.routeNote(dec)}
+	x.reqLeft = left // (the rest: what is buffered goes up with the head)
 	c.busy = true
 	if u == nil {
 		return l.noDescriptor(c, err)
@@ -401,7 +400,7 @@ func (l *loop) earlyAnswer(c *conn, wait time.Duration) step {
 	}
 	x.reqLeft = 0
 	x.giveUpBody()
-	x.phase, x.body.early = phaseHead, true
+	x.phase = phaseHead
 	x.sock.upReady = true
 	l.setDeadline(c, wait)
 	return stepRelay

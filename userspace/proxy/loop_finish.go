@@ -120,7 +120,9 @@ func (l *loop) expireExchange(c *conn) step {
 	// Where it was: its phase (an upload: the client stopped sending, or
 	// the worker taking; the body: the worker went silent), unless the
 	// client stopped reading.
-	f := fault{stage: x.phase, timeout: true, early: x.body.early}
+	// (linger: the body was given up for an early answer, which a
+	// timeout did not bring: 502, not 504.)
+	f := fault{stage: x.phase, timeout: true, early: x.linger}
 	if len(x.pend) > 0 || x.sock.blocked {
 		f.stage = stageRelay
 	}
