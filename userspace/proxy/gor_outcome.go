@@ -77,8 +77,7 @@ func (c *conn) clientLeft(x *exchange) bool { return c.apply(x, c.s.clientLeft()
 // no reset over a body not all read destroys the answer.
 func (c *conn) refusedOrFail(x *exchange, err error) bool {
 	if errors.Is(err, upstream.ErrLocal) {
-		c.s.logLocalShortage(err)
-		return c.apply(x, c.s.gatewayVerdict(502, x.reached(c.req.HasBody())))
+		return c.apply(x, c.s.localVerdict(err, x.reached(c.req.HasBody())))
 	}
 	if x.reroutable {
 		x.refused, x.failed = true, true

@@ -91,7 +91,7 @@ func (c *conn) relayResponse(x *exchange) bool {
 	if err := c.writeClient(out); err != nil {
 		return c.clientLeft(x)
 	}
-	x.prog.sentHead = true
+	x.prog.sentHead, x.status = true, resp.Status
 
 	switch kind {
 	case httphead.BodyLength:

@@ -215,15 +215,11 @@ func (c *conn) proxy(w *worker.Worker, learn *route.Learner, reroutable bool) (k
 	}
 	w.Stats.Begin()
 	keep = c.runExchange(&x)
-	st := x.status
-	if x.prog.sentHead {
-		st = c.resp.Status
-	}
 	var took time.Duration
 	if c.s.cfg.Observe != nil {
 		took = time.Since(start)
 	}
-	c.s.exchangeEnded(w, x.failed, !x.refused, st, took)
+	c.s.exchangeEnded(w, x.failed, !x.refused, x.status, took)
 	if x.learn != nil && !x.refused {
 		c.learn = nil
 		x.learn.End()

@@ -12,9 +12,10 @@ package proxy
 // connect) is handed to a goroutine that runs the full data path
 // (gor_serve.go's conn.serve, the gor_*.go files) on a net.TCPConn lent
 // for it, and that gives the connection back once it is idle
-// (Config.ParkAfter). Both paths conclude an exchange the same way
-// (outcome.go) and share the batching (batch.go), the retry rule
-// (upstream.Attempt) and the idle-set rule (upstream.Idle).
+// (Config.ParkAfter). Both drive one exchange (exchange.go) through the
+// same phases and steps (steps.go), conclude it the same way (outcome.go)
+// and share the client watch (watch.go), the batching (batch.go), the
+// retry rule (upstream.Attempt) and the idle-set rule (upstream.Idle).
 //
 // Order of work per wake-up (epoll_wait returns):
 //  1. client and upstream events, in the order the kernel gives them: a

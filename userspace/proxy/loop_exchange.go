@@ -27,6 +27,15 @@ package proxy
 //	stepLinger  lingerClose (drain)           loop_finish.go,   → close
 //	                                          linger.go
 //
+// A goroutine drives the same phases with blocking calls, one after the
+// other in its call stack (gor_serve.go's proxy and runExchange): begin
+// (serveDecision, proxy: routed, admitted), send (gor_request.go's send,
+// sendAfterContinue), upload (upload, earlyAnswer), pump (gor_response.go's
+// pump: readResponseHead, relayResponse), end (proxy's accounting, then
+// its lingering close). The steps inside the phases, the exchange's state
+// and its endings are the same code for both (exchange.go, steps.go,
+// outcome.go, watch.go).
+//
 // A failure is concluded by outcome.go (a verdict) and applied to the
 // client's socket by loop_finish.go's apply (through conclude, fail,
 // bodyFailed, clientLeft: the client left). The
@@ -235,8 +244,7 @@ func (l *loop) sockaddr(p *upstream.Pool) unix.Sockaddr {
 // answer.
 func (l *loop) noDescriptor(c *conn, err error) step {
 	upstream.LocalFailures.Add(1)
-	l.s.logLocalShortage(err)
-	return l.fail(c, 502) // (lingering over a body not all read)
+	return l.apply(c, l.s.localVerdict(err, c.x.reached(l.unread(c.x)))) // (lingering over a body not all read)
 }
 
 // connectFailed: the worker refused (or did not answer) the connect;

@@ -232,6 +232,15 @@ func (s *Server) gatewayVerdict(status int, r reached) verdict {
 	return v
 }
 
+// localVerdict is a connect (on the loop, or its splice pipe) that found
+// no descriptor or port on this host (upstream.ErrLocal: EMFILE, ENFILE,
+// no ephemeral port): no other worker would fare better, so 502 not-sent
+// at once (a worker error), logged once per episode (logLocalShortage).
+func (s *Server) localVerdict(err error, r reached) verdict {
+	s.logLocalShortage(err)
+	return s.gatewayVerdict(502, r)
+}
+
 // brokenVerdict is a response whose first body bytes break its framing
 // (docs/http-framing.md rule 22): counted as cut, answered 502 while no
 // head went out.
