@@ -4,9 +4,12 @@ package proxy
 // worker and its response relayed back; the event loop drives it on raw
 // non-blocking sockets (loop_*.go), a goroutine drives it with blocking
 // calls on a net.TCPConn where no loop runs it (gor_*.go: a
-// queue wait, an upgrade, a hand-off). Both keep the same facts of it
-// here, under one name each, conclude it in outcome.go, and keep only
-// their own I/O state apart: lx (the loop's) and gx (the goroutine's).
+// queue wait, an upgrade, a hand-off), through the same phases
+// (loop_exchange.go's table). Both keep the same facts of it here, under
+// one name each, change them by the same transitions (below: newExchange,
+// wentUp, retrySend, giveUpBody, reusable; framing.go's response steps),
+// conclude it in outcome.go, and keep only their own I/O state apart: lx
+// (the loop's) and gx (the goroutine's).
 
 import (
 	"github.com/tether-rl/tether/userspace/httphead"

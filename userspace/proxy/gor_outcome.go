@@ -95,6 +95,5 @@ func (c *conn) fail(x *exchange, status int) bool {
 // bodyFailed handles a relay error after the response head went out: the
 // client must see the truncation, so its connection closes.
 func (c *conn) bodyFailed(x *exchange, err error) bool {
-	x.fr.reuse = false
 	return c.conclude(x, fault{stage: stageRelay, gone: c.clientGone()})
 }

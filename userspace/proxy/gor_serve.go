@@ -290,7 +290,7 @@ func (c *conn) answerBusy(what counted) bool {
 // blocking calls: send (the head and the body bytes buffered behind it,
 // or the wait for a 100 Continue), upload (the rest of the body), pump
 // (the response); each failure concluded as outcome.go says, the steps
-// shared with the loop (steps.go, exchange.go).
+// shared with the loop (framing.go, exchange.go).
 func (c *conn) runExchange(x *exchange) bool {
 	if keep, ended := c.send(x); ended {
 		return keep

@@ -13,7 +13,7 @@ package proxy
 // (gor_serve.go's conn.serve, the gor_*.go files) on a net.TCPConn lent
 // for it, and that gives the connection back once it is idle
 // (Config.ParkAfter). Both drive one exchange (exchange.go) through the
-// same phases and steps (steps.go), conclude it the same way (outcome.go)
+// same phases and steps (framing.go), conclude it the same way (outcome.go)
 // and share the client watch (watch.go), the batching (batch.go), the
 // retry rule (upstream.Attempt) and the idle-set rule (upstream.Idle).
 //

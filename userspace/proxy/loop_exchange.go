@@ -33,7 +33,7 @@ package proxy
 // sendAfterContinue), upload (upload, earlyAnswer), pump (gor_response.go's
 // pump: readResponseHead, relayResponse), end (proxy's accounting, then
 // its lingering close). The steps inside the phases, the exchange's state
-// and its endings are the same code for both (exchange.go, steps.go,
+// and its endings are the same code for both (exchange.go, framing.go,
 // outcome.go, watch.go).
 //
 // A failure is concluded by outcome.go (a verdict) and applied to the

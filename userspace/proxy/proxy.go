@@ -9,7 +9,7 @@
 // malformed heads) it hands to a goroutine (gor_*.go), which serves the
 // connection until it is idle and then gives it back. Both paths drive
 // one exchange (exchange.go) through the same phases, taking their
-// decisions from the same functions: the response's steps (steps.go),
+// decisions from the same functions: the response's steps,
 // framing and the 1xx policy (framing.go), the failure ladder
 // (outcome.go), the client watch (watch.go), admission and the accept
 // back-off (accept.go). Nothing ever holds a whole body.
