@@ -85,7 +85,7 @@ type gor struct {
 
 	lr io.LimitedReader // the splice source of conn.move, reused
 
-	rt routeNote // the decision of the exchange, for Config.RouteHeader (routehdr.go)
+	rt routeNote // the decision noted for the next exchange (noteRoute), which takes it (exchange.rt)
 
 	// learn is shown the response body bytes that conn.move copies to the
 	// client while the exchange's route.Learner still wants them (see

@@ -29,6 +29,7 @@ type exchange struct {
 	prog progress
 	// reqLeft: the Content-Length request body's bytes still to go up.
 	reqLeft int64
+	rt      routeNote        // the decision the response head names (Config.RouteHeader)
 	uw      int              // response head bytes read into conn.ubuf
 	left    int64            // the response's Content-Length bytes still to come
 	sc      httphead.Chunked // the chunked response body's framing, as it streams

@@ -255,11 +255,11 @@ func (c *conn) nextHead(x *exchange, resp *httphead.Response) (headNext, error) 
 // interimHead is the interim head in c.resp as it goes to the client
 // (hop-by-hop fields removed, the route header); a 100 is the exchange's
 // one (prog.sent100).
-func (c *conn) interimHead(x *exchange, rt routeNote) []byte {
+func (c *conn) interimHead(x *exchange) []byte {
 	if c.resp.Status == 100 {
 		x.prog.sent100 = true
 	}
-	out := c.appendResponseHead(c.out[:0], false, false, rt)
+	out := c.appendResponseHead(c.out[:0], false, false, x.rt)
 	c.out = out[:0]
 	return out
 }
@@ -283,10 +283,10 @@ func (c *conn) roomForHead(x *exchange) {
 // the first body bytes behind it framed (frameFirst), x.left and x.sc
 // set for the rest; hl is the head's length in out. An error: those
 // bytes break the framing (outcome.go's brokenVerdict).
-func (c *conn) finalHead(x *exchange, rt routeNote) (out []byte, hl int, err error) {
+func (c *conn) finalHead(x *exchange) (out []byte, hl int, err error) {
 	resp := c.resp
 	x.fr = frameResponse(resp, x.req.head, x.req.http10, x.fr.keep, x.bodySent(), c.s.closing.Load())
-	out = c.appendResponseHead(c.out[:0], !x.fr.keep, x.fr.dropTE, rt)
+	out = c.appendResponseHead(c.out[:0], !x.fr.keep, x.fr.dropTE, x.rt)
 	hl = len(out)
 	out, left, extra, err := frameFirst(&x.fr, resp, c.ubuf[resp.HeadLen:x.uw], &x.sc, out)
 	if extra {

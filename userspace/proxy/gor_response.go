@@ -51,7 +51,7 @@ func (c *conn) readResponseHead(x *exchange) (int, error) {
 			case headBroken:
 				return 0, err
 			case headInterim:
-				if err := c.writeClient(c.interimHead(x, c.rt)); err != nil {
+				if err := c.writeClient(c.interimHead(x)); err != nil {
 					return 0, err
 				}
 				c.dropHead(x)
@@ -80,7 +80,7 @@ func (c *conn) readResponseHead(x *exchange) (int, error) {
 func (c *conn) relayResponse(x *exchange) bool {
 	resp := c.resp
 	cfg := &c.s.cfg
-	out, hl, err := c.finalHead(x, c.rt)
+	out, hl, err := c.finalHead(x)
 	if err != nil {
 		return c.apply(x, c.s.brokenVerdict(x.reached(false)))
 	}

@@ -199,7 +199,7 @@ func (c *conn) serveRouted(dec route.Decision, peek []byte, refused bool) (keep,
 // request again.
 func (c *conn) proxy(w *worker.Worker, learn *route.Learner, reroutable bool) (keep, refused, held bool) {
 	x := newExchange(w, c.req)
-	x.gx = gx{learn: learn, reroutable: reroutable}
+	x.rt, x.gx = c.rt, gx{learn: learn, reroutable: reroutable}
 	if adm := c.admit(w); adm != worker.Admitted {
 		return c.notAdmitted(adm), false, false
 	}

@@ -115,7 +115,6 @@ type lx struct {
 	pend   []byte // response bytes the client has not taken yet (loop_relay.go, writeClient)
 	pipe   *pipe  // a body spliced through (pumpSplice, upload); nil: copied through ubuf
 	inPipe int    // bytes in pipe not yet written on
-	rt     routeNote
 
 	sock readiness
 	body bodyState
@@ -203,7 +202,8 @@ func (l *loop) begin(c *conn) step {
 	x := l.newX()
 	c.x = x
 	*x = newExchange(w, req)
-	x.lx = lx{id: l.nextSeq(), dec: dec, up: u, start: l.now, bodyAt: c.r, pipe: up, rt: s.routeNote(dec)}
+	x.lx = lx{id: l.nextSeq(), dec: dec, up: u, start: l.now, bodyAt: c.r, pipe: up}
+	x.rt = s.routeNote(dec)
 	x.reqLeft = left // (the rest: what is buffered goes up with the head)
 	c.busy = true
 	if u == nil {

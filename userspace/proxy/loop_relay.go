@@ -130,7 +130,7 @@ func (l *loop) head(c *conn) step {
 		case headFinal:
 			return l.relayHead(c)
 		case headInterim:
-			ok := l.writeClient(c, c.interimHead(x, x.rt))
+			ok := l.writeClient(c, c.interimHead(x))
 			c.dropHead(x)
 			if !ok {
 				return l.clientLeft(c)
@@ -151,7 +151,7 @@ func (l *loop) relayHead(c *conn) step {
 	s := l.s
 	x := c.x
 	x.status = c.resp.Status
-	out, _, err := c.finalHead(x, x.rt)
+	out, _, err := c.finalHead(x)
 	if err != nil {
 		return l.apply(c, s.brokenVerdict(x.reached(l.unread(x))))
 	}
