@@ -267,17 +267,6 @@ func (c *conn) interimHead(x *exchange) []byte {
 // dropHead removes the parsed head from the bytes read.
 func (c *conn) dropHead(x *exchange) { x.uw = copy(c.ubuf, c.ubuf[c.resp.HeadLen:x.uw]) }
 
-// roomForHead grows ubuf when a head fills it (the parser's limit ends a
-// head too long).
-func (c *conn) roomForHead(x *exchange) {
-	if x.uw == len(c.ubuf) {
-		nb := make([]byte, 2*len(c.ubuf))
-		copy(nb, c.ubuf[:x.uw])
-		c.s.putBuf(c.ubuf)
-		c.ubuf = nb
-	}
-}
-
 // finalHead frames the final head in c.resp (read into ubuf[:x.uw]) for
 // x's client: x.fr decided (frameResponse), the head as it goes out and
 // the first body bytes behind it framed (frameFirst), x.left and x.sc

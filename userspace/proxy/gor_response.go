@@ -63,7 +63,7 @@ func (c *conn) readResponseHead(x *exchange) (int, error) {
 				c.dropHead(x)
 				continue
 			}
-			c.roomForHead(x)
+			c.ubuf = c.s.roomFor(c.ubuf, x.uw)
 		}
 		n, err := x.uc.Read(c.ubuf[x.uw:])
 		x.uw += n

@@ -57,7 +57,7 @@ func (l *loop) pump(c *conn) step {
 		}
 		var p []byte
 		if x.phase == phaseHead {
-			c.roomForHead(x)
+			c.ubuf = s.roomFor(c.ubuf, x.uw)
 			p = c.ubuf[x.uw:]
 		} else {
 			p = c.ubuf
