@@ -122,6 +122,20 @@ func (c *conn) respp() *httphead.Response {
 	return c.resp
 }
 
+// roomFor returns b, holding a head not whole yet in its first used
+// bytes, with room to read more: when the head fills it, b doubled (a
+// head larger than a pooled buffer; the parser's limit ends one too
+// long), b given back.
+func (s *Server) roomFor(b []byte, used int) []byte {
+	if used < len(b) {
+		return b
+	}
+	nb := make([]byte, 2*len(b))
+	copy(nb, b[:used])
+	s.putBuf(b)
+	return nb
+}
+
 // wakeIfIdle makes an idle connection's read return so that it sees the
 // server closing, if it has been idle for at least grace (see
 // Server.ShutdownGently). Called under s.mu; a connection its loop holds

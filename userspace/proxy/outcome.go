@@ -255,9 +255,13 @@ func (x *exchange) reached(unread bool) reached {
 	return reached{sentUp: x.prog.sentUp, sentHead: x.prog.sentHead, unread: unread, closeCut: x.fr.closeCut}
 }
 
-// take records v in x, before a driver applies it to its socket.
+// take records v in x, before a driver applies it to its socket (a
+// client gone leaves what an earlier verdict said of the worker).
 func (x *exchange) take(v verdict) {
-	x.failed, x.fr.reuse, x.linger = v.failed, false, x.linger || v.linger
+	if v.end != endAbort {
+		x.failed = v.failed
+	}
+	x.fr.reuse, x.linger = false, x.linger || v.linger
 	if v.status != 0 {
 		x.status = v.status
 	}

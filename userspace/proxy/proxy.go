@@ -474,20 +474,6 @@ func (s *Server) getBigBuf() []byte {
 	return bigPool.Get().(*[bigBufSize]byte)[:]
 }
 
-// roomFor returns b, holding a head not whole yet in its first used
-// bytes, with room to read more: when the head fills it, b doubled (a
-// head larger than a pooled buffer; the parser's limit ends one too
-// long), b given back.
-func (s *Server) roomFor(b []byte, used int) []byte {
-	if used < len(b) {
-		return b
-	}
-	nb := make([]byte, 2*len(b))
-	copy(nb, b[:used])
-	s.putBuf(b)
-	return nb
-}
-
 // putBuf returns a buffer from getBuf or getBigBuf (grown ones are left to
 // the GC).
 func (s *Server) putBuf(b []byte) {
