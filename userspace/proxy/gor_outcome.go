@@ -1,8 +1,9 @@
 package proxy
 
 // The goroutine path's endings: each failure is concluded by outcome.go
-// (conclude, gatewayVerdict, brokenVerdict), and the verdict applied to
-// the net.TCPConn (apply).
+// (conclude, gatewayVerdict, brokenVerdict, localVerdict, clientLeft),
+// and the verdict applied to the net.TCPConn (apply; the loop's apply,
+// loop_finish.go, applies the same verdicts to its raw socket).
 
 import (
 	"errors"
