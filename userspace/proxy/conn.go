@@ -85,7 +85,7 @@ type gor struct {
 
 	lr io.LimitedReader // the splice source of conn.move, reused
 
-	rt routeNote // the decision of the exchange, for Config.RouteHeader (routehdr.go)
+	rt routeNote // the decision noted for the next exchange (noteRoute), which takes it (exchange.rt)
 
 	// learn is shown the response body bytes that conn.move copies to the
 	// client while the exchange's route.Learner still wants them (see
@@ -120,6 +120,20 @@ func (c *conn) respp() *httphead.Response {
 		c.resp = new(httphead.Response)
 	}
 	return c.resp
+}
+
+// roomFor returns b, holding a head not whole yet in its first used
+// bytes, with room to read more: when the head fills it, b doubled (a
+// head larger than a pooled buffer; the parser's limit ends one too
+// long), b given back.
+func (s *Server) roomFor(b []byte, used int) []byte {
+	if used < len(b) {
+		return b
+	}
+	nb := make([]byte, 2*len(b))
+	copy(nb, b[:used])
+	s.putBuf(b)
+	return nb
 }
 
 // wakeIfIdle makes an idle connection's read return so that it sees the

@@ -145,6 +145,42 @@ func TestConcludeVerdicts(t *testing.T) {
 	if s.counters.BadGateway.Load() != 0 {
 		t.Error("a 502 never answered was counted")
 	}
+	// The endings outside a failure of the exchange itself, concluded
+	// here too: a client gone (either driver, a wait before the
+	// exchange), a request rejected before anything of it went up.
+	s = New(Config{})
+	if v := s.clientLeft(); v.end != endAbort || v.answer != nil || s.counters.ClientAborted.Load() != 1 {
+		t.Errorf("client left: %+v, counted %d", v, s.counters.ClientAborted.Load())
+	}
+	if v := s.rejectVerdict(413); v.end != endReject || string(v.answer) != string(errorResponse(413, true)) || !v.linger || s.counters.Rejected.Load() != 1 {
+		t.Errorf("rejected: %+v, counted %d", v, s.counters.Rejected.Load())
+	}
+}
+
+// The early answer's rule (giveUpBody), as both drivers apply it: the
+// answer's framing never keeps the client connection nor reuses the
+// upstream one, and the client lingers whatever the verdict after it.
+func TestGiveUpBody(t *testing.T) {
+	resp := new(httphead.Response)
+	if err := httphead.ParseResponse([]byte("HTTP/1.1 413 Content Too Large\r\nContent-Length: 0\r\n\r\n"), httphead.Limits{}, resp); err != nil {
+		t.Fatal(err)
+	}
+	x := exchange{fr: respFraming{keep: true, reuse: true}}
+	if f := frameResponse(resp, false, false, x.fr.keep, x.bodySent(), false); !f.keep || !f.reuse {
+		t.Fatalf("a body all sent: %+v", f)
+	}
+	x.giveUpBody()
+	if f := frameResponse(resp, false, false, x.fr.keep, x.bodySent(), false); f.keep || f.reuse {
+		t.Errorf("the body given up: %+v", f)
+	}
+	x.prog.done = true
+	if x.reusable() {
+		t.Error("the upstream left mid-request is reusable")
+	}
+	x.take(verdict{end: endCut, failed: true})
+	if !x.linger {
+		t.Error("a cut after the early answer ended the lingering")
+	}
 }
 
 // The batching rule (batch.go): raised from batchMin, lowered for the

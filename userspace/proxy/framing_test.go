@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tether-rl/tether/testenv"
+	"github.com/tether-rl/tether/userspace/httphead"
 )
 
 // Requests of docs/http-framing.md that tether must reject:
@@ -385,5 +386,48 @@ func TestRequestMissingLastChunk(t *testing.T) {
 		}
 	case <-time.After(2 * time.Second):
 		t.Fatal("backend connection kept open")
+	}
+}
+
+// nextHead, the head step both drivers take: what the response bytes read
+// so far start with, as the 1xx policy and the parser say.
+func TestNextHead(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		in        string
+		http10    bool
+		expect100 bool
+		sent100   bool
+		want      headNext
+	}{
+		{"nothing whole yet", "HTTP/1.1 200 OK\r\nContent-Le", false, false, false, headMore},
+		{"a final head", "HTTP/1.1 204 No Content\r\n\r\n", false, false, false, headFinal},
+		{"a 103 for an HTTP/1.1 client", "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n", false, false, false, headInterim},
+		{"a 103 for an HTTP/1.0 client", "HTTP/1.1 103 Early Hints\r\n\r\n", true, false, false, headDrop},
+		{"a 100 the client asked for", "HTTP/1.1 100 Continue\r\n\r\n", false, true, false, headInterim},
+		{"a second 100", "HTTP/1.1 100 Continue\r\n\r\n", false, true, true, headDrop},
+		{"a 100 nobody asked for", "HTTP/1.1 100 Continue\r\n\r\n", false, false, false, headDrop},
+		{"a 101 never asked for", "HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n", false, false, false, headBroken},
+		{"a broken version", "HTTP/1.. 200 OK\r\n\r\n", false, false, false, headBroken},
+		{"a broken status line, the head not whole", "HTTP/1.. 200 OK\r\nContent-Le", false, false, false, headBroken},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &conn{s: &Server{}, req: &httphead.Request{Expect100: tc.expect100}, ubuf: []byte(tc.in)}
+			x := &exchange{req: reqTraits{http10: tc.http10}, uw: len(tc.in)}
+			x.prog.sent100 = tc.sent100
+			got, err := c.nextHead(x, c.respp())
+			if got != tc.want {
+				t.Fatalf("%q: %d (%v), want %d", tc.in, got, err, tc.want)
+			}
+			if (got == headBroken) != (err != nil) {
+				t.Fatalf("%q: %d with error %v", tc.in, got, err)
+			}
+			if got == headInterim || got == headDrop {
+				c.dropHead(x)
+				if x.uw != 0 {
+					t.Fatalf("%q: %d bytes left after the head was dropped", tc.in, x.uw)
+				}
+			}
+		})
 	}
 }

@@ -96,14 +96,7 @@ func (c *conn) readHead() error {
 			c.w = copy(c.buf, c.buf[c.r:c.w])
 			c.r = 0
 		}
-		if c.w == len(c.buf) {
-			// A head larger than the pooled buffer: grow up to the limit
-			// (ParseRequest answers 431 beyond it).
-			nb := make([]byte, 2*len(c.buf))
-			copy(nb, c.buf[:c.w])
-			c.s.putBuf(c.buf)
-			c.buf = nb
-		}
+		c.buf = c.s.roomFor(c.buf, c.w) // (ParseRequest answers 431 past the limit)
 		if !started {
 			c.c.SetReadDeadline(time.Now().Add(c.s.cfg.HeadTimeout))
 			started = true
@@ -196,6 +189,14 @@ func (c *conn) refuseHTTP2() {
 // the rules answered with a status and "reject").
 func (c *conn) rejectAndClose(status int) {
 	if c.reject(status) {
+		c.lingerClose()
+	}
+}
+
+// rejectRequest answers a request tetherd rejects before anything of it
+// went up (outcome.go's rejectVerdict: counted), then the lingering close.
+func (c *conn) rejectRequest(status int) {
+	if c.answerClosing(c.s.rejectVerdict(status).answer) {
 		c.lingerClose()
 	}
 }

@@ -1,8 +1,9 @@
 package proxy
 
 // The goroutine path's endings: each failure is concluded by outcome.go
-// (conclude, gatewayVerdict, brokenVerdict), and the verdict applied to
-// the net.TCPConn (apply).
+// (conclude, gatewayVerdict, brokenVerdict, localVerdict, clientLeft),
+// and the verdict applied to the net.TCPConn (apply; the loop's apply,
+// loop_finish.go, applies the same verdicts to its raw socket).
 
 import (
 	"errors"
@@ -11,17 +12,17 @@ import (
 	"github.com/tether-rl/tether/userspace/upstream"
 )
 
-// sendFailed ends an exchange whose request body failed to go up; uw
-// bytes of an answer may already be in the upstream buffer. What is
+// sendFailed ends an exchange whose request body failed to go up; bytes
+// of an answer may already be in the upstream buffer (x.uw). What is
 // looked at is looked at in decide's order: the client's own error, the
 // client gone, then an early answer (read, and relayed, only then).
-func (c *conn) sendFailed(x *exchange, err error, uw int) bool {
+func (c *conn) sendFailed(x *exchange, err error) bool {
 	f := fault{stage: stageBodyUp, timeout: isTimeout(err)}
 	var herr *httphead.Error
 	if errors.As(err, &herr) {
 		f.reject = herr.Status
 	} else if f.gone = c.clientGone(); !f.gone {
-		f.answered = c.earlyAnswer(x, uw)
+		f.answered = c.earlyAnswer(x)
 	}
 	return c.conclude(x, f)
 }
@@ -42,22 +43,17 @@ func (c *conn) conclude(x *exchange, f fault) bool {
 // the lingering (x.linger), come once the exchange is accounted (proxy).
 // It reports whether the client connection may go on (never).
 func (c *conn) apply(x *exchange, v verdict) bool {
-	switch v.end {
-	case endAbort:
-		x.fr.reuse = false // the upstream closes, so the worker sees it
-		return false
-	case endEarly:
+	if v.end == endEarly {
 		return false // the worker's answer went out (earlyAnswer), the connection lingers
 	}
-	x.take(v)
+	x.take(v) // (endAbort: the upstream closes, so the worker sees it)
 	switch v.end {
 	case endReject:
-		x.linger = c.answerClosing(v.answer)
+		x.linger = x.linger && c.answerClosing(v.answer)
 	case endGateway:
 		if v.answer != nil {
 			c.writeClient(v.answer)
 		}
-		x.linger = v.linger
 	case endCut:
 		if v.reset {
 			// A body framed by the close would look complete after a
@@ -70,10 +66,8 @@ func (c *conn) apply(x *exchange, v verdict) bool {
 }
 
 // clientLeft ends an exchange whose client left (a write to it failed, or
-// the watch saw it go): nothing to answer.
-func (c *conn) clientLeft(x *exchange) bool {
-	return c.apply(x, c.s.conclude(fault{gone: true}, x.reached(false)))
-}
+// the watch saw it go: watch.go): nothing to answer.
+func (c *conn) clientLeft(x *exchange) bool { return c.apply(x, c.s.clientLeft()) }
 
 // refusedOrFail ends an exchange whose worker could not be connected to
 // (nothing was sent): reported as refused when the request may be placed
@@ -84,8 +78,7 @@ func (c *conn) clientLeft(x *exchange) bool {
 // no reset over a body not all read destroys the answer.
 func (c *conn) refusedOrFail(x *exchange, err error) bool {
 	if errors.Is(err, upstream.ErrLocal) {
-		c.s.logLocalShortage(err)
-		return c.apply(x, c.s.gatewayVerdict(502, x.reached(c.req.HasBody())))
+		return c.apply(x, c.s.localVerdict(err, x.reached(c.req.HasBody())))
 	}
 	if x.reroutable {
 		x.refused, x.failed = true, true
@@ -103,6 +96,5 @@ func (c *conn) fail(x *exchange, status int) bool {
 // bodyFailed handles a relay error after the response head went out: the
 // client must see the truncation, so its connection closes.
 func (c *conn) bodyFailed(x *exchange, err error) bool {
-	x.fr.reuse = false
 	return c.conclude(x, fault{stage: stageRelay, gone: c.clientGone()})
 }

@@ -1,76 +1,167 @@
 package proxy
 
-// Sending a request up: the body bytes buffered behind the head, the rest
-// of a Content-Length or chunked body, and the look for an early answer.
+// Sending a request up, the goroutine's send and upload (the loop's
+// phases): the head and the body bytes buffered behind it, the wait for a
+// 100 Continue, the rest of a Content-Length or chunked body, and the
+// look for an early answer.
 
 import (
+	"context"
 	"time"
 
 	"github.com/tether-rl/tether/userspace/httphead"
 )
+
+// send connects and writes the request head up, with the body bytes
+// buffered behind it unless the client waits for a 100 Continue (then
+// the wait: sendAfterContinue). ended: the exchange ended here (keep:
+// the client connection goes on).
+func (c *conn) send(x *exchange) (keep, ended bool) {
+	req := c.req
+	cfg := &c.s.cfg
+	up, err := x.w.Pool.Get(context.Background())
+	if err != nil {
+		return c.refusedOrFail(x, err), true
+	}
+	x.uc, x.prog.connected = up, true
+	out := c.appendUpstreamHead(c.out[:0], x.w)
+	// Body bytes already buffered behind the head go in the same write,
+	// unless the client waits for 100 Continue.
+	waitContinue := req.Expect100 && req.HasBody()
+	x.rsc = httphead.Chunked{ExtLimit: cfg.Limits.ChunkExt}
+	if !waitContinue {
+		if out, err = c.appendBuffered(out, x); err != nil {
+			c.out = out[:0]
+			return c.sendFailed(x, err), true
+		}
+	}
+	c.out = out[:0]
+	up.SetWriteDeadline(time.Now().Add(cfg.IOTimeout))
+	n, err := up.Write(out)
+	x.wentUp(int64(n))
+	if reason, ok := x.retrySend(up.Reused()); err != nil && ok {
+		// The pooled connection died between the liveness check and the
+		// write, and not one request byte went out: the one retry.
+		up.Discard()
+		x.uc, x.prog.redialed = nil, true
+		if up, err = x.w.Pool.Redial(context.Background(), reason); err != nil {
+			return c.refusedOrFail(x, err), true
+		}
+		x.uc = up
+		up.SetWriteDeadline(time.Now().Add(cfg.IOTimeout))
+		n, err = up.Write(out)
+		x.wentUp(int64(n))
+	}
+	if err != nil {
+		return c.fail(x, 502), true
+	}
+	c.ubuf = c.s.getBuf()
+	if waitContinue {
+		return c.sendAfterContinue(x)
+	}
+	return false, false
+}
+
+// sendAfterContinue waits briefly for the worker's 100 (or a final
+// answer), then sends the body bytes buffered; a worker that ignores
+// Expect gets the body anyway, as curl does.
+func (c *conn) sendAfterContinue(x *exchange) (keep, ended bool) {
+	x.uc.SetReadDeadline(time.Now().Add(c.s.cfg.Waits.Continue))
+	status, err := c.readResponseHead(x)
+	switch {
+	case err == nil && status == 100:
+		// Relayed to the client (once) by readResponseHead.
+	case err == nil:
+		// A final answer before the body: relay it, then close (the
+		// client's body was never read).
+		x.giveUpBody()
+		c.relayResponse(x)
+		return false, true
+	case !isTimeout(err):
+		return c.answerFailed(x, err), true
+	case c.req.Minor == 1:
+		// The worker is silent: tell the client to send (RFC 9110
+		// §10.1.1 lets a proxy do so) rather than leave a client that
+		// waits for the 100 stalled until a timeout. A late 100 from the
+		// worker is then dropped: the client sees exactly one.
+		if err := c.writeClient(continue100); err != nil {
+			return c.clientLeft(x), true
+		}
+		x.prog.sent100 = true
+	}
+	out, err := c.appendBuffered(c.out[:0], x)
+	if err == nil && len(out) > 0 {
+		_, err = x.uc.Write(out)
+		x.wentUp(int64(len(out)))
+	}
+	c.out = out[:0]
+	if err != nil {
+		return c.sendFailed(x, err), true
+	}
+	return false, false
+}
 
 // earlyAnswer relays a final response that the backend sent before taking
 // the whole request body (a 413 or 401 and a close, say), which is why
 // relaying the body failed: the client gets that answer rather than a 502
 // or 408, and its connection closes, since its body was not all read. It
 // reports whether there was such an answer.
-func (c *conn) earlyAnswer(x *exchange, uw int) bool {
+func (c *conn) earlyAnswer(x *exchange) bool {
 	x.uc.SetReadDeadline(time.Now().Add(c.s.cfg.Waits.EarlyAnswer))
 	for {
-		status, nw, err := c.readResponseHead(x, uw)
-		uw = nw
+		status, err := c.readResponseHead(x)
 		if err != nil {
 			return false
 		}
 		if status >= 200 {
-			c.relayResponse(x, uw, false)
-			x.linger = true
+			x.giveUpBody()
+			c.relayResponse(x)
 			return true
 		}
 	}
 }
 
-// continue100 is the interim response tether sends itself (see
-// proxyExchange).
+// continue100 is the interim response tether sends itself
+// (sendAfterContinue).
 var continue100 = []byte("HTTP/1.1 100 Continue\r\n\r\n")
 
 // errBodyTooLarge: a chunked request body grew past Config.MaxBodyBytes.
 var errBodyTooLarge = &httphead.Error{Status: 413, Reason: "request body too large"}
 
 // appendBuffered moves request body bytes already in the client buffer
-// into out (Content-Length bytes up to the length; chunked bytes as far as
-// they are valid framing). It returns out and the Content-Length bytes
-// taken so far (sent is the count already sent before).
-func (c *conn) appendBuffered(out []byte, sc *httphead.Chunked, sent int64) ([]byte, int64, error) {
+// into out (Content-Length bytes up to the length, x.reqLeft; chunked
+// bytes as far as they are valid framing, x.rsc).
+func (c *conn) appendBuffered(out []byte, x *exchange) ([]byte, error) {
 	req := c.req
 	avail := c.buf[c.r:c.w]
 	switch {
 	case req.ContentLength > 0:
-		take := req.ContentLength - sent
+		take := x.reqLeft
 		if int64(len(avail)) < take {
 			take = int64(len(avail))
 		}
 		out = append(out, avail[:take]...)
 		c.r += int(take)
-		return out, sent + take, nil
+		x.reqLeft -= take
 	case req.Chunked:
-		n, err := sc.Scan(avail)
+		n, err := x.rsc.Scan(avail)
 		if err != nil {
-			return out, sent, err
+			return out, err
 		}
 		out = append(out, avail[:n]...)
 		c.r += n
 	}
-	return out, sent, nil
+	return out, nil
 }
 
-// relayRequestBody sends what is left of the request body upstream.
-func (c *conn) relayRequestBody(x *exchange, sc *httphead.Chunked, sent int64) error {
+// upload sends what is left of the request body up (the loop's upload).
+func (c *conn) upload(x *exchange) error {
 	req := c.req
 	cfg := &c.s.cfg
+	sc := &x.rsc
 	switch {
 	case req.ContentLength > 0:
-		left := req.ContentLength - sent
+		left := x.reqLeft
 		if left == 0 {
 			return nil
 		}
@@ -80,7 +171,8 @@ func (c *conn) relayRequestBody(x *exchange, sc *httphead.Chunked, sent int64) e
 			c.buf = c.s.getBuf()
 		}
 		n, err := c.move(x.uc.TCPConn, c.c, left, c.buf, cfg.IOTimeout)
-		x.w.Stats.AddUp(n)
+		x.reqLeft -= n
+		x.wentUp(n)
 		return err
 	case req.Chunked:
 		var total int64 // bytes relayed after the head's write, framing included
@@ -92,7 +184,7 @@ func (c *conn) relayRequestBody(x *exchange, sc *httphead.Chunked, sent int64) e
 				n, err := c.move(x.uc.TCPConn, c.c, d, nil, cfg.IOTimeout)
 				total += n
 				sc.Skip(n)
-				x.w.Stats.AddUp(n)
+				x.wentUp(n)
 				if err != nil {
 					return err
 				}
@@ -123,7 +215,7 @@ func (c *conn) relayRequestBody(x *exchange, sc *httphead.Chunked, sent int64) e
 			if n > 0 {
 				x.uc.SetWriteDeadline(time.Now().Add(cfg.IOTimeout))
 				w, werr := x.uc.Write(avail[:n])
-				x.w.Stats.AddUp(int64(w))
+				x.wentUp(int64(w))
 				total += int64(w)
 				c.r += n
 				if werr != nil {

@@ -9,114 +9,89 @@ import (
 	"github.com/tether-rl/tether/userspace/httphead"
 )
 
-func (c *conn) awaitAndRelay(x *exchange, uw int) bool {
+// pump waits for the response head and relays the response (the loop's
+// pump), the client watched meanwhile (watch.go): if it leaves, the
+// upstream connection closes at once so the engine cancels the
+// generation.
+func (c *conn) pump(x *exchange) bool {
+	c.watchClient(x.uc)
+	keep := c.awaitAndRelay(x)
+	if c.stopWatch() {
+		keep = c.clientLeft(x) // (the watch closed the upstream)
+	}
+	return keep
+}
+
+func (c *conn) awaitAndRelay(x *exchange) bool {
 	x.uc.SetReadDeadline(time.Now().Add(c.s.cfg.ResponseTimeout))
 	for {
-		status, nw, err := c.readResponseHead(x, uw)
-		uw = nw
+		status, err := c.readResponseHead(x)
 		if err != nil {
 			return c.answerFailed(x, err)
 		}
 		if status >= 200 {
-			return c.relayResponse(x, uw, true)
+			return c.relayResponse(x)
 		}
 		// A 100: readResponseHead relayed it (the first one only) and
 		// already removed it from ubuf.
 	}
 }
 
-// dropHead removes the parsed response head from ubuf.
-func (c *conn) dropHead(uw *int) {
-	n := c.resp.HeadLen
-	*uw = copy(c.ubuf, c.ubuf[n:*uw])
-}
-
-// readResponseHead reads until ubuf starts with a response head. Interim
-// 1xx heads other than 100 are relayed to HTTP/1.1 clients and skipped;
-// a 100 is returned to the caller (relayed to the client first when the
-// client asked for it). It returns the status and the bytes in ubuf.
-func (c *conn) readResponseHead(x *exchange, uw int) (int, int, error) {
+// readResponseHead reads until ubuf starts with a response head (the
+// steps: nextHead). Interim heads for the client are relayed and
+// dropped, others dropped; a 100 relayed is returned to the caller. It
+// returns the status.
+func (c *conn) readResponseHead(x *exchange) (int, error) {
 	for {
-		if uw > 0 {
-			err := httphead.ParseResponse(c.ubuf[:uw], c.s.cfg.Limits, c.respp())
-			if err == nil {
-				st := c.resp.Status
-				if st >= 200 {
-					return st, uw, nil
+		if x.uw > 0 {
+			next, err := c.nextHead(x, c.respp())
+			switch next {
+			case headFinal:
+				return c.resp.Status, nil
+			case headBroken:
+				return 0, err
+			case headInterim:
+				if err := c.writeClient(c.interimHead(x)); err != nil {
+					return 0, err
 				}
-				switch interimPolicy(st, c.req.Minor == 0, c.req.Expect100, x.sent100) {
-				case interimBroken:
-					return 0, uw, errBadResponse
-				case interimRelay:
-					if err := c.writeInterim(x); err != nil {
-						return 0, uw, err
-					}
-					if st == 100 {
-						x.sent100 = true
-						c.dropHead(&uw)
-						return 100, uw, nil
-					}
+				c.dropHead(x)
+				if c.resp.Status == 100 {
+					return 100, nil
 				}
-				c.dropHead(&uw)
+				continue
+			case headDrop:
+				c.dropHead(x)
 				continue
 			}
-			if err != httphead.ErrIncomplete {
-				return 0, uw, err
-			}
-			if uw == len(c.ubuf) {
-				nb := make([]byte, 2*len(c.ubuf))
-				copy(nb, c.ubuf[:uw])
-				c.s.putBuf(c.ubuf)
-				c.ubuf = nb
-			}
+			c.ubuf = c.s.roomFor(c.ubuf, x.uw)
 		}
-		n, err := x.uc.Read(c.ubuf[uw:])
-		uw += n
+		n, err := x.uc.Read(c.ubuf[x.uw:])
+		x.uw += n
 		x.w.Stats.AddDown(int64(n))
 		if err != nil && n == 0 {
-			return 0, uw, err
+			return 0, err
 		}
 	}
 }
 
-var errBadResponse = &httphead.Error{Status: 502, Reason: "unexpected 101"}
-
-// writeInterim relays a 1xx head (hop-by-hop fields removed).
-func (c *conn) writeInterim(x *exchange) error {
-	out := c.appendResponseHead(c.out[:0], false, false, c.rt)
-	c.out = out[:0]
-	return c.writeClient(out)
-}
-
-// relayResponse writes the response head and relays its body. bodyRead
-// says whether the request body was consumed (false after a final answer
-// to Expect: 100-continue, which forces the client connection closed).
-func (c *conn) relayResponse(x *exchange, uw int, bodyRead bool) bool {
-	req, resp := c.req, c.resp
+// relayResponse writes the response head and relays its body (over a
+// request body given up, x.linger, the client connection closes after
+// it).
+func (c *conn) relayResponse(x *exchange) bool {
+	resp := c.resp
 	cfg := &c.s.cfg
-	f := frameResponse(resp, x.req.head, req.Minor == 0, req.KeepAlive, bodyRead, c.s.closing.Load())
-	kind, dechunk, keep := f.kind, f.dechunk, f.keep
-	x.fr.closeCut = f.closeCut
-	x.fr.reuse = f.reuse
-
-	out := c.appendResponseHead(c.out[:0], !keep, f.dropTE, c.rt)
-	hl := len(out)
-	var sc httphead.Chunked
-	out, left, extra, err := frameFirst(&f, resp, c.ubuf[resp.HeadLen:uw], &sc, out)
-	if extra {
-		x.fr.reuse = false
-	}
+	out, hl, err := c.finalHead(x)
 	if err != nil {
 		return c.apply(x, c.s.brokenVerdict(x.reached(false)))
 	}
-	c.out = out[:0]
+	kind, dechunk, keep, left := x.fr.kind, x.fr.dechunk, x.fr.keep, x.left
 	if x.learn != nil && x.learn.Status(resp.Status) {
 		c.learnBody(x, out[hl:], kind == httphead.BodyChunked && !dechunk)
 	}
 	if err := c.writeClient(out); err != nil {
 		return c.clientLeft(x)
 	}
-	x.prog.sentHead = true
+	x.prog.sentHead, x.status = true, resp.Status
 
 	switch kind {
 	case httphead.BodyLength:
@@ -128,7 +103,7 @@ func (c *conn) relayResponse(x *exchange, uw int, bodyRead bool) bool {
 			}
 		}
 	case httphead.BodyChunked:
-		if err := c.relayChunkedResponse(x, &sc, dechunk); err != nil {
+		if err := c.relayChunkedResponse(x, dechunk); err != nil {
 			return c.bodyFailed(x, err)
 		}
 	case httphead.BodyClose:
@@ -138,16 +113,19 @@ func (c *conn) relayResponse(x *exchange, uw int, bodyRead bool) bool {
 		if err != errSrcEOF {
 			return c.bodyFailed(x, err)
 		}
+		x.prog.done = true
 		return false
 	}
+	x.prog.done = true
 	return keep
 }
 
 // relayChunkedResponse streams a chunked body: every piece the backend
 // writes is forwarded as soon as its framing is validated (SSE events reach
 // the client at once); long chunk data is spliced.
-func (c *conn) relayChunkedResponse(x *exchange, sc *httphead.Chunked, dechunk bool) error {
+func (c *conn) relayChunkedResponse(x *exchange, dechunk bool) error {
 	cfg := &c.s.cfg
+	sc := &x.sc
 	for !sc.Done() {
 		if d := spliceBody(httphead.BodyChunked, 0, sc, dechunk, cfg.SpliceMin); d > 0 && c.learn == nil {
 			n, err := c.move(c.c, x.uc.TCPConn, d, nil, cfg.StreamIdleTimeout)
@@ -162,13 +140,7 @@ func (c *conn) relayChunkedResponse(x *exchange, sc *httphead.Chunked, dechunk b
 		n, rerr := x.uc.Read(c.ubuf)
 		if n > 0 {
 			x.w.Stats.AddDown(int64(n))
-			out, extra, serr := frameChunk(sc, c.ubuf[:n], dechunk, c.out[:0])
-			if dechunk {
-				c.out = out[:0]
-			}
-			if extra {
-				x.fr.reuse = false
-			}
+			out, serr := c.frameBody(x, c.ubuf[:n])
 			if c.learn != nil {
 				c.learnBody(x, out, !dechunk)
 			}

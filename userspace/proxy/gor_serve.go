@@ -13,7 +13,6 @@ import (
 
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/route"
-	"github.com/tether-rl/tether/userspace/upstream"
 	"github.com/tether-rl/tether/userspace/worker"
 )
 
@@ -61,7 +60,7 @@ func (c *conn) serveOne() bool {
 	c.hand = handoff{}
 	switch {
 	case h.reject != 0:
-		c.rejectAndClose(h.reject)
+		c.rejectAndClose(h.reject) // (concluded by the loop)
 		return false
 	case h.decided:
 		return c.serveDecision(h.dec, c.bufferedBody(), h.refused, true)
@@ -70,12 +69,12 @@ func (c *conn) serveOne() bool {
 	}
 	if err := c.readHead(); err != nil {
 		if e, ok := err.(*httphead.Error); ok {
-			c.s.count(countRejected)
 			if bytes.HasPrefix(c.buf[c.r:c.w], h2Preface) {
+				c.s.rejectVerdict(e.Status) // (counted; the answer is HTTP/2's)
 				c.refuseHTTP2()
 				return false
 			}
-			c.rejectAndClose(e.Status)
+			c.rejectRequest(e.Status)
 		}
 		return false
 	}
@@ -93,8 +92,7 @@ func (c *conn) serveOne() bool {
 	}
 	if lim := c.s.cfg.MaxBodyBytes; lim > 0 && req.ContentLength > lim {
 		// Too large by its own account: 413 before anything is forwarded.
-		c.s.count(countRejected)
-		c.rejectAndClose(413)
+		c.rejectRequest(413)
 		return false
 	}
 	return c.serveDecision(route.Decision{}, peek, false, false)
@@ -157,14 +155,13 @@ func (c *conn) serveRouted(dec route.Decision, peek []byte, refused bool) (keep,
 		}
 	}()
 	if dec.Worker == nil {
-		c.s.count(countRejected)
 		// The body was not read: the connection cannot go on after it.
 		keep := req.KeepAlive && !req.HasBody()
 		resp := errorResponse(dec.Status, !keep)
 		if dec.Reason == route.ReasonBadTarget {
 			resp = pick(badTargetResponse, !keep)
 		}
-		if c.writeClient(resp) == nil && req.HasBody() {
+		if c.writeClient(c.s.turnAway(countRejected, resp)) == nil && req.HasBody() {
 			c.lingerClose()
 		}
 		return keep, false
@@ -201,8 +198,8 @@ func (c *conn) serveRouted(dec route.Decision, peek []byte, refused bool) (keep,
 // written: proxy reports refused instead, and the caller may place the
 // request again.
 func (c *conn) proxy(w *worker.Worker, learn *route.Learner, reroutable bool) (keep, refused, held bool) {
-	x := exchange{w: w, req: reqTraits{head: c.req.IsMethod("HEAD"), http10: c.req.Minor == 0},
-		gx: gx{learn: learn, reroutable: reroutable}}
+	x := newExchange(w, c.req)
+	x.rt, x.gx = c.rt, gx{learn: learn, reroutable: reroutable}
 	if adm := c.admit(w); adm != worker.Admitted {
 		return c.notAdmitted(adm), false, false
 	}
@@ -217,22 +214,18 @@ func (c *conn) proxy(w *worker.Worker, learn *route.Learner, reroutable bool) (k
 		start = time.Now()
 	}
 	w.Stats.Begin()
-	keep = c.proxyExchange(&x)
-	st := x.status
-	if x.prog.sentHead {
-		st = c.resp.Status
-	}
+	keep = c.runExchange(&x)
 	var took time.Duration
 	if c.s.cfg.Observe != nil {
 		took = time.Since(start)
 	}
-	c.s.exchangeEnded(w, x.failed, !x.refused, st, took)
+	c.s.exchangeEnded(w, x.failed, !x.refused, x.status, took)
 	if x.learn != nil && !x.refused {
 		c.learn = nil
 		x.learn.End()
 	}
 	if x.uc != nil {
-		if x.fr.reuse {
+		if x.reusable() {
 			w.Pool.Put(x.uc)
 		} else {
 			x.uc.Discard()
@@ -273,123 +266,37 @@ func (c *conn) admit(w *worker.Worker) worker.Admission {
 func (c *conn) notAdmitted(adm worker.Admission) bool {
 	switch adm {
 	case worker.QueueLeft:
-		c.s.count(countClientAborted)
+		c.s.clientLeft()
 		return false
 	case worker.QueueFull:
-		c.s.count(countQueueFull)
-	case worker.QueueTimeout:
-		c.s.count(countQueueTimeout)
+		return c.answerBusy(countQueueFull)
 	}
-	return c.answerBusy()
+	return c.answerBusy(countQueueTimeout)
 }
 
 // answerBusy answers 503 with Retry-After to a request that was not sent
-// (safe to retry); it reports whether the connection may go on.
-func (c *conn) answerBusy() bool {
+// (safe to retry), counted as what; it reports whether the connection
+// may go on.
+func (c *conn) answerBusy(what counted) bool {
 	// The body was not read: the connection cannot go on after it.
 	keep := c.req.KeepAlive && !c.req.HasBody()
-	if c.writeClient(pick(busyResponse, !keep)) == nil && c.req.HasBody() {
+	if c.writeClient(c.s.turnAway(what, pick(busyResponse, !keep))) == nil && c.req.HasBody() {
 		c.lingerClose()
 	}
 	return keep
 }
 
-func (c *conn) proxyExchange(x *exchange) bool {
-	req := c.req
-	cfg := &c.s.cfg
-	up, err := x.w.Pool.Get(context.Background())
-	if err != nil {
-		return c.refusedOrFail(x, err)
+// runExchange drives x through the loop's phases (loop_exchange.go) with
+// blocking calls: send (the head and the body bytes buffered behind it,
+// or the wait for a 100 Continue), upload (the rest of the body), pump
+// (the response); each failure concluded as outcome.go says, the steps
+// shared with the loop (framing.go, exchange.go).
+func (c *conn) runExchange(x *exchange) bool {
+	if keep, ended := c.send(x); ended {
+		return keep
 	}
-	x.uc = up
-
-	out := c.appendUpstreamHead(c.out[:0], x.w)
-
-	// Body bytes already buffered behind the head go in the same write,
-	// unless the client waits for 100 Continue.
-	waitContinue := req.Expect100 && req.HasBody()
-	sc := httphead.Chunked{ExtLimit: cfg.Limits.ChunkExt}
-	var sent int64 // Content-Length body bytes sent
-	if !waitContinue {
-		out, sent, err = c.appendBuffered(out, &sc, 0)
-		if err != nil {
-			c.out = out[:0]
-			return c.sendFailed(x, err, 0)
-		}
+	if err := c.upload(x); err != nil {
+		return c.sendFailed(x, err)
 	}
-	c.out = out[:0]
-	up.SetWriteDeadline(time.Now().Add(cfg.IOTimeout))
-	n, err := up.Write(out)
-	if reason, ok := (upstream.Attempt{Sent: n > 0, Reused: up.Reused(), Connected: true}).Retry(); err != nil && ok {
-		// The pooled connection died between the liveness check and the
-		// write, and not one request byte went out: the one retry.
-		up.Discard()
-		x.uc = nil
-		if up, err = x.w.Pool.Redial(context.Background(), reason); err != nil {
-			return c.refusedOrFail(x, err)
-		}
-		x.uc = up
-		up.SetWriteDeadline(time.Now().Add(cfg.IOTimeout))
-		n, err = up.Write(out)
-	}
-	x.prog.sentUp = n > 0
-	x.w.Stats.AddUp(int64(n))
-	if err != nil {
-		return c.fail(x, 502)
-	}
-
-	c.ubuf = c.s.getBuf()
-	var uw int // bytes in ubuf
-	if waitContinue {
-		// Wait briefly for the backend's 100 (or a final answer); a backend
-		// that ignores Expect gets the body anyway, as curl does.
-		up.SetReadDeadline(time.Now().Add(c.s.cfg.Waits.Continue))
-		status, nw, err := c.readResponseHead(x, uw)
-		uw = nw
-		switch {
-		case err == nil && status == 100:
-			// Relayed to the client (once) by readResponseHead.
-		case err == nil:
-			// A final answer before the body: relay it, then close (the
-			// client's body was never read).
-			c.relayResponse(x, uw, false)
-			x.linger = true
-			return false
-		case !isTimeout(err):
-			return c.answerFailed(x, err)
-		case req.Minor == 1:
-			// The backend is silent: tell the client to send (RFC 9110
-			// §10.1.1 lets a proxy do so) rather than leave a client that
-			// waits for the 100 stalled until a timeout. A late 100 from
-			// the backend is then dropped: the client sees exactly one.
-			if err := c.writeClient(continue100); err != nil {
-				return c.clientLeft(x)
-			}
-			x.sent100 = true
-		}
-		var nout []byte
-		nout, sent, err = c.appendBuffered(c.out[:0], &sc, 0)
-		if err == nil && len(nout) > 0 {
-			_, err = up.Write(nout)
-			x.w.Stats.AddUp(int64(len(nout)))
-		}
-		c.out = nout[:0]
-		if err != nil {
-			return c.sendFailed(x, err, uw)
-		}
-	}
-
-	// The rest of the request body.
-	if err := c.relayRequestBody(x, &sc, sent); err != nil {
-		return c.sendFailed(x, err, uw)
-	}
-
-	// Watch the client while the backend works: if it leaves, close the
-	// upstream connection at once so the engine cancels the generation.
-	c.watchClient(up)
-	keep := c.awaitAndRelay(x, uw)
-	if c.stopWatch() {
-		keep = c.clientLeft(x) // (the watch closed the upstream)
-	}
-	return keep
+	return c.pump(x)
 }

@@ -64,9 +64,7 @@ func (c *conn) holdWait(w *worker.Worker, until *time.Time) (ok, keep bool) {
 	case worker.HoldLeft:
 		return false, c.notAdmitted(worker.QueueLeft)
 	case worker.HoldFull:
-		c.s.count(countHoldFull)
-	default:
-		c.s.count(countHoldTimeout)
+		return false, c.answerBusy(countHoldFull)
 	}
-	return false, c.answerBusy()
+	return false, c.answerBusy(countHoldTimeout)
 }

@@ -215,8 +215,7 @@ func (c *conn) serveLocal(h http.Handler) bool {
 	held := localReserve(req)
 	if held > 0 && c.s.localBytes.Add(held) > c.s.cfg.LocalBodyBudget {
 		c.s.localBytes.Add(-held)
-		c.s.count(countLocalBusy)
-		if c.writeClient(localBusyResponse[1]) == nil {
+		if c.writeClient(c.s.turnAway(countLocalBusy, localBusyResponse[1])) == nil {
 			c.lingerClose()
 		}
 		return false
@@ -249,7 +248,7 @@ func (c *conn) serveLocal(h http.Handler) bool {
 	gone := c.stopWatch()
 	c.watchStop = nil
 	if gone {
-		c.s.count(countClientAborted)
+		c.s.clientLeft()
 		return false
 	}
 	if panicked {

@@ -12,9 +12,10 @@ package proxy
 // connect) is handed to a goroutine that runs the full data path
 // (gor_serve.go's conn.serve, the gor_*.go files) on a net.TCPConn lent
 // for it, and that gives the connection back once it is idle
-// (Config.ParkAfter). Both paths conclude an exchange the same way
-// (outcome.go) and share the batching (batch.go), the retry rule
-// (upstream.Attempt) and the idle-set rule (upstream.Idle).
+// (Config.ParkAfter). Both drive one exchange (exchange.go) through the
+// same phases and steps (framing.go), conclude it the same way (outcome.go)
+// and share the client watch (watch.go), the batching (batch.go), the
+// retry rule (upstream.Attempt) and the idle-set rule (upstream.Idle).
 //
 // Order of work per wake-up (epoll_wait returns):
 //  1. client and upstream events, in the order the kernel gives them: a
@@ -412,7 +413,6 @@ const (
 
 	// Endings.
 	leaveClose   // close the client connection
-	leaveAborted // the client left mid-exchange (counted): close
 	leaveHandoff // give the connection to a goroutine (c.hand says where it starts)
 )
 
@@ -456,9 +456,6 @@ func (l *loop) drive(c *conn, st step) step {
 // (its upstream closed, so the worker sees it), what c queued for the
 // ring is withdrawn, then c closes or goes to a goroutine.
 func (l *loop) leave(c *conn, why step) {
-	if why == leaveAborted {
-		l.s.count(countClientAborted)
-	}
 	l.abandon(c)
 	if why == leaveHandoff {
 		l.handoff(c)
@@ -484,11 +481,8 @@ func (l *loop) clientEvent(c *conn, ev uint32) step {
 		return stepWait
 	}
 	if c.busy {
-		if ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-			// The client left (or half-closed) while its exchange ran:
-			// close the upstream at once, so the engine cancels the
-			// generation (the watch of the goroutine path, gor_watch.go).
-			return leaveAborted
+		if watchSeesLeft(ev) {
+			return l.clientLeft(c) // (watch.go)
 		}
 		if ev&unix.EPOLLIN != 0 {
 			c.readable = true // pipelined: read once this exchange ends

@@ -97,9 +97,9 @@ func (l *loop) expire(c *conn) step {
 		c.peekWait = false
 		return l.toGoroutine(c, handoff{})
 	case c.r < c.w:
-		// A slow client in the middle of a head: 408, answered (and
-		// lingered) the goroutine way.
-		l.s.count(countRejected)
+		// A slow client in the middle of a head: 408 (concluded here),
+		// answered and lingered the goroutine way.
+		l.s.rejectVerdict(408)
 		return l.toGoroutine(c, handoff{reject: 408})
 	}
 	return leaveClose // idle timeout

@@ -27,9 +27,18 @@ package proxy
 //	stepLinger  lingerClose (drain)           loop_finish.go,   → close
 //	                                          linger.go
 //
+// A goroutine drives the same phases with blocking calls, one after the
+// other in its call stack (gor_serve.go's proxy and runExchange): begin
+// (serveDecision, proxy: routed, admitted), send (gor_request.go's send,
+// sendAfterContinue), upload (upload, earlyAnswer), pump (gor_response.go's
+// pump: readResponseHead, relayResponse), end (proxy's accounting, then
+// its lingering close). The steps inside the phases, the exchange's state
+// and its endings are the same code for both (exchange.go, framing.go,
+// outcome.go, watch.go).
+//
 // A failure is concluded by outcome.go (a verdict) and applied to the
 // client's socket by loop_finish.go's apply (through conclude, fail,
-// bodyFailed), or is the ending leaveAborted (the client left). The
+// bodyFailed, clientLeft: the client left). The
 // events: clientEvent (loop.go), exchangeEvent (loop_upstream.go),
 // sentClient (loop_ring.go), expire (loop_deadline.go) each return the
 // phase to drive.
@@ -52,7 +61,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/sysconn"
 	"github.com/tether-rl/tether/userspace/upstream"
@@ -97,21 +105,16 @@ const (
 // pipe, buffers and counts, and a few small states, each a group of flags
 // that change together.
 type lx struct {
-	id      uint32 // which exchange (exchanges are reused): loop_ring.go's deferred events
-	dec     route.Decision
-	up      *upconn
-	start   int64
-	phase   stage  // where the exchange is between entries (phaseSend, ...)
-	send    []byte // request bytes not yet written up (in conn.out)
-	bodyAt  int    // where the request body starts in conn.buf (a fallback rewinds to it)
-	reqLeft int64  // request body bytes still to splice up (phaseUpload)
-	uw      int    // response head bytes in conn.ubuf
-	pend    []byte // response bytes the client has not taken yet (loop_relay.go, writeClient)
-	left    int64  // Content-Length bytes still to come
-	sc      httphead.Chunked
-	pipe    *pipe // a body spliced through (pumpSplice, upload); nil: copied through ubuf
-	inPipe  int   // bytes in pipe not yet written on
-	rt      routeNote
+	id     uint32 // which exchange (exchanges are reused): loop_ring.go's deferred events
+	dec    route.Decision
+	up     *upconn
+	start  int64
+	phase  stage  // where the exchange is between entries (phaseSend, ...)
+	send   []byte // request bytes not yet written up (in conn.out)
+	bodyAt int    // where the request body starts in conn.buf (a fallback rewinds to it)
+	pend   []byte // response bytes the client has not taken yet (loop_relay.go, writeClient)
+	pipe   *pipe  // a body spliced through (pumpSplice, upload); nil: copied through ubuf
+	inPipe int    // bytes in pipe not yet written on
 
 	sock readiness
 	body bodyState
@@ -128,8 +131,6 @@ type readiness struct {
 
 // bodyState: the bodies' states beyond their framing.
 type bodyState struct {
-	cut         bool  // the worker answered before the whole request body: the client connection lingers, then closes
-	early       bool  // waiting for such an answer after the body failed to go up (a timeout is 502, not 504)
 	clientLowat lowat // SO_RCVLOWAT raised on the client socket (upload)
 	upLowat     lowat // SO_RCVLOWAT raised on the upstream socket (pumpSplice)
 	upEOF       bool  // the worker closed a close-delimited body (spliced: done once the pipe is empty)
@@ -200,8 +201,10 @@ func (l *loop) begin(c *conn) step {
 	w.Stats.Begin()
 	x := l.newX()
 	c.x = x
-	*x = exchange{w: w, req: reqTraits{head: req.IsMethod("HEAD"), http10: req.Minor == 0}, fr: respFraming{keep: req.KeepAlive},
-		lx: lx{id: l.nextSeq(), dec: dec, up: u, start: l.now, bodyAt: c.r, reqLeft: left, pipe: up, rt: s.routeNote(dec)}}
+	*x = newExchange(w, req)
+	x.lx = lx{id: l.nextSeq(), dec: dec, up: u, start: l.now, bodyAt: c.r, pipe: up}
+	x.rt = s.routeNote(dec)
+	x.reqLeft = left // (the rest: what is buffered goes up with the head)
 	c.busy = true
 	if u == nil {
 		return l.noDescriptor(c, err)
@@ -241,8 +244,7 @@ func (l *loop) sockaddr(p *upstream.Pool) unix.Sockaddr {
 // answer.
 func (l *loop) noDescriptor(c *conn, err error) step {
 	upstream.LocalFailures.Add(1)
-	l.s.logLocalShortage(err)
-	return l.fail(c, 502) // (lingering over a body not all read)
+	return l.apply(c, l.s.localVerdict(err, c.x.reached(l.unread(c.x)))) // (lingering over a body not all read)
 }
 
 // connectFailed: the worker refused (or did not answer) the connect;
@@ -299,8 +301,7 @@ func (l *loop) send(c *conn) step {
 	for len(x.send) > 0 {
 		n, err := l.sendUp(c, x.up.fd, x.send)
 		if n > 0 {
-			x.prog.sentUp = true
-			x.w.Stats.AddUp(int64(n))
+			x.wentUp(int64(n))
 			x.send = x.send[n:]
 			continue
 		}
@@ -313,8 +314,7 @@ func (l *loop) send(c *conn) step {
 			l.setDeadline(c, cfg.IOTimeout)
 			return stepWait
 		}
-		a := upstream.Attempt{Sent: x.prog.sentUp, Reused: !x.up.fresh, Connected: x.prog.connected, Retried: x.prog.redialed}
-		if reason, ok := a.Retry(); ok {
+		if reason, ok := x.retrySend(!x.up.fresh); ok {
 			// A pooled connection that died before it took a byte.
 			l.closeUp(x.up)
 			return l.redial(c, reason)
@@ -350,8 +350,7 @@ func (l *loop) upload(c *conn) step {
 			switch {
 			case n > 0:
 				x.inPipe -= int(n)
-				x.prog.sentUp = true
-				x.w.Stats.AddUp(n)
+				x.wentUp(n)
 				l.setDeadline(c, cfg.IOTimeout)
 				continue
 			case err == unix.EINTR:
@@ -393,7 +392,7 @@ func (l *loop) upload(c *conn) step {
 			continue
 		}
 		// The client's end (or reset) before its whole body: it left.
-		return leaveAborted
+		return l.clientLeft(c)
 	}
 }
 
@@ -408,7 +407,8 @@ func (l *loop) earlyAnswer(c *conn, wait time.Duration) step {
 		x.pipe, x.inPipe = nil, 0
 	}
 	x.reqLeft = 0
-	x.phase, x.fr.keep, x.fr.reuse, x.body.cut, x.body.early = phaseHead, false, false, true, true
+	x.giveUpBody()
+	x.phase = phaseHead
 	x.sock.upReady = true
 	l.setDeadline(c, wait)
 	return stepRelay

@@ -2,8 +2,8 @@ package proxy
 
 // How a loop's exchange ends: at its framing (end), failed before or after
 // the response head (outcome.go's verdict, applied here: apply, through
-// conclude, fail, bodyFailed), abandoned (abandon: the client left,
-// leaveAborted), past its deadline (expireExchange), or with the client
+// conclude, fail, bodyFailed, clientLeft), abandoned (abandon: the
+// server closes), past its deadline (expireExchange), or with the client
 // lingering (lingerClose, drain). What becomes of the client connection
 // is returned (a step): the loop ends it in one place (leave).
 
@@ -15,9 +15,9 @@ import (
 
 // end finishes an exchange whose response ended at its framing.
 func (l *loop) end(c *conn) step {
-	keep, cut := c.x.fr.keep, c.x.body.cut
+	keep, linger := c.x.fr.keep, c.x.linger
 	l.finishExchange(c)
-	if cut {
+	if linger {
 		return stepLinger // its body was not all read: no reset over the answer
 	}
 	if !keep {
@@ -44,7 +44,7 @@ func (l *loop) finishExchange(c *conn) {
 	}
 	if u := x.up; u != nil {
 		u.cl = nil
-		if x.fr.reuse && x.prog.done && !x.sock.upHup {
+		if x.reusable() && !x.sock.upHup {
 			l.putIdle(u)
 		} else {
 			l.closeUp(u)
@@ -70,18 +70,15 @@ func (l *loop) bodyFailed(c *conn) step {
 	return l.conclude(c, fault{stage: stageRelay})
 }
 
-// unread: x's request body was not all read (cut: the rest was given up
-// for an early answer).
-func (l *loop) unread(x *exchange) bool { return x.reqLeft > 0 || x.body.cut }
+// unread: x's request body was not all read (linger: the rest was given
+// up for an early answer).
+func (l *loop) unread(x *exchange) bool { return x.reqLeft > 0 || x.linger }
 
 // apply carries out v on c's exchange: the answer written (best effort:
 // the connection closes), the exchange accounted, then the close, a
 // reset or the lingering close.
 func (l *loop) apply(c *conn, v verdict) step {
-	switch v.end {
-	case endAbort:
-		return leaveClose // (counted; leave abandons the exchange)
-	case endEarly:
+	if v.end == endEarly {
 		return stepFinish // the loop relays an early answer as any response
 	}
 	c.x.take(v)
@@ -98,8 +95,13 @@ func (l *loop) apply(c *conn, v verdict) step {
 	return leaveClose
 }
 
-// abandon ends c's exchange, if one runs, without an answer (the client
-// left, or the server closes; leave): the upstream connection closes, so
+// clientLeft ends c's exchange whose client left (a write to it failed,
+// its end came mid-body, or the watch saw it go: watch.go): nothing to
+// answer, the upstream connection closed at once (outcome.go's endAbort).
+func (l *loop) clientLeft(c *conn) step { return l.apply(c, l.s.clientLeft()) }
+
+// abandon ends c's exchange, if one still runs as c leaves the loop (the
+// server closes), without an answer: the upstream connection closes, so
 // the worker sees it.
 func (l *loop) abandon(c *conn) {
 	if !c.busy {
@@ -118,7 +120,9 @@ func (l *loop) expireExchange(c *conn) step {
 	// Where it was: its phase (an upload: the client stopped sending, or
 	// the worker taking; the body: the worker went silent), unless the
 	// client stopped reading.
-	f := fault{stage: x.phase, timeout: true, early: x.body.early}
+	// (linger: the body was given up for an early answer, which a
+	// timeout did not bring: 502, not 504.)
+	f := fault{stage: x.phase, timeout: true, early: x.linger}
 	if len(x.pend) > 0 || x.sock.blocked {
 		f.stage = stageRelay
 	}

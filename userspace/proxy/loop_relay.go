@@ -57,12 +57,7 @@ func (l *loop) pump(c *conn) step {
 		}
 		var p []byte
 		if x.phase == phaseHead {
-			if x.uw == len(c.ubuf) {
-				nb := make([]byte, 2*len(c.ubuf)) // a head past the buffer (the parser's limit ends it)
-				copy(nb, c.ubuf[:x.uw])
-				s.putBuf(c.ubuf)
-				c.ubuf = nb
-			}
+			c.ubuf = s.roomFor(c.ubuf, x.uw)
 			p = c.ubuf[x.uw:]
 		} else {
 			p = c.ubuf
@@ -123,31 +118,22 @@ const chunkLineRead = 256
 // relayed), then the final head with the body bytes behind it: stepOn, or
 // the ending of the exchange's connection.
 func (l *loop) head(c *conn) step {
-	s := l.s
 	x := c.x
 	resp := l.lendResp(c)
 	for x.uw > 0 {
-		err := httphead.ParseResponse(c.ubuf[:x.uw], s.cfg.Limits, resp)
-		if err == httphead.ErrIncomplete {
+		next, _ := c.nextHead(x, resp)
+		switch next {
+		case headMore:
 			return stepOn
-		}
-		if err != nil {
-			return l.fail(c, 502) // a broken head
-		}
-		if resp.Status >= 200 {
+		case headBroken:
+			return l.fail(c, 502)
+		case headFinal:
 			return l.relayHead(c)
-		}
-		// (The loop never forwards Expect: a 100 is never the client's.)
-		switch interimPolicy(resp.Status, x.req.http10, false, false) {
-		case interimBroken:
-			return l.fail(c, 502) // an upgrade tether never asked for
-		case interimRelay:
-			out := c.appendResponseHead(c.out[:0], false, false, x.rt)
-			c.out = out[:0]
-			ok := l.writeClient(c, out)
-			x.uw = copy(c.ubuf, c.ubuf[resp.HeadLen:x.uw])
+		case headInterim:
+			ok := l.writeClient(c, c.interimHead(x))
+			c.dropHead(x)
 			if !ok {
-				return leaveAborted
+				return l.clientLeft(c)
 			}
 			if len(x.pend) > 0 {
 				x.sock.reparse = true
@@ -155,7 +141,7 @@ func (l *loop) head(c *conn) step {
 			}
 			continue
 		}
-		x.uw = copy(c.ubuf, c.ubuf[resp.HeadLen:x.uw])
+		c.dropHead(x)
 	}
 	return stepOn
 }
@@ -164,20 +150,12 @@ func (l *loop) head(c *conn) step {
 func (l *loop) relayHead(c *conn) step {
 	s := l.s
 	x := c.x
-	resp := c.resp
-	f := frameResponse(resp, x.req.head, x.req.http10, x.fr.keep, !x.body.cut, s.closing.Load())
-	x.fr = f
-	x.status = resp.Status
-	out := c.appendResponseHead(c.out[:0], !x.fr.keep, f.dropTE, x.rt)
-	out, left, extra, err := frameFirst(&f, resp, c.ubuf[resp.HeadLen:x.uw], &x.sc, out)
-	if extra {
-		x.fr.reuse = false
-	}
+	x.status = c.resp.Status
+	out, _, err := c.finalHead(x)
 	if err != nil {
 		return l.apply(c, s.brokenVerdict(x.reached(l.unread(x))))
 	}
-	x.left = left
-	switch f.kind {
+	switch x.fr.kind {
 	case httphead.BodyNone:
 		x.prog.done = true
 	case httphead.BodyLength:
@@ -185,10 +163,9 @@ func (l *loop) relayHead(c *conn) step {
 	case httphead.BodyChunked:
 		x.prog.done = x.sc.Done()
 	}
-	c.out = out[:0]
 	x.uw = 0
 	if !l.writeClient(c, out) {
-		return leaveAborted
+		return l.clientLeft(c)
 	}
 	x.prog.sentHead = true
 	x.phase = phaseBody
@@ -201,23 +178,7 @@ func (l *loop) bodyTimeout(x *exchange) time.Duration { return l.s.cfg.bodyIdle(
 // body relays response body bytes p by the framing.
 func (l *loop) body(c *conn, p []byte) step {
 	x := c.x
-	out := p
-	var serr error
-	switch x.fr.kind {
-	case httphead.BodyLength:
-		x.left -= int64(len(p))
-		x.prog.done = x.left == 0
-	case httphead.BodyChunked:
-		var extra bool
-		out, extra, serr = frameChunk(&x.sc, p, x.fr.dechunk, c.out[:0])
-		if extra {
-			x.fr.reuse = false // bytes past the last chunk
-		}
-		if x.fr.dechunk {
-			c.out = out[:0]
-		}
-		x.prog.done = x.sc.Done()
-	}
+	out, serr := c.frameBody(x, p)
 	if serr != nil {
 		// The valid bytes before the broken framing go out now (not
 		// queued: the exchange ends here), then the cut.
@@ -225,7 +186,7 @@ func (l *loop) body(c *conn, p []byte) step {
 		return l.bodyFailed(c)
 	}
 	if len(out) > 0 && !l.writeClient(c, out) {
-		return leaveAborted
+		return l.clientLeft(c)
 	}
 	l.setDeadline(c, l.bodyTimeout(x))
 	return stepOn
@@ -271,7 +232,7 @@ func (l *loop) flushClient(c *conn) step {
 	x := c.x
 	x.sock.blocked = false
 	if !l.writeClient(c, x.pend) {
-		return leaveAborted
+		return l.clientLeft(c)
 	}
 	if len(x.pend) == 0 {
 		if x.phase == phaseBody {

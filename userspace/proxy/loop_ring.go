@@ -346,7 +346,7 @@ func (l *loop) upDeferred(u *upconn, ux uint32, ev uint32) {
 func (l *loop) sentClient(c *conn, res int32) step {
 	x := c.x
 	if res < 0 && res != -int32(unix.EAGAIN) {
-		return leaveAborted
+		return l.clientLeft(c)
 	}
 	if res > 0 {
 		x.pend = x.pend[res:]

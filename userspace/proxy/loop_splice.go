@@ -72,7 +72,7 @@ func (l *loop) pumpSplice(c *conn) step {
 				l.setDeadline(c, l.s.cfg.IOTimeout)
 				return stepOn
 			}
-			return leaveAborted
+			return l.clientLeft(c)
 		}
 		if x.fr.kind == httphead.BodyLength && x.left == 0 || x.body.upEOF {
 			x.prog.done = true // the pipe is empty too

@@ -94,6 +94,14 @@ func (s *Server) gatewayAnswer(status int, sent bool) []byte {
 	return upstreamError(status, sent, true)
 }
 
+// turnAway counts tetherd's answer to a request it does not send to a
+// worker (what: a 4xx of its own for no worker to route to, a 503 for no
+// place in the queue, the hold or the local body budget) and returns it.
+func (s *Server) turnAway(what counted, answer []byte) []byte {
+	s.count(what)
+	return answer
+}
+
 // exchangeEnded is the accounting of every proxied exchange, on either
 // path, once it ended: its result on w (failed: a worker error), its place
 // given back, and (observe) Config.Observe told the status class and the
@@ -201,6 +209,17 @@ func (s *Server) conclude(f fault, r reached) verdict {
 	return verdict{end: e}
 }
 
+// clientLeft concludes a client that left (endAbort: counted, nothing
+// to answer), in an exchange or in a wait before one (a queue, the hold,
+// a local handler).
+func (s *Server) clientLeft() verdict { return s.conclude(fault{gone: true}, reached{}) }
+
+// rejectVerdict concludes a request tetherd rejects before anything of it
+// went up (its framing, a limit, a head that timed out): endReject.
+func (s *Server) rejectVerdict(status int) verdict {
+	return s.conclude(fault{reject: status}, reached{})
+}
+
 // gatewayVerdict is a worker error (502, 504): answered, and counted, if
 // no response head went out; then the close, lingering over a request
 // body not all read.
@@ -211,6 +230,15 @@ func (s *Server) gatewayVerdict(status int, r reached) verdict {
 		v.answer = s.gatewayAnswer(status, r.sentUp)
 	}
 	return v
+}
+
+// localVerdict is a connect (on the loop, or its splice pipe) that found
+// no descriptor or port on this host (upstream.ErrLocal: EMFILE, ENFILE,
+// no ephemeral port): no other worker would fare better, so 502 not-sent
+// at once (a worker error), logged once per episode (logLocalShortage).
+func (s *Server) localVerdict(err error, r reached) verdict {
+	s.logLocalShortage(err)
+	return s.gatewayVerdict(502, r)
 }
 
 // brokenVerdict is a response whose first body bytes break its framing
@@ -227,9 +255,13 @@ func (x *exchange) reached(unread bool) reached {
 	return reached{sentUp: x.prog.sentUp, sentHead: x.prog.sentHead, unread: unread, closeCut: x.fr.closeCut}
 }
 
-// take records v in x, before a driver applies it to its socket.
+// take records v in x, before a driver applies it to its socket (a
+// client gone leaves what an earlier verdict said of the worker).
 func (x *exchange) take(v verdict) {
-	x.failed, x.fr.reuse = v.failed, false
+	if v.end != endAbort {
+		x.failed = v.failed
+	}
+	x.fr.reuse, x.linger = false, x.linger || v.linger
 	if v.status != 0 {
 		x.status = v.status
 	}

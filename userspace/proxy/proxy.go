@@ -7,10 +7,12 @@
 // response relayed by its framing. Whatever it does not run (chunked or
 // Expect bodies, tetherd's own endpoints, queued or learned requests,
 // malformed heads) it hands to a goroutine (gor_*.go), which serves the
-// connection until it is idle and then gives it back. Both paths take
-// their decisions from the same functions: response framing and the 1xx
-// policy (framing.go), the failure ladder (outcome.go), admission and the
-// accept back-off (accept.go). Nothing ever holds a whole body.
+// connection until it is idle and then gives it back. Both paths drive
+// one exchange (exchange.go) through the same phases, taking their
+// decisions from the same functions: the response's steps,
+// framing and the 1xx policy (framing.go), the failure ladder
+// (outcome.go), the client watch (watch.go), admission and the accept
+// back-off (accept.go). Nothing ever holds a whole body.
 package proxy
 
 import (

@@ -93,6 +93,14 @@ func FuzzRelayPaths(f *testing.F) {
 		// Connection: close the pool keeps the socket, and one reused
 		// an instant before the close is a 502 no proxy could avoid).
 		testenv.WaitFor(t, "the worker closed its connections", func() bool { return serving.Load() == 0 })
+		// And the proxy saw those closes: a FIN not processed yet (the
+		// softirq that delivers it can run late on a loaded host) leaves
+		// a pooled socket that the pool's peek finds alive, and the
+		// request it carries meets the close: 502 sent, where the loop
+		// relayed the worker's answer (visible as a mismatch whenever
+		// that answer is not itself a plain 502, as with a 103 before a
+		// broken final head).
+		testenv.WaitFor(t, "the proxy saw the worker's closes", func() bool { return openTo(t, be) == 0 })
 		testenv.WaitFor(t, "no idle upstream connection in the loop", func() bool { return p.srv.Counters().UpstreamIdle.Load() == 0 })
 		c, err := net.Dial("tcp", p.addr())
 		if err != nil {

@@ -15,8 +15,9 @@ type routeNote struct {
 	set     bool
 }
 
-// noteRoute records the decision the response head will name (the
-// goroutine path: gor.rt; the loop's exchange keeps its own, lx.rt).
+// noteRoute records the decision the response head will name, for the
+// goroutine's next exchange (proxy: exchange.rt; the loop's begin sets
+// its exchange's from the decision).
 func (c *conn) noteRoute(d route.Decision) {
 	c.rt = c.s.routeNote(d)
 }

@@ -91,6 +91,32 @@ func procTCP(local, remote net.Addr) []string {
 	return nil
 }
 
+// openTo counts this namespace's sockets connected to addr (an IPv4
+// host:port) that are still ESTABLISHED: a socket whose peer closed is in
+// CLOSE_WAIT once its FIN was processed, which under load may come after
+// the peer's close returned.
+func openTo(t testing.TB, addr string) int {
+	ta, err := net.ResolveTCPAddr("tcp4", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := procAddr(ta)
+	f, err := os.Open("/proc/net/tcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	n := 0
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// sl local_address rem_address st ...
+		if fs := strings.Fields(sc.Text()); len(fs) >= 4 && fs[2] == r && fs[3] == "01" {
+			n++
+		}
+	}
+	return n
+}
+
 // procAddr writes a TCP address as /proc/net/tcp does: the IPv4 address
 // as a native-endian word, then the port, in hex. "" if not IPv4.
 func procAddr(a net.Addr) string {

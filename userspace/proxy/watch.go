@@ -1,15 +1,41 @@
 package proxy
 
-// The client watch: while the worker works, a client that leaves closes
-// the upstream connection at once (the engine cancels the generation).
+// The client watch, one rule for both drivers: while its exchange runs,
+// the client's socket is watched without being read (a pipelined request
+// waits its turn), and a client whose side of the connection ended (its
+// FIN, a reset, an error: watchSeesLeft), even behind bytes not read yet,
+// has left: its exchange ends at once as outcome.go concludes a client
+// gone (endAbort), the upstream connection closed, so that the engine
+// cancels the generation. The loop watches through the client socket's
+// epoll events (clientEvent, from the first byte up); a goroutine after
+// Waits.Watch, a blocking wait for readability (watch, below; a local
+// handler's wait, a queue's or the hold's too: the stop function).
 
 import (
 	"context"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/tether-rl/tether/userspace/sysconn"
 	"github.com/tether-rl/tether/userspace/upstream"
 )
+
+// leftEvents are the events (poll's and epoll's, the same bits) of a
+// client socket whose peer left: its FIN (RDHUP), a reset or an error.
+const leftEvents = unix.POLLRDHUP | unix.POLLHUP | unix.POLLERR
+
+// watchSeesLeft is the watch's rule on a client socket's events.
+func watchSeesLeft(ev uint32) bool { return ev&leftEvents != 0 }
+
+// pollEvents returns fd's poll(2) events now, POLLRDHUP asked for.
+func pollEvents(fd uintptr) uint32 {
+	fds := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+	if n, err := unix.Poll(fds[:], 0); err != nil || n != 1 {
+		return 0
+	}
+	return uint32(uint16(fds[0].Revents))
+}
 
 // clientGone reports whether the client closed or reset its connection.
 // It ends the client watch first: while the watch waits it holds the read
@@ -74,19 +100,12 @@ func (c *conn) watch() {
 	c.raw.Read(c.watchFn)
 }
 
-// watchPeek is watch's RawConn.Read callback.
+// watchPeek is watch's RawConn.Read callback: until the rule sees the
+// client gone, it waits for the next event on the socket (more bytes of a
+// pipelined request, a FIN, a reset): edge-triggered, so no spinning.
 func (c *conn) watchPeek(fd uintptr) bool {
-	switch sysconn.Peek(fd) {
-	case sysconn.PeekEmpty:
-		return false // nothing yet: wait for readability
-	case sysconn.PeekData:
-		// A pipelined request waits for its turn; the client may still
-		// leave behind it (FIN or reset after the bytes), which a peek
-		// cannot see. Until then, wait for the next event on the socket
-		// (more bytes, FIN, reset): edge-triggered, so no spinning.
-		if !sysconn.PeerShutdown(fd) {
-			return false
-		}
+	if !watchSeesLeft(pollEvents(fd)) {
+		return false
 	}
 	c.watchGone.Store(true)
 	if c.watchUp != nil {
