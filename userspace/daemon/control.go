@@ -66,6 +66,7 @@ func (d *Daemon) newRegistry(opts Options) error {
 			if d.Metrics != nil {
 				d.Metrics.SetWorker(w)
 			}
+			d.learnRole(w)
 		},
 		Log: d.log,
 	})
@@ -90,6 +91,11 @@ func (d *Daemon) newRegistry(opts Options) error {
 		}
 	}
 	all := append(opts.Workers[:len(opts.Workers):len(opts.Workers)], opts.StartedWorkers...)
+	pdURLs, err := d.givePDRoles(opts)
+	if err != nil {
+		return err
+	}
+	all = append(all, pdURLs...)
 	if opts.Cluster != "" {
 		return d.startCluster(opts, all)
 	}
@@ -125,6 +131,7 @@ func (d *Daemon) newControl(opts Options) error {
 			return st.Up, st.Applied, st.Skipped, true
 		},
 	})
+	d.pd.register(d.Metrics.Registry())
 	for _, w := range d.Table.Snapshot() {
 		if w != nil {
 			d.Metrics.SetWorker(w)
