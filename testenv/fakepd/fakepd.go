@@ -186,11 +186,15 @@ func (s *server) abortRequest(w http.ResponseWriter, r *http.Request) {
 func (s *server) kill() {
 	s.mu.Lock()
 	s.dead = true
+	s.mu.Unlock()
+	// The connections first: a handler its cancel ends must not get to
+	// answer (an empty 200) before its connection goes, as a crash.
+	s.srv.Close()
+	s.mu.Lock()
 	for _, cancel := range s.rids {
 		cancel()
 	}
 	s.mu.Unlock()
-	s.srv.Close()
 }
 
 // Close is Kill, for a test's cleanup.

@@ -367,3 +367,73 @@ func pdStats(e pdEngine) *fakepd.Stats {
 	}
 	panic("unknown engine")
 }
+
+// TestPDPrefillKilled: a prefill killed while it holds a request through
+// tetherd: the client has its answer (from a new pair) within 2 s, and no
+// engine holds anything afterwards, nor tetherd anything in flight.
+func TestPDPrefillKilled(t *testing.T) {
+	for _, proto := range []PDProtocol{PDSGLang, PDVLLM} {
+		t.Run(string(proto), func(t *testing.T) {
+			slow := fakepd.Options{PrefillDelay: time.Minute, WaitTimeout: time.Minute}
+			fast := fakepd.Options{WaitTimeout: time.Minute}
+			f := startPDFleet(t, proto, []fakepd.Options{slow, fast}, []fakepd.Options{fast, fast})
+			base := "http://" + f.d.Addr()
+			c := newClient(t)
+			path := pdPaths(proto)[0]
+			victim := f.prefills[0]
+			type answer struct {
+				resp *http.Response
+				body []byte
+				err  error
+			}
+			// A session key that the chooser places on the slow prefill:
+			// the one whose request it holds.
+			var ch chan answer
+			for key := 0; ; key++ {
+				if key == 64 {
+					t.Fatal("no session key reached the slow prefill")
+				}
+				ch = make(chan answer, 1)
+				go func() {
+					resp, b, err := pdPost(c, base, path, pdBody(path, "a long prompt", 4, false), map[string]string{"X-Session-ID": fmt.Sprint("s", key)})
+					ch <- answer{resp, b, err}
+				}()
+				var a answer
+				got := false
+				testenv.WaitFor(t, "the request held by the slow prefill, or answered", func() bool {
+					if pdStats(victim).Requests.Load() > 0 {
+						return true
+					}
+					select {
+					case a = <-ch:
+						got = true
+						return true
+					default:
+						return false
+					}
+				})
+				if !got {
+					break
+				}
+				if a.err != nil || a.resp.StatusCode != 200 {
+					t.Fatalf("key %d: %v %v %s", key, a.err, a.resp, a.body)
+				}
+			}
+			killed := time.Now()
+			victim.Kill()
+			a := <-ch
+			took := time.Since(killed)
+			if a.err != nil || a.resp.StatusCode != 200 {
+				t.Fatalf("after the kill: %v %v %s; counters %+v %+v", a.err, a.resp, a.body, f.d.pd.sglang.Counters.Values(), f.d.pd.vllm.Counters.Values())
+			}
+			if took > 2*time.Second {
+				t.Errorf("answered %v after the kill, want within 2 s", took)
+			}
+			if got, err := pdText(path, a.body); err != nil || got != pdWant(path, "a long prompt", 4) {
+				t.Errorf("answer %q %v", got, err)
+			}
+			testenv.WaitFor(t, "the fleet to hold nothing", func() bool { return f.held() == 0 })
+			testenv.WaitFor(t, "nothing in flight in tetherd", func() bool { return f.inFlight() == 0 })
+		})
+	}
+}
