@@ -108,6 +108,7 @@ type server struct {
 	failN  int
 	failSt int
 	rids   map[string]context.CancelFunc
+	ctl    control // control.go
 }
 
 func (s *server) start(h http.Handler) error {
@@ -117,6 +118,9 @@ func (s *server) start(h http.Handler) error {
 	}
 	s.ln, s.url = ln, "http://"+ln.Addr().String()
 	s.rids = map[string]context.CancelFunc{}
+	if m, ok := h.(*http.ServeMux); ok {
+		s.controlRoutes(m)
+	}
 	s.srv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go s.srv.Serve(ln)
 	return nil

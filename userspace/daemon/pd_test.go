@@ -437,3 +437,98 @@ func TestPDPrefillKilled(t *testing.T) {
 		})
 	}
 }
+
+// TestPDWeightSync: an RL loop's weight sync through tetherd's engine
+// endpoints over a P/D fleet (2 prefills, 3 decodes), in each engine's
+// words: the pause reaches every prefill and decode engine, a request
+// sent while paused is held (it reaches no engine) and answered after the
+// resume, the update puts every engine at the new version, the resume
+// reaches all of them, and pairs serve again; nothing held afterwards.
+func TestPDWeightSync(t *testing.T) {
+	for _, rc := range []struct {
+		proto                       PDProtocol
+		pause, body, update, resume string
+	}{
+		{PDSGLang, "/pause_generation", `{"mode":"abort"}`, "/update_weights_from_disk", "/continue_generation"},
+		{PDVLLM, "/pause?mode=abort", "", "/update_weights", "/resume"},
+	} {
+		t.Run(string(rc.proto), func(t *testing.T) {
+			o := fakepd.Options{WaitTimeout: 10 * time.Second}
+			f := startPDFleet(t, rc.proto, []fakepd.Options{o, o}, []fakepd.Options{o, o, o})
+			fx := &fleetFixture{base: "http://" + f.d.Addr(), client: newClient(t)}
+			path := pdPaths(rc.proto)[0]
+			engines := append(append([]pdEngine{}, f.prefills...), f.decodes...)
+			type ctl interface {
+				Paused() bool
+				WeightVersion() string
+			}
+			if resp, b, err := pdPost(fx.client, fx.base, path, pdBody(path, "before", 3, false), nil); err != nil || resp.StatusCode != 200 {
+				t.Fatalf("before the sync: %v %v %s", err, resp, b)
+			}
+			sep := "?"
+			if strings.Contains(rc.pause, "?") {
+				sep = "&"
+			}
+			code, ans := fx.call(t, rc.pause+sep+"timeout_s=30", rc.body)
+			if code != 200 || ans["phase"] != "paused" {
+				t.Fatalf("pause: %d %v", code, ans)
+			}
+			for _, e := range engines {
+				if !e.(ctl).Paused() {
+					t.Fatalf("%s not paused after the fleet's pause", e.URL())
+				}
+			}
+			// A request while paused waits in tetherd's hold.
+			type answer struct {
+				resp *http.Response
+				body []byte
+				err  error
+			}
+			held := make(chan answer, 1)
+			go func() {
+				resp, b, err := pdPost(newClient(t), fx.base, path, pdBody(path, "held", 3, false), nil)
+				held <- answer{resp, b, err}
+			}()
+			testenv.WaitFor(t, "the request in the hold", func() bool { return f.d.Fleet.HeldNow() == 1 })
+			code, ans = fx.call(t, rc.update, `{"model_path":"/ckpt/v1","weight_version":"v1"}`)
+			if code != 200 {
+				t.Fatalf("update: %d %v", code, ans)
+			}
+			for _, e := range engines {
+				if v := e.(ctl).WeightVersion(); v != "v1" {
+					t.Errorf("%s at version %q after the update to v1", e.URL(), v)
+				}
+			}
+			// One request before the sync: two legs; the held one none.
+			if n := f.sum(func(s *fakepd.Stats) int64 { return s.Requests.Load() }); n != 2 {
+				t.Errorf("the engines saw %d generation requests, want 2: the held one reached one", n)
+			}
+			code, ans = fx.call(t, rc.resume, "")
+			if code != 200 || ans["phase"] != "serving" {
+				t.Fatalf("resume: %d %v", code, ans)
+			}
+			for _, e := range engines {
+				if e.(ctl).Paused() {
+					t.Errorf("%s still paused after the resume", e.URL())
+				}
+			}
+			a := <-held
+			if a.err != nil || a.resp.StatusCode != 200 {
+				t.Fatalf("the held request: %v %v %s", a.err, a.resp, a.body)
+			}
+			if got, err := pdText(path, a.body); err != nil || got != pdWant(path, "held", 3) {
+				t.Errorf("the held request's answer %q %v", got, err)
+			}
+			testenv.WaitFor(t, "the fleet to hold nothing", func() bool { return f.held() == 0 })
+			testenv.WaitFor(t, "nothing in flight in tetherd", func() bool { return f.inFlight() == 0 })
+		})
+	}
+}
+
+func (f *pdFleet) sum(get func(s *fakepd.Stats) int64) int64 {
+	var n int64
+	for _, e := range append(append([]pdEngine{}, f.prefills...), f.decodes...) {
+		n += get(pdStats(e))
+	}
+	return n
+}
