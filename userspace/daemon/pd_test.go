@@ -532,3 +532,39 @@ func (f *pdFleet) sum(get func(s *fakepd.Stats) int64) int64 {
 	}
 	return n
 }
+
+// TestPDAbortByRid: an abort by rid through tetherd's engine endpoint
+// reaches both sides of the pair (they carry the same rid); after the
+// retry is aborted too, the client has its answer (the last attempt's
+// 5xx) and nothing is held.
+func TestPDAbortByRid(t *testing.T) {
+	slow := fakepd.Options{PrefillDelay: time.Minute, WaitTimeout: time.Minute}
+	f := startPDFleet(t, PDSGLang, []fakepd.Options{slow}, []fakepd.Options{{WaitTimeout: time.Minute}})
+	fx := &fleetFixture{base: "http://" + f.d.Addr(), client: newClient(t)}
+	p, d := f.prefills[0].(*fakepd.SGLangPrefill), f.decodes[0].(*fakepd.SGLangDecode)
+	done := make(chan *http.Response, 1)
+	go func() {
+		resp, _, err := pdPost(newClient(t), fx.base, "/generate", `{"text":"abort me","rid":"job-1","sampling_params":{"max_new_tokens":4}}`, nil)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- resp
+	}()
+	for attempt := int64(1); attempt <= 2; attempt++ {
+		testenv.WaitFor(t, "both sides to hold the request", func() bool {
+			return p.Stats.Requests.Load() == attempt && p.Held() == 1 && d.Held() == 1
+		})
+		if code, ans := fx.call(t, "/abort_request", `{"rid":"job-1"}`); code != 200 {
+			t.Fatalf("abort: %d %v", code, ans)
+		}
+		testenv.WaitFor(t, "the abort on both sides", func() bool {
+			return p.Stats.Aborted.Load() == attempt && d.Stats.Aborted.Load() == attempt
+		})
+	}
+	// The last attempt's 5xx goes to the client as it is (pd).
+	if resp := <-done; resp == nil || resp.StatusCode < 500 {
+		t.Errorf("client: %v, want a 5xx after both attempts were aborted", resp)
+	}
+	testenv.WaitFor(t, "the fleet to hold nothing", func() bool { return f.held() == 0 })
+	testenv.WaitFor(t, "nothing in flight in tetherd", func() bool { return f.inFlight() == 0 })
+}
