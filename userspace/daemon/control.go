@@ -66,7 +66,6 @@ func (d *Daemon) newRegistry(opts Options) error {
 			if d.Metrics != nil {
 				d.Metrics.SetWorker(w)
 			}
-			d.learnRole(w)
 		},
 		Log: d.log,
 	})
@@ -328,6 +327,11 @@ func (d *Daemon) startControl(opts Options) {
 	}
 	d.ctl.trimStop = make(chan struct{})
 	d.startTrim(d.ctl.trimStop)
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		d.pd.discover(d.ctl.trimStop, d.Registry)
+	}()
 }
 
 // stopControl stops the --spawn processes (TERM, then KILL after the

@@ -224,7 +224,10 @@ func (p *pdPlane) learnRole(w *worker.Worker, given registry.RoleSpec, ok bool) 
 			return
 		}
 	}
-	if role == worker.Prefill && port == 0 {
+	switch {
+	case role != worker.Prefill:
+		port = 0 // only a prefill has a bootstrap server
+	case port == 0:
 		port = worker.DefaultBootstrapPort
 	}
 	w.SetRole(role, port)
@@ -294,15 +297,41 @@ func (d *Daemon) givePDRoles(opts Options) ([]string, error) {
 	return urls, nil
 }
 
-// learnRole learns w's P/D role from its engine, in the background, where
-// it was not given (OnPut).
-func (d *Daemon) learnRole(w *worker.Worker) {
-	if d.pd == nil {
-		return
+// discoverEvery is how often the table is scanned for SGLang engines
+// whose P/D role was not given.
+const discoverEvery = time.Second
+
+// discover asks each worker the load poller found to be an SGLang engine,
+// once, for its P/D role and bootstrap port (/server_info) where they were
+// not given, until stop closes. Workers of other engines, or of none
+// known, are never asked.
+func (p *pdPlane) discover(stop <-chan struct{}, reg *registry.Registry) {
+	t := time.NewTicker(discoverEvery)
+	defer t.Stop()
+	asked := map[*worker.Worker]bool{}
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		seen := map[*worker.Worker]bool{}
+		for _, w := range p.table.Snapshot() {
+			if w == nil {
+				continue
+			}
+			seen[w] = true
+			if asked[w] || w.Engine() != dialect.SGLang {
+				continue
+			}
+			asked[w] = true
+			spec, ok := reg.RoleOf(w.URL)
+			p.learnRole(w, spec, ok)
+		}
+		for w := range asked {
+			if !seen[w] {
+				delete(asked, w)
+			}
+		}
 	}
-	spec, ok := d.Registry.RoleOf(w.URL)
-	if ok {
-		w.SetRole(spec.Role, spec.BootstrapPort)
-	}
-	go d.pd.learnRole(w, spec, ok)
 }
