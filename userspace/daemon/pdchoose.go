@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"sort"
 	"sync"
+	"time"
 
 	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/fleet"
@@ -71,8 +72,37 @@ type scored struct {
 	score float64
 }
 
-// Choose implements pd.PairChooser.
-func (c *pairChooser) Choose(_ context.Context, req *pd.Request, _ int, failed *pd.Pair) (pd.Pair, error) {
+// holding reports whether the fleet holds generation requests (a weight
+// sync, or a retiring tetherd's hand-over).
+func (c *pairChooser) holding() bool {
+	return c.fleet != nil && (c.fleet.Phase() != fleet.Serving || c.fleet.Forwarding() != nil)
+}
+
+// Choose implements pd.PairChooser. While the fleet holds (a retry, or a
+// pause that began after the proxy's hold let the request through) it
+// waits in the hold first; a pair taken as a pause began is given back
+// and the request waits, so no leg reaches an engine the pause saw quiet.
+func (c *pairChooser) Choose(ctx context.Context, req *pd.Request, attempt int, failed *pd.Pair) (pd.Pair, error) {
+	var until time.Time
+	for {
+		if c.holding() {
+			if until.IsZero() {
+				until = time.Now().Add(c.fleet.Timeout())
+			}
+			if c.fleet.Wait(nil, ctx.Done(), until) != worker.HoldReleased {
+				return pd.Pair{}, pd.ErrNoPair
+			}
+			continue
+		}
+		p, err := c.choose(req, failed)
+		if err != nil || !c.holding() {
+			return p, err
+		}
+		c.Release(p, false)
+	}
+}
+
+func (c *pairChooser) choose(req *pd.Request, failed *pd.Pair) (pd.Pair, error) {
 	snap := c.table.Snapshot()
 	var ps, ds []scored
 	var load float64
