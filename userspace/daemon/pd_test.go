@@ -568,3 +568,52 @@ func TestPDAbortByRid(t *testing.T) {
 	testenv.WaitFor(t, "the fleet to hold nothing", func() bool { return f.held() == 0 })
 	testenv.WaitFor(t, "nothing in flight in tetherd", func() bool { return f.inFlight() == 0 })
 }
+
+// TestPDDecodeKilledMidStream: a decode killed after the client had
+// events through tetherd: the stream ends visibly within 2 s (a JSON
+// error event), and no engine holds anything afterwards (the prefill's
+// room or blocks freed), nor tetherd anything in flight.
+func TestPDDecodeKilledMidStream(t *testing.T) {
+	for _, proto := range []PDProtocol{PDSGLang, PDVLLM} {
+		t.Run(string(proto), func(t *testing.T) {
+			o := fakepd.Options{WaitTimeout: time.Minute, Notify: true}
+			slow := o
+			slow.TokenDelay = 100 * time.Millisecond // 50 tokens: 5 s
+			f := startPDFleet(t, proto, []fakepd.Options{o}, []fakepd.Options{slow})
+			path := "/v1/completions"
+			req, err := http.NewRequest("POST", "http://"+f.d.Addr()+path, strings.NewReader(pdBody(path, "stream me", 50, true)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := newClient(t).Do(req)
+			if err != nil || resp.StatusCode != 200 {
+				t.Fatalf("%v %v", err, resp)
+			}
+			defer resp.Body.Close()
+			br := bufio.NewReader(resp.Body)
+			if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: ") {
+				t.Fatalf("first event: %q %v", line, err)
+			}
+			killed := time.Now()
+			f.decodes[0].Kill()
+			rest, _ := io.ReadAll(br)
+			if took := time.Since(killed); took > 2*time.Second {
+				t.Errorf("the stream ended %v after the kill, want within 2 s", took)
+			}
+			var last string
+			for _, l := range strings.Split(string(rest), "\n") {
+				if strings.HasPrefix(l, "data: ") {
+					last = strings.TrimPrefix(l, "data: ")
+				}
+			}
+			var ev struct {
+				Error *struct{ Message string } `json:"error"`
+			}
+			if json.Unmarshal([]byte(last), &ev) != nil || ev.Error == nil {
+				t.Errorf("the stream's last event %q is no JSON error event", last)
+			}
+			testenv.WaitFor(t, "the fleet to hold nothing", func() bool { return f.held() == 0 })
+			testenv.WaitFor(t, "nothing in flight in tetherd", func() bool { return f.inFlight() == 0 })
+		})
+	}
+}
