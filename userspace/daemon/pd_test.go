@@ -41,7 +41,7 @@ type pdFleet struct {
 // and a tetherd in front of them (--prefill URL?bootstrap_port=N,
 // --decode URL, --pd-protocol proto), and waits until every worker is
 // healthy in its role.
-func startPDFleet(t *testing.T, proto PDProtocol, popts, dopts []fakepd.Options) *pdFleet {
+func startPDFleet(t testing.TB, proto PDProtocol, popts, dopts []fakepd.Options) *pdFleet {
 	t.Helper()
 	f := &pdFleet{proto: proto}
 	var opts Options
