@@ -13,6 +13,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -53,6 +54,15 @@ type pdPlane struct {
 	vllm    *pd.Server
 	chooser *pairChooser
 	client  *workerclient.Client
+	// hasPair caches whether the table has a prefill and a decode, for
+	// the table's epoch and the role changes it was made at (Takes runs
+	// on the event loops for every generation request).
+	hasPair atomic.Pointer[pairView]
+}
+
+type pairView struct {
+	epoch, roles uint64
+	both         bool
 }
 
 func newPDPlane(d *Daemon, opts Options) *pdPlane {
@@ -118,7 +128,18 @@ func (p *pdPlane) Takes(method, path []byte) bool {
 	default:
 		return false
 	}
+	return p.isPD()
+}
+
+// isPD reports whether the table has a prefill and a decode: two atomic
+// loads while neither the membership nor a role changed.
+func (p *pdPlane) isPD() bool {
+	epoch, roles := p.table.Epoch(), worker.RoleChanges()
+	if v := p.hasPair.Load(); v != nil && v.epoch == epoch && v.roles == roles {
+		return v.both
+	}
 	both, _ := p.roles()
+	p.hasPair.Store(&pairView{epoch: epoch, roles: roles, both: both})
 	return both
 }
 

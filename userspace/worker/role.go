@@ -1,6 +1,9 @@
 package worker
 
-import "fmt"
+import (
+	"fmt"
+	"sync/atomic"
+)
 
 // Role is a worker's part in a prefill/decode (P/D) disaggregated fleet:
 // a regular worker serves whole requests; a prefill and a decode serve one
@@ -55,5 +58,14 @@ func (w *Worker) BootstrapPort() int { return int(w.bootstrap.Load()) }
 // port (0: unknown).
 func (w *Worker) SetRole(r Role, bootstrapPort int) {
 	w.bootstrap.Store(int32(bootstrapPort))
-	w.role.Store(int32(r))
+	if Role(w.role.Swap(int32(r))) != r {
+		roleChanges.Add(1)
+	}
 }
+
+// roleChanges counts the role changes of every worker (RoleChanges).
+var roleChanges atomic.Uint64
+
+// RoleChanges counts every change of any worker's role: with the table's
+// Epoch it says when a view of the fleet's roles must be made again.
+func RoleChanges() uint64 { return roleChanges.Load() }
