@@ -79,7 +79,7 @@ type Options struct {
 	// Proxy is the data plane's configuration: its flags (RegisterFlags:
 	// timeouts, limits, the queue, --max-conns, --io-uring) write its
 	// settings straight into it; a zero setting takes DataPlaneDefaults' value
-	// (dataplane.go). New fills in the wiring (Router, Table, Local,
+	// (dataplane.go). New fills in the wiring (Router, Table, Local, PD,
 	// Observe, Hold, PeekBody, RouteHeader, InstanceID, Log): whatever is
 	// there is replaced.
 	Proxy proxy.Config
