@@ -61,7 +61,7 @@ func newAdminClient(addr, token string, timeout time.Duration) (*adminClient, er
 
 // cmdWorkers manages tetherd's workers over its admin API:
 //
-//	tetherctl workers list              slot, state, health, load, url
+//	tetherctl workers list              slot, state, health, role, load, url
 //	tetherctl workers add URL           returns once URL is healthy and routes
 //	tetherctl workers remove ID         ID: slot number or url
 //	tetherctl workers drain ID          no new sessions; existing ones go on
@@ -211,6 +211,7 @@ type workerJSON struct {
 	State     string `json:"state"`
 	Healthy   bool   `json:"healthy"`
 	Origin    string `json:"origin"`
+	Role      string `json:"role"`
 	InFlight  uint64 `json:"in_flight"`
 	Requests  uint64 `json:"requests"`
 	Errors    uint64 `json:"errors"`
@@ -228,9 +229,13 @@ func printWorkers(w io.Writer, body []byte) error {
 		return fmt.Errorf("admin API: bad answer: %w", err)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "SLOT\tSTATE\tHEALTHY\tIN FLIGHT\tREQUESTS\tERRORS\tORIGIN\tURL")
+	fmt.Fprintln(tw, "SLOT\tSTATE\tHEALTHY\tROLE\tIN FLIGHT\tREQUESTS\tERRORS\tORIGIN\tURL")
 	for _, x := range l.Workers {
-		fmt.Fprintf(tw, "%d\t%s\t%t\t%d\t%d\t%d\t%s\t%s\n", x.Slot, x.State, x.Healthy, x.InFlight, x.Requests, x.Errors, x.Origin, x.URL)
+		role := x.Role
+		if role == "" {
+			role = "regular" // an older tetherd
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%t\t%s\t%d\t%d\t%d\t%s\t%s\n", x.Slot, x.State, x.Healthy, role, x.InFlight, x.Requests, x.Errors, x.Origin, x.URL)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

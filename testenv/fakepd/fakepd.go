@@ -108,6 +108,7 @@ type server struct {
 	failN  int
 	failSt int
 	rids   map[string]context.CancelFunc
+	ctl    control // control.go
 }
 
 func (s *server) start(h http.Handler) error {
@@ -117,6 +118,9 @@ func (s *server) start(h http.Handler) error {
 	}
 	s.ln, s.url = ln, "http://"+ln.Addr().String()
 	s.rids = map[string]context.CancelFunc{}
+	if m, ok := h.(*http.ServeMux); ok {
+		s.controlRoutes(m)
+	}
 	s.srv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go s.srv.Serve(ln)
 	return nil
@@ -186,11 +190,15 @@ func (s *server) abortRequest(w http.ResponseWriter, r *http.Request) {
 func (s *server) kill() {
 	s.mu.Lock()
 	s.dead = true
+	s.mu.Unlock()
+	// The connections first: a handler its cancel ends must not get to
+	// answer (an empty 200) before its connection goes, as a crash.
+	s.srv.Close()
+	s.mu.Lock()
 	for _, cancel := range s.rids {
 		cancel()
 	}
 	s.mu.Unlock()
-	s.srv.Close()
 }
 
 // Close is Kill, for a test's cleanup.

@@ -46,6 +46,7 @@ func StartSGLangPrefill(opts Options) (*SGLangPrefill, error) {
 	}
 	mux.HandleFunc("POST /abort_request", p.abortRequest)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {})
+	mux.HandleFunc("GET /health_generate", func(w http.ResponseWriter, _ *http.Request) {})
 	if err := p.start(mux); err != nil {
 		return nil, err
 	}
@@ -292,6 +293,7 @@ func StartSGLangDecode(opts Options) (*SGLangDecode, error) {
 	}
 	mux.HandleFunc("POST /abort_request", d.abortRequest)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {})
+	mux.HandleFunc("GET /health_generate", func(w http.ResponseWriter, _ *http.Request) {})
 	if err := d.start(mux); err != nil {
 		return nil, err
 	}

@@ -39,6 +39,7 @@ func StartVLLMPrefill(opts Options) (*VLLMPrefill, error) {
 	mux.HandleFunc("POST /_nixl/pull", p.pull)
 	mux.HandleFunc("POST /_nixl/release", p.release)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {})
+	mux.HandleFunc("GET /health_generate", func(w http.ResponseWriter, _ *http.Request) {})
 	if err := p.start(mux); err != nil {
 		return nil, err
 	}
@@ -221,6 +222,7 @@ func StartVLLMDecode(opts Options) (*VLLMDecode, error) {
 		mux.HandleFunc("POST "+path, d.generate)
 	}
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {})
+	mux.HandleFunc("GET /health_generate", func(w http.ResponseWriter, _ *http.Request) {})
 	if err := d.start(mux); err != nil {
 		return nil, err
 	}

@@ -7,8 +7,8 @@
 //	POST   /add_worker?url=U        (or JSON body {"url":U})  sglang-router legacy
 //	POST   /remove_worker?url=U     (or JSON body {"url":U})
 //	GET    /list_workers            {"urls":[...]}
-//	POST   /workers                 {"url":U[,"max_in_flight":N]}: answers once U passed a health check and routes;
-//	                                re-adding a registered url is a no-op (200); prefill/decode refused (400)
+//	POST   /workers                 {"url":U[,"max_in_flight":N][,"worker_type":"regular"|"prefill"|"decode","bootstrap_port":P]}: answers once U passed a health check and routes;
+//	                                re-adding a registered url is a no-op (200); worker_type names its P/D role (else learned from /server_info)
 //	GET    /workers                 {"workers":[...],"total":n,"healthy":k,"panic":b}
 //	GET    /workers/{id}            id: the worker's "id" (stable per url), slot number, or the url (URL-escaped)
 //	DELETE /workers/{id}
@@ -41,6 +41,7 @@ import (
 
 	"github.com/tether-rl/tether/userspace/engine"
 	"github.com/tether-rl/tether/userspace/registry"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // Config configures the admin API.
@@ -187,31 +188,37 @@ func IsAdminPath(path []byte) bool {
 }
 
 // workerSpec is what an add names: the url, and optionally the worker's
-// capacity.
+// capacity and its P/D role (sglang-router's worker_type and
+// bootstrap_port, as slime and miles send them).
 type workerSpec struct {
 	URL         string  `json:"url"`
 	MaxInFlight *uint64 `json:"max_in_flight"`
 	// KV-cache events: the worker's publisher, its replay.
-	KVEvents       string `json:"kv_events"`
-	KVEventsReplay string `json:"kv_events_replay"`
-	// sglang-router's fields: only regular workers are routed yet.
-	WorkerType    string          `json:"worker_type"`
-	BootstrapPort json.RawMessage `json:"bootstrap_port"`
+	KVEvents       string          `json:"kv_events"`
+	KVEventsReplay string          `json:"kv_events_replay"`
+	WorkerType     string          `json:"worker_type"`
+	BootstrapPort  json.RawMessage `json:"bootstrap_port"`
 }
 
-// check refuses what tether cannot route, with a message that says so.
-func (s workerSpec) check() error {
-	switch s.WorkerType {
-	case "", "regular":
-	case "prefill", "decode":
-		return fmt.Errorf("worker_type %q: prefill/decode (PD disaggregation) workers are not supported yet; tether routes regular workers only", s.WorkerType)
-	default:
-		return fmt.Errorf("worker_type %q: want regular", s.WorkerType)
+// role reads the spec's worker_type and bootstrap_port; given is false
+// when neither names one (the role is then learned from the engine).
+func (s workerSpec) role() (spec registry.RoleSpec, given bool, err error) {
+	r, err := worker.ParseRole(s.WorkerType)
+	if err != nil {
+		return spec, false, err
 	}
+	spec.Role = r
 	if len(s.BootstrapPort) > 0 && string(s.BootstrapPort) != "null" {
-		return errors.New("bootstrap_port: prefill (PD disaggregation) workers are not supported yet; tether routes regular workers only")
+		var port int
+		if json.Unmarshal(s.BootstrapPort, &port) != nil || port <= 0 || port > 65535 {
+			return spec, false, fmt.Errorf("bootstrap_port %s: want a port 1..65535 or null", s.BootstrapPort)
+		}
+		if r != worker.Prefill {
+			return spec, false, errors.New("bootstrap_port: only a prefill worker has one")
+		}
+		spec.BootstrapPort = port
 	}
-	return nil
+	return spec, s.WorkerType != "", nil
 }
 
 // workerURL reads the url from the query (?url=U[&max_in_flight=N]) or a
@@ -268,8 +275,10 @@ type Answer struct {
 
 func (s *Server) add(w http.ResponseWriter, r *http.Request) (registry.Info, bool) {
 	spec, err := workerURL(r)
+	var role registry.RoleSpec
+	var given bool
 	if err == nil {
-		err = spec.check()
+		role, given, err = spec.role()
 	}
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
@@ -282,6 +291,13 @@ func (s *Server) add(w http.ResponseWriter, r *http.Request) (registry.Info, boo
 		}
 		if err := s.cfg.SetKVEvents(spec.URL, spec.KVEvents, spec.KVEventsReplay); err != nil {
 			writeError(w, http.StatusBadRequest, err.Error())
+			return registry.Info{}, false
+		}
+	}
+	if given {
+		// Before the add: the worker takes its place with its role.
+		if _, err := s.cfg.Registry.SetRole(spec.URL, role); err != nil {
+			s.fail(w, err)
 			return registry.Info{}, false
 		}
 	}

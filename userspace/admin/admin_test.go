@@ -322,8 +322,8 @@ func TestMaxInFlight(t *testing.T) {
 // sglang-router clients (slime, miles) as their code is written: worker
 // "id" in the list, stable for a url; removal by that id; a re-add of a
 // registered engine (restarted on the same host:port) is a no-op 200;
-// dp-rank urls and prefill/decode workers are refused with a clear
-// message; aliases of one engine share a slot; drain and undrain.
+// dp-rank urls and bad roles are refused with a clear message, P/D
+// roles are taken (worker_type, bootstrap_port); aliases of one engine share a slot; drain and undrain.
 func TestSGLangRouterClients(t *testing.T) {
 	e := newEnv(t, "")
 	var a Answer
@@ -350,13 +350,31 @@ func TestSGLangRouterClients(t *testing.T) {
 		body, want string
 	}{
 		{`{"url":"` + wurl(2) + `@1"}`, "data-parallel rank"},
-		{`{"url":"` + wurl(2) + `","worker_type":"prefill","bootstrap_port":8998}`, "prefill/decode"},
-		{`{"url":"` + wurl(2) + `","worker_type":"decode"}`, "prefill/decode"},
-		{`{"url":"` + wurl(2) + `","bootstrap_port":8998}`, "bootstrap_port"},
+		{`{"url":"` + wurl(2) + `","worker_type":"encode"}`, "worker_type"},
+		{`{"url":"` + wurl(2) + `","worker_type":"decode","bootstrap_port":8998}`, "only a prefill"},
+		{`{"url":"` + wurl(2) + `","bootstrap_port":8998}`, "only a prefill"},
+		{`{"url":"` + wurl(2) + `","worker_type":"prefill","bootstrap_port":70000}`, "bootstrap_port"},
 	} {
 		var eb ErrorBody
 		if code := e.call("POST", "/workers", c.body, &eb); code != 400 || !strings.Contains(eb.Error.Message, c.want) {
 			t.Errorf("%s: %d %q", c.body, code, eb.Error.Message)
+		}
+	}
+	// P/D roles as slime and miles register them: the answer and the
+	// list show the role (and a prefill's bootstrap port).
+	for _, c := range []struct {
+		body, role string
+		port       int
+	}{
+		{`{"url":"` + wurl(2) + `","worker_type":"prefill","bootstrap_port":8999}`, "prefill", 8999},
+		{`{"url":"` + wurl(3) + `","worker_type":"decode","bootstrap_port":null}`, "decode", 0},
+	} {
+		var pa Answer
+		if code := e.call("POST", "/workers", c.body, &pa); code != 200 || pa.Role != c.role || pa.BootstrapPort != c.port {
+			t.Fatalf("%s: %d role %q port %d", c.body, code, pa.Role, pa.BootstrapPort)
+		}
+		if code := e.call("DELETE", "/workers/"+pa.ID, "", nil); code != 200 {
+			t.Fatalf("delete %s: %d", pa.URL, code)
 		}
 	}
 	// Drain, undrain by id.

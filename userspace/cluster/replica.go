@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tether-rl/tether/userspace/registry"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 func quietLogger() *zap.Logger { return zap.NewNop() }
@@ -28,6 +29,12 @@ type Registry interface {
 	Get(id string) (registry.Info, error)
 	List() []registry.Info
 	WaitHealthy(ctx context.Context, url string) error
+}
+
+// roleRegistry is a Registry that keeps P/D roles (registry.Registry).
+type roleRegistry interface {
+	SetRole(url string, spec registry.RoleSpec) (string, error)
+	RoleOf(url string) (registry.RoleSpec, bool)
 }
 
 // Replica keeps the local registry equal to the cluster's table: it
@@ -311,6 +318,7 @@ func (r *Replica) apply() {
 	}
 	for slot, d := range desired {
 		in, ok := have[slot]
+		applyRole(r.reg, d)
 		if !ok {
 			var err error
 			if in, err = r.reg.Put(slot, d.URL, registry.OriginCluster); err != nil {
@@ -399,7 +407,13 @@ func (r *Replica) Add(ctx context.Context, rawURL string, origin registry.Origin
 	capacity := r.pending[canon]
 	delete(r.pending, canon)
 	r.mu.Unlock()
-	slot, err := r.store.Claim(ctx, Spec{URL: canon, MaxInFlight: capacity}, 0)
+	spec := Spec{URL: canon, MaxInFlight: capacity}
+	if rr, ok := r.reg.(roleRegistry); ok {
+		if rs, ok := rr.RoleOf(canon); ok && rs.Role != worker.Regular {
+			spec.Role, spec.BootstrapPort = rs.Role.String(), rs.BootstrapPort
+		}
+	}
+	slot, err := r.store.Claim(ctx, spec, 0)
 	if err != nil {
 		return registry.Info{}, storeErr(err)
 	}
@@ -544,4 +558,21 @@ func Register(ctx context.Context, s *Store, rawURL string, ttl time.Duration) (
 		ch <- fmt.Errorf("%w: lease renewals stopped", ErrUnavailable)
 	}()
 	return slot, ch, nil
+}
+
+// applyRole gives the local registry the P/D role the table names for d
+// (before its worker takes its slot, or at once if it holds one).
+func applyRole(r Registry, d Spec) {
+	reg, ok := r.(roleRegistry)
+	if d.Role == "" || !ok {
+		return
+	}
+	role, err := worker.ParseRole(d.Role)
+	if err != nil {
+		return
+	}
+	want := registry.RoleSpec{Role: role, BootstrapPort: d.BootstrapPort}
+	if cur, ok := reg.RoleOf(d.URL); !ok || cur != want {
+		reg.SetRole(d.URL, want)
+	}
 }

@@ -5,7 +5,7 @@
 //
 // Keys, under /tether/<name>/:
 //
-//	workers/<slot, 4 digits>   {"url":..., "draining":bool, "max_in_flight":n}
+//	workers/<slot, 4 digits>   {"url":..., "draining":bool, "max_in_flight":n, "role":r, "bootstrap_port":p}
 //	urls/<canonical url, path-escaped>   the slot, decimal
 //
 // Both keys of a worker are written and deleted in one transaction; a
@@ -33,6 +33,11 @@ type Spec struct {
 	URL         string `json:"url"`
 	Draining    bool   `json:"draining,omitempty"`
 	MaxInFlight uint64 `json:"max_in_flight,omitempty"`
+	// Role: "prefill" or "decode" in a P/D fleet ("": regular, or
+	// learned by each replica from the engine); a prefill's bootstrap
+	// port (0: unknown).
+	Role          string `json:"role,omitempty"`
+	BootstrapPort int    `json:"bootstrap_port,omitempty"`
 	// Lease is set (by the reader) when the entry lives on a lease: a
 	// self-registered worker.
 	Lease int64 `json:"-"`

@@ -10,6 +10,7 @@ import (
 	"github.com/tether-rl/tether/userspace/fleet"
 	"github.com/tether-rl/tether/userspace/registry"
 	"github.com/tether-rl/tether/userspace/sticky"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // Cluster mode (--cluster etcd://...): the worker table lives in etcd and
@@ -57,7 +58,11 @@ func (d *Daemon) claimStartup(ctx context.Context, store *cluster.Store, workers
 	for len(left) > 0 && ctx.Err() == nil {
 		canon, _, err := registry.ParseURL(left[0])
 		if err == nil {
-			_, err = store.Claim(ctx, cluster.Spec{URL: canon}, 0)
+			spec := cluster.Spec{URL: canon}
+			if rs, ok := d.Registry.RoleOf(canon); ok && rs.Role != worker.Regular {
+				spec.Role, spec.BootstrapPort = rs.Role.String(), rs.BootstrapPort
+			}
+			_, err = store.Claim(ctx, spec, 0)
 		}
 		switch {
 		case err == nil || errors.Is(err, cluster.ErrDuplicate):

@@ -95,6 +95,11 @@ func (d *Daemon) newRegistry(opts Options) error {
 		}
 	}
 	all := append(opts.Workers[:len(opts.Workers):len(opts.Workers)], opts.StartedWorkers...)
+	pdURLs, err := d.givePDRoles(opts)
+	if err != nil {
+		return err
+	}
+	all = append(all, pdURLs...)
 	if opts.Cluster != "" {
 		return d.startCluster(opts, all)
 	}
@@ -131,7 +136,7 @@ func (d *Daemon) newControl(opts Options) error {
 		},
 	})
 	d.registerKVMetrics() // kvevents_metrics.go
-
+	d.pd.register(d.Metrics.Registry())
 	for _, w := range d.Table.Snapshot() {
 		if w != nil {
 			d.Metrics.SetWorker(w)
@@ -333,6 +338,11 @@ func (d *Daemon) startControl(opts Options) {
 	d.ctl.trimStop = make(chan struct{})
 	d.startTrim(d.ctl.trimStop)
 	d.startUI()
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		d.pd.discover(d.ctl.trimStop, d.Registry)
+	}()
 }
 
 // stopControl stops the --spawn processes (TERM, then KILL after the

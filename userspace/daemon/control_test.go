@@ -586,7 +586,7 @@ func TestAdminUnderBadInputAndContention(t *testing.T) {
 		{"POST", "/workers", `{"url":"http://127.0.0.1:99999"}`},
 		{"POST", "/workers", `{"url":"http://127.0.0.1:1","max_in_flight":-1}`},
 		{"POST", "/workers", `{"url":"http://127.0.0.1:1"} trailing`},
-		{"POST", "/workers", `{"url":"http://127.0.0.1:1","worker_type":"prefill"}`},
+		{"POST", "/workers", `{"url":"http://127.0.0.1:1","worker_type":"encode"}`},
 		{"POST", "/add_worker?url=", ""},
 		{"POST", "/add_worker?url=%zz", ""},
 		{"POST", "/remove_worker?url=http://127.0.0.1:1", ""},

@@ -54,6 +54,16 @@ type Options struct {
 	BPF       bpf.Mode // steering: auto (default, also ""), required or off
 	PinDir    string   // bpffs directory of the maps; default bpf.DefaultPinDir
 	Workers   []string // backend URLs, slot = index
+	// Prefill and Decode are the workers of a P/D fleet (--prefill URL,
+	// with ?bootstrap_port=N, and --decode URL), in the slots after
+	// Workers' and StartedWorkers' (pd.go).
+	Prefill, Decode []string
+	// PDProtocol: auto, sglang or vllm (--pd-protocol).
+	PDProtocol PDProtocol
+	// PDLetMissingKVParams: a vLLM prefill's answer without
+	// kv_transfer_params goes on to the decode (which recomputes the
+	// prompt) instead of a 502 (--pd-allow-recompute).
+	PDLetMissingKVParams bool
 	// StartedWorkers are workers the caller started for this tetherd
 	// (cmd/tetherd's --demo): in the slots after Workers', origin "demo":
 	// removable, left alone by a reload, not handed over by an upgrade.
@@ -69,7 +79,7 @@ type Options struct {
 	// Proxy is the data plane's configuration: its flags (RegisterFlags:
 	// timeouts, limits, the queue, --max-conns, --io-uring) write its
 	// settings straight into it; a zero setting takes DataPlaneDefaults' value
-	// (dataplane.go). New fills in the wiring (Router, Table, Local,
+	// (dataplane.go). New fills in the wiring (Router, Table, Local, PD,
 	// Observe, Hold, PeekBody, RouteHeader, InstanceID, Log): whatever is
 	// there is replaced.
 	Proxy proxy.Config
@@ -133,6 +143,7 @@ type Daemon struct {
 	Stats      *stats.Table
 	routing    *routing
 	kv         *kvWiring // KV-event placement (kvevents.go); nil: off
+	pd         *pdPlane
 	Group      *listener.Group
 	lns        []net.Listener
 	wg         sync.WaitGroup
@@ -191,10 +202,10 @@ func New(opts Options) (*Daemon, error) {
 		return nil, fmt.Errorf("--listeners %d: at most %d", opts.Listeners, stats.MaxSlots)
 	}
 	bad := opts.BadSession
-	if len(opts.Workers) == 0 && len(opts.StartedWorkers) == 0 && opts.Spawn.N == 0 && opts.Admin == "" && !opts.AdminOnDataPort {
+	if len(opts.Workers) == 0 && len(opts.StartedWorkers) == 0 && len(opts.Prefill)+len(opts.Decode) == 0 && opts.Spawn.N == 0 && opts.Admin == "" && !opts.AdminOnDataPort {
 		return nil, errors.New("no workers: give --worker URL (repeatable), --demo N or --spawn N, or an admin API (--admin) to add them later")
 	}
-	if len(opts.Workers)+len(opts.StartedWorkers)+opts.Spawn.N > stats.MaxWorkers {
+	if len(opts.Workers)+len(opts.StartedWorkers)+len(opts.Prefill)+len(opts.Decode)+opts.Spawn.N > stats.MaxWorkers {
 		return nil, fmt.Errorf("too many workers: at most %d", stats.MaxWorkers)
 	}
 	for _, w := range append(opts.Workers[:len(opts.Workers):len(opts.Workers)], opts.StartedWorkers...) {
@@ -234,6 +245,7 @@ func New(opts Options) (*Daemon, error) {
 		return nil, err
 	}
 	d.Group, d.lns, d.Stats = g, g.Listeners(), g.Stats()
+	d.pd = newPDPlane(d, opts)
 
 	if err := d.newRegistry(opts); err != nil {
 		return nil, err
@@ -263,6 +275,7 @@ func New(opts Options) (*Daemon, error) {
 	pc.Local = d.localHook(opts)
 	pc.Observe = d.observe
 	pc.Hold = d.Fleet
+	pc.PD = d.pd
 	pc.Table = d.Table
 	pc.InstanceID = d.InstanceID
 	pc.Log = opts.Log
@@ -341,5 +354,8 @@ func (d *Daemon) Close() {
 	d.routing.close()
 	if d.kv != nil {
 		d.kv.close()
+	}
+	if d.pd != nil {
+		d.pd.close()
 	}
 }

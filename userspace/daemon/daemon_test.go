@@ -29,7 +29,7 @@ import (
 
 // startDaemon runs tetherd in-process on loopback, with its counters in
 // this process (no BPF maps pinned for the whole machine).
-func startDaemon(t *testing.T, opts Options) *Daemon {
+func startDaemon(t testing.TB, opts Options) *Daemon {
 	t.Helper()
 	opts.BPF = "off"
 	return serveDaemon(t, opts)
@@ -64,7 +64,7 @@ func urlsOf(ss []*demo.Server) []string {
 
 // serveDaemon runs tetherd in-process on loopback with opts as given and
 // shuts it down (checked) when the test ends.
-func serveDaemon(t *testing.T, opts Options) *Daemon {
+func serveDaemon(t testing.TB, opts Options) *Daemon {
 	t.Helper()
 	opts.Listen = "127.0.0.1:0"
 	if opts.Log == nil {

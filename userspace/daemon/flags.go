@@ -52,6 +52,10 @@ func (o *Options) settings() []config.Setting {
 	return []config.Setting{
 		config.Str(&o.Listen, "listen", "127.0.0.1:8080", "data-plane address", nil),
 		config.List(&o.Workers, "worker", nil, false, "backend worker URL (repeatable; slot = order given)"),
+		config.List(&o.Prefill, "prefill", nil, false, "P/D: a prefill worker URL (repeatable); its SGLang bootstrap port as ?bootstrap_port=N, else the engine's /server_info, else 8998"),
+		config.List(&o.Decode, "decode", nil, false, "P/D: a decode worker URL (repeatable)"),
+		config.Mode(&o.PDProtocol, "pd-protocol", PDAuto, "P/D protocol: auto (vLLM NIXL where the prefills run vLLM, else SGLang bootstrap rooms), sglang or vllm", ParsePDProtocol),
+		config.Bool(&o.PDLetMissingKVParams, "pd-allow-recompute", false, "P/D (vLLM): a prefill answer without kv_transfer_params goes on to the decode, which recomputes the prompt (default: counted and answered 502)"),
 		config.Str(&o.Cluster, "cluster", "", "etcd://HOST:PORT[,HOST:PORT...]: keep the worker table in etcd, shared by every tetherd of the same --cluster-name (docs/cluster.md)", nil),
 		config.Str(&o.ClusterName, "cluster-name", "", "the cluster's name, the key prefix /tether/<name>/ in etcd (default \"default\" with --cluster)", nil),
 		config.Bool(&o.ClusterShareSessions, "cluster-share-sessions", false, "with --cluster: also write each new sticky assignment (learned session ids, sticky keys, spills) to etcd, so every replica routes the session the same way"),

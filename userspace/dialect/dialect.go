@@ -152,6 +152,9 @@ type Dialect struct {
 	// paused; the engine serves them paused, so tetherd never holds them.
 	NeverHeld []string
 
+	// Generation: the paths of generation requests, which a P/D fleet
+	// serves over a prefill/decode pair (userspace/pd).
+	Generation []string
 	// PauseInBody: a client's pause names its mode in a JSON body (else
 	// in the query). PauseModes lists the modes for error messages.
 	PauseInBody bool
@@ -452,3 +455,31 @@ func Default() Kind {
 // SetVersionMissing is the refusal of a SetVersion update whose body
 // names no version.
 const SetVersionMissing = `"new_version" must be a non-empty string`
+
+// IsGeneration reports whether path (with or without a query) is a
+// generation path of engine k (Unknown: of any engine).
+func IsGeneration(k Kind, path []byte) bool {
+	if q := indexByte(path, '?'); q >= 0 {
+		path = path[:q]
+	}
+	for _, d := range order {
+		if k != Unknown && d.Kind != k {
+			continue
+		}
+		for _, g := range d.Generation {
+			if string(path) == g {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func indexByte(b []byte, c byte) int {
+	for i, x := range b {
+		if x == c {
+			return i
+		}
+	}
+	return -1
+}

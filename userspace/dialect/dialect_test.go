@@ -337,3 +337,55 @@ func TestFields(t *testing.T) {
 		t.Errorf("%v allocations", n)
 	}
 }
+
+func TestParseDisaggregation(t *testing.T) {
+	for _, c := range []struct {
+		body string
+		mode string
+		port int
+		ok   bool
+	}{
+		{`{"disaggregation_mode":"prefill","disaggregation_bootstrap_port":8998}`, "prefill", 8998, true},
+		{`{"disaggregation_mode":"decode"}`, "decode", 0, true},
+		{`{"disaggregation_mode":"null","disaggregation_bootstrap_port":null}`, "", 0, true},
+		{`{"disaggregation_bootstrap_port":70000}`, "", 0, true},
+		{`{"disaggregation_bootstrap_port":"8998"}`, "", 0, true},
+		{`[]`, "", 0, false},
+		{``, "", 0, false},
+	} {
+		mode, port, ok := ParseDisaggregation([]byte(c.body))
+		if mode != c.mode || port != c.port || ok != c.ok {
+			t.Errorf("%s: %q %d %v, want %q %d %v", c.body, mode, port, ok, c.mode, c.port, c.ok)
+		}
+	}
+}
+
+func FuzzParseDisaggregation(f *testing.F) {
+	f.Add([]byte(`{"disaggregation_mode":"prefill","disaggregation_bootstrap_port":8998}`))
+	f.Add([]byte(`{"disaggregation_mode":null}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		mode, port, ok := ParseDisaggregation(b)
+		if !ok && (mode != "" || port != 0) {
+			t.Fatalf("not ok but %q %d", mode, port)
+		}
+		if port < 0 || port > 65535 {
+			t.Fatalf("port %d", port)
+		}
+	})
+}
+
+func TestIsGeneration(t *testing.T) {
+	for _, c := range []struct {
+		k    Kind
+		path string
+		want bool
+	}{
+		{Unknown, "/generate", true}, {SGLang, "/generate", true}, {VLLM, "/generate", false},
+		{Unknown, "/v1/chat/completions?x=1", true}, {VLLM, "/v1/completions", true},
+		{Unknown, "/v1/models", false}, {Unknown, "/generate/x", false}, {Unknown, "/health_generate", false},
+	} {
+		if got := IsGeneration(c.k, []byte(c.path)); got != c.want {
+			t.Errorf("IsGeneration(%v, %q) = %v", c.k, c.path, got)
+		}
+	}
+}

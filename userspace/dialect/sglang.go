@@ -57,6 +57,8 @@ var sglang = &Dialect{
 		"/init_weights_send_group_for_remote_instance", "/send_weights_to_remote_instance",
 	},
 
+	Generation: []string{"/generate", "/v1/completions", "/v1/chat/completions"},
+
 	PauseInBody: true,
 	PauseModes:  "abort, in_place or retract",
 	ClientPause: func(body []byte, _ url.Values) (string, []byte, string) {
@@ -204,4 +206,32 @@ func parseSGLangLoads(body []byte) (Load, error) {
 		s.HitRate = hit / float64(nHit)
 	}
 	return s, nil
+}
+
+// SGLang's P/D disaggregation: GET /server_info names the engine's mode
+// ("prefill", "decode", or "null" for a regular engine) and a prefill's
+// bootstrap port.
+
+// ServerInfoCall is the call that asks an engine its P/D mode.
+func ServerInfoCall() Call { return Call{Method: "GET", Path: "/server_info"} }
+
+// ParseDisaggregation reads /server_info's disaggregation_mode ("prefill",
+// "decode"; "" for none or "null") and disaggregation_bootstrap_port (0:
+// not given). ok is false for a body that is not a JSON object.
+func ParseDisaggregation(body []byte) (mode string, bootstrapPort int, ok bool) {
+	var v struct {
+		Mode *string         `json:"disaggregation_mode"`
+		Port json.RawMessage `json:"disaggregation_bootstrap_port"`
+	}
+	if err := json.Unmarshal(body, &v); err != nil {
+		return "", 0, false
+	}
+	if v.Mode != nil && *v.Mode != "null" {
+		mode = *v.Mode
+	}
+	var port int
+	if json.Unmarshal(v.Port, &port) == nil && port > 0 && port < 65536 {
+		bootstrapPort = port
+	}
+	return mode, bootstrapPort, true
 }

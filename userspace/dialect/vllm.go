@@ -29,6 +29,8 @@ func init() { register(vllm) }
 var vllm = &Dialect{
 	Kind: VLLM,
 	Name: "vllm",
+
+	Generation: []string{"/v1/completions", "/v1/chat/completions"},
 	Serves: map[string]Endpoint{
 		"/abort_requests": {Op: OpAbort},
 		"/pause":          {Op: OpPause},

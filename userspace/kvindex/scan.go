@@ -42,7 +42,6 @@ const provisionalBlockSize = 16
 // Matched returns the tokens engine id holds of the request.
 func (m *Match) Matched(id EngineID) int { return int(m.Blocks[id]) * m.BlockSize }
 
-
 // Scan reads the request body's first bytes (body; contentLength the
 // whole body's length, -1 when unknown) into m. ok false: no token ids in
 // it (no such field, a text prompt, no events yet, malformed JSON).

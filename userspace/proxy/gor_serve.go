@@ -86,6 +86,9 @@ func (c *conn) serveOne() bool {
 		c.s.counters.Local.Add(1)
 		return c.serveLocal(h)
 	}
+	if c.pdTakes() {
+		return c.servePD()
+	}
 	var peek []byte
 	if req.HasBody() {
 		peek = c.peekBody()

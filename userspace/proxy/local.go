@@ -134,6 +134,11 @@ func (s *Server) serveProbe(w http.ResponseWriter, r *http.Request, up, down str
 	if b.HealthyWorkers == 0 {
 		code, b.Status = http.StatusServiceUnavailable, down
 	}
+	if p := s.cfg.PD; p != nil {
+		if active, ready := p.Ready(); active && !ready {
+			code, b.Status = http.StatusServiceUnavailable, down
+		}
+	}
 	writeHealth(w, code, b)
 }
 

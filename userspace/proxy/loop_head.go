@@ -105,7 +105,7 @@ func (l *loop) next(c *conn) step {
 				}
 			}
 		}
-		if err != nil || local != nil || !l.fast(c) {
+		if err != nil || local != nil || c.pdTakes() || !l.fast(c) {
 			return l.toGoroutine(c, handoff{}) // parsed again there: answered or served
 		}
 		if l.peekShort(c) {

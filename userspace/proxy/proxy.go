@@ -121,6 +121,9 @@ type Config struct {
 	// Hold, when set, keeps requests from workers during a fleet weight
 	// sync (hold.go, userspace/fleet).
 	Hold Hold
+	// PD, when set, serves the generation requests of a prefill/decode
+	// fleet over pairs (pd.go).
+	PD PD
 
 	Log *slog.Logger
 }

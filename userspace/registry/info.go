@@ -30,6 +30,10 @@ type Info struct {
 	Status  string `json:"status"`
 	Healthy bool   `json:"healthy"` // last verdict of the health checks
 	Origin  Origin `json:"origin"`
+	// Role: regular, prefill or decode (worker.Role); a prefill's
+	// bootstrap port where known.
+	Role          string `json:"role"`
+	BootstrapPort int    `json:"bootstrap_port,omitempty"`
 	// From the slot's counters (shared with the BPF maps when BPF is on).
 	InFlight uint64 `json:"in_flight"`
 	// MaxInFlight: the capacity above which the worker takes no new keys
@@ -106,6 +110,11 @@ func (r *Registry) infoLocked(e *entry) Info {
 		in.InFlight, in.Requests, in.Errors = s.InFlight, s.Requests, s.Errors
 		in.Engine = engineInfo(e.w)
 		in.Decisions = route.Decisions(e.w)
+		in.Role, in.BootstrapPort = e.w.Role().String(), e.w.BootstrapPort()
+	} else if rs, ok := r.roles[e.url]; ok {
+		in.Role, in.BootstrapPort = rs.Role.String(), rs.BootstrapPort
+	} else {
+		in.Role = worker.Regular.String()
 	}
 	return in
 }

@@ -208,8 +208,9 @@ type Registry struct {
 	// pendingSeq files pending adds under keys below 0 in entries (they
 	// hold no slot until their first good health check; adds.go).
 	pendingSeq int
-	capacity   map[string]uint64 // max_in_flight by worker url (SetCapacity, slots.go)
-	panic      bool              // every routable worker unhealthy (health.go)
+	capacity   map[string]uint64   // max_in_flight by worker url (SetCapacity, slots.go)
+	roles      map[string]RoleSpec // prefill/decode roles by worker url (SetRole, roles.go)
+	panic      bool                // every routable worker unhealthy (health.go)
 	closed     bool
 	stop       chan struct{}
 	wg         sync.WaitGroup
@@ -233,6 +234,7 @@ func New(opts Options) *Registry {
 		retiring: make(map[int]*retiree),
 		lastURL:  make(map[int]string),
 		capacity: make(map[string]uint64),
+		roles:    make(map[string]RoleSpec),
 		stop:     make(chan struct{}),
 	}
 }

@@ -139,6 +139,9 @@ func (r *Registry) Retarget(slot int, rawURL string) error {
 		w = &worker.Worker{Slot: slot, URL: canon, Addr: addr, ID: worker.ID(canon), Stats: old.Stats,
 			Pool: upstream.New(addr, old.Stats, r.opts.Pool)}
 		w.SetMaxInFlight(r.capacityLocked(canon))
+		if rs, ok := r.roles[canon]; ok {
+			w.SetRole(rs.Role, rs.BootstrapPort)
+		}
 		w.SetState(old.BaseState())
 		w.Fence(old.Fenced())
 		e.w = w
@@ -172,6 +175,9 @@ func (r *Registry) activateLocked(e *entry) *worker.Worker {
 	r.lastURL[e.slot] = e.url
 	w := &worker.Worker{Slot: e.slot, URL: e.url, Addr: e.addr, ID: worker.ID(e.url), Stats: ws, Pool: upstream.New(e.addr, ws, r.opts.Pool)}
 	w.SetMaxInFlight(r.capacityLocked(e.url))
+	if rs, ok := r.roles[e.url]; ok {
+		w.SetRole(rs.Role, rs.BootstrapPort)
+	}
 	// A drain asked while the worker was pending holds from its first
 	// moment in the table: it takes no new sessions or keys.
 	if e.draining {

@@ -71,6 +71,9 @@ type Worker struct {
 	decided [MaxReasons]atomic.Uint64
 
 	load engineLoad // engine signals (engine_load.go)
+
+	role      atomic.Int32 // Role (role.go)
+	bootstrap atomic.Int32 // a prefill's bootstrap port (role.go)
 }
 
 // ID is the identity of the worker at url in sticky entries: 32 bits of

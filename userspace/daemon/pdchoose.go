@@ -1,0 +1,231 @@
+package daemon
+
+import (
+	"context"
+	"net/http"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/tether-rl/tether/userspace/dialect"
+	"github.com/tether-rl/tether/userspace/fleet"
+	"github.com/tether-rl/tether/userspace/jsonpeek"
+	"github.com/tether-rl/tether/userspace/keyhash"
+	"github.com/tether-rl/tether/userspace/pd"
+	"github.com/tether-rl/tether/userspace/worker"
+)
+
+// pairChooser places P/D requests over the worker table (pd.PairChooser):
+// the prefill by prefix affinity (the routing key of --key-header, else a
+// hash of the prompt's first bytes: a GRPO group's samples and a
+// session's turns reach the same prefill while it is healthy and under
+// twice the average load; rendezvous hashing, so a prefill that leaves
+// moves only its own keys), the decode by load (the engine signals and
+// tetherd's in-flight count, EngineScore); a pair whose sides are on
+// different weight versions (fleet.Version) takes no work. Both sides
+// count the request from Choose (their gate and in-flight count) until
+// Release.
+type pairChooser struct {
+	table      *worker.Table
+	fleet      *fleet.Fleet
+	keyHeaders []string
+
+	mu    sync.Mutex
+	taken map[pairSide]*worker.Worker // the worker objects counted, for Release
+}
+
+type pairSide struct {
+	slot int
+	url  string
+}
+
+// prefixBytes of the prompt decide its prefill when no key is given.
+const prefixBytes = 256
+
+// affinity returns the request's affinity hash and what it came from.
+func (c *pairChooser) affinity(req *pd.Request) (uint64, string) {
+	for _, h := range c.keyHeaders {
+		if v := req.Header.Get(h); v != "" {
+			return keyhash.String(v), "key"
+		}
+	}
+	o := jsonpeek.Open(req.Body)
+	for {
+		m, st := o.Next()
+		if st != jsonpeek.OK {
+			return 0, ""
+		}
+		for _, f := range dialect.PromptFields() {
+			if m.KeyIs(f) {
+				v := m.Value
+				if len(v) > prefixBytes {
+					v = v[:prefixBytes]
+				}
+				return keyhash.Sum(v), "prefix"
+			}
+		}
+	}
+}
+
+type scored struct {
+	w     *worker.Worker
+	score float64
+}
+
+// holding reports whether the fleet holds generation requests (a weight
+// sync, or a retiring tetherd's hand-over).
+func (c *pairChooser) holding() bool {
+	return c.fleet != nil && (c.fleet.Phase() != fleet.Serving || c.fleet.Forwarding() != nil)
+}
+
+// Choose implements pd.PairChooser. While the fleet holds (a retry, or a
+// pause that began after the proxy's hold let the request through) it
+// waits in the hold first; a pair taken as a pause began is given back
+// and the request waits, so no leg reaches an engine the pause saw quiet.
+func (c *pairChooser) Choose(ctx context.Context, req *pd.Request, attempt int, failed *pd.Pair) (pd.Pair, error) {
+	var until time.Time
+	for {
+		if c.holding() {
+			if until.IsZero() {
+				until = time.Now().Add(c.fleet.Timeout())
+			}
+			if c.fleet.Wait(nil, ctx.Done(), until) != worker.HoldReleased {
+				return pd.Pair{}, pd.ErrNoPair
+			}
+			continue
+		}
+		p, err := c.choose(req, failed)
+		if err != nil || !c.holding() {
+			return p, err
+		}
+		c.Release(p, false)
+	}
+}
+
+func (c *pairChooser) choose(req *pd.Request, failed *pd.Pair) (pd.Pair, error) {
+	snap := c.table.Snapshot()
+	var ps, ds []scored
+	var load float64
+	for _, w := range snap {
+		if w == nil || w.State() != worker.Healthy {
+			continue
+		}
+		switch w.Role() {
+		case worker.Prefill:
+			ps = append(ps, scored{w: w})
+			load += float64(w.Stats.Pending())
+		case worker.Decode:
+			s, vetoed := w.EngineScore()
+			if vetoed {
+				s += 1e9 // last resort
+			}
+			ds = append(ds, scored{w: w, score: s})
+		}
+	}
+	if len(ps) == 0 || len(ds) == 0 {
+		return pd.Pair{}, pd.ErrNoPair
+	}
+	if failed != nil {
+		ps = avoid(ps, failed.Prefill)
+		ds = avoid(ds, failed.Decode)
+	}
+	h, why := c.affinity(req)
+	bound := 2*load/float64(len(ps)) + 2
+	for i := range ps {
+		w := ps[i].w
+		if why != "" {
+			ps[i].score = -float64(keyhash.Mix(h^uint64(w.Ident())) >> 11)
+		} else {
+			ps[i].score = float64(w.Stats.Pending())
+		}
+		if float64(w.Stats.Pending()) >= bound {
+			ps[i].score += 1e18 // over its bounded load: the others first
+		}
+	}
+	sort.SliceStable(ps, func(i, j int) bool { return ps[i].score < ps[j].score })
+	sort.SliceStable(ds, func(i, j int) bool { return ds[i].score < ds[j].score })
+	reason := "prefill-least"
+	if why != "" {
+		reason = "prefill-" + why
+	}
+	for pi, p := range ps {
+		pv := c.version(p.w)
+		if !p.w.TryAdmit() {
+			continue
+		}
+		for _, d := range ds {
+			if c.version(d.w) != pv || !d.w.TryAdmit() {
+				continue
+			}
+			p.w.Stats.Begin()
+			d.w.Stats.Begin()
+			r := reason
+			if pi > 0 && why != "" {
+				r = "prefill-" + why + "-spill"
+			}
+			pair := pd.Pair{
+				Prefill: pd.Worker{URL: p.w.URL, Slot: p.w.Slot, BootstrapPort: p.w.BootstrapPort()},
+				Decode:  pd.Worker{URL: d.w.URL, Slot: d.w.Slot},
+				Reason:  r + " decode-least-load",
+			}
+			c.mu.Lock()
+			if c.taken == nil {
+				c.taken = map[pairSide]*worker.Worker{}
+			}
+			c.taken[pairSide{p.w.Slot, p.w.URL}] = p.w
+			c.taken[pairSide{d.w.Slot, d.w.URL}] = d.w
+			c.mu.Unlock()
+			return pair, nil
+		}
+		p.w.Leave()
+	}
+	return pd.Pair{}, pd.ErrNoPair
+}
+
+// version is w's weight version as the fleet knows it ("" unknown).
+func (c *pairChooser) version(w *worker.Worker) string {
+	if c.fleet == nil {
+		return ""
+	}
+	return c.fleet.Version(w.URL)
+}
+
+// avoid drops the failed side where another is left.
+func avoid(ws []scored, failed pd.Worker) []scored {
+	if len(ws) < 2 {
+		return ws
+	}
+	out := ws[:0:0]
+	for _, s := range ws {
+		if s.w.Slot != failed.Slot || s.w.URL != failed.URL {
+			out = append(out, s)
+		}
+	}
+	if len(out) == 0 {
+		return ws
+	}
+	return out
+}
+
+// Release implements pd.PairChooser.
+func (c *pairChooser) Release(p pd.Pair, failed bool) {
+	c.mu.Lock()
+	pw := c.taken[pairSide{p.Prefill.Slot, p.Prefill.URL}]
+	dw := c.taken[pairSide{p.Decode.Slot, p.Decode.URL}]
+	c.mu.Unlock()
+	for _, w := range []*worker.Worker{pw, dw} {
+		if w != nil {
+			w.Stats.End(failed)
+			w.Leave()
+		}
+	}
+}
+
+// keyHeadersOf returns the routing key headers in canonical form.
+func keyHeadersOf(hs []string) []string {
+	out := make([]string, len(hs))
+	for i, h := range hs {
+		out[i] = http.CanonicalHeaderKey(h)
+	}
+	return out
+}
