@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/jsonedit"
 )
 
@@ -165,18 +166,19 @@ func (s *Server) drop(ch <-chan legResult) {
 	}()
 }
 
-// abort asks an SGLang engine to abort rids (POST /abort_request {"rid"}),
-// all at once, each bounded by AbortTimeout, and waits for them.
+// abort asks an SGLang engine to abort rids (its abort by id, in
+// dialect's words), all at once, each bounded by AbortTimeout, and waits
+// for them.
 func (s *Server) abort(w Worker, rids []string) {
 	var wg sync.WaitGroup
-	for _, rid := range rids {
+	for _, call := range dialect.For(dialect.SGLang).AbortIDs(rids, nil) {
+		rid := strings.Join(call.IDs, ",")
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), s.cfg.AbortTimeout)
 			defer cancel()
-			body := append(jsonedit.AppendString([]byte(`{"rid":`), rid), '}')
-			hr, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(w.URL, "/")+"/abort_request", bytes.NewReader(body))
+			hr, err := http.NewRequestWithContext(ctx, call.Method, strings.TrimSuffix(w.URL, "/")+call.Path, bytes.NewReader(call.Body))
 			if err == nil {
 				hr.Header.Set("Content-Type", "application/json")
 				var resp *http.Response
