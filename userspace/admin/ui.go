@@ -103,7 +103,6 @@ func Since(now, base uint64) uint64 {
 // its state on the page and why.
 type UIWorker struct {
 	registry.Info
-	Role string `json:"role"` // regular (prefill/decode workers are not routed yet)
 	// View: serving, paused, updating, fenced, draining, unhealthy,
 	// pending or removed; Reason says why it is not serving.
 	View   string `json:"view"`
@@ -230,7 +229,7 @@ func (s *Server) State(since time.Time) UIState {
 			}
 		}
 		b := base[in.Slot]
-		uw := UIWorker{Info: in, Role: "regular", RunRequests: Since(in.Requests, b.Requests), RunErrors: Since(in.Errors, b.Errors)}
+		uw := UIWorker{Info: in, RunRequests: Since(in.Requests, b.Requests), RunErrors: Since(in.Errors, b.Errors)}
 		uw.View, uw.Reason = view(in, rep)
 		st.Workers = append(st.Workers, uw)
 	}
