@@ -1,0 +1,43 @@
+package listener
+
+import (
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/tether-rl/tether/bpf"
+	"github.com/tether-rl/tether/testenv"
+)
+
+// TestBoundedForms runs the steering tests again with the bounded-loop
+// program forced (TETHER_BPF_FORM), as kernels below 5.17 load it: with
+// migration and compare-and-swap (5.14 to 5.16), and without either, as
+// 5.10 runs it. On this kernel both load; the matrix of make vmtest runs
+// them where they are the best form.
+func TestBoundedForms(t *testing.T) {
+	if os.Getenv(bpf.FormEnv) != "" {
+		t.Skipf("%s set: this run already tests one form", bpf.FormEnv)
+	}
+	testenv.RequireBPF(t)
+	const tests = "^(TestBalance|TestBurstBalance|TestDrainingSlotGetsNothing|TestDrainMigratesFullQueue|TestDrainWaitsForQueue|TestWatcherDrains|TestPendingCountedOnSYN|TestSettleAbandonedSYN)$"
+	for _, f := range []bpf.Form{bpf.FormBounded, bpf.FormBoundedSelect} {
+		t.Run(string(f), func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], "-test.run", tests, "-test.count=1", "-test.v")
+			cmd.Env = append(os.Environ(), bpf.FormEnv+"="+string(f))
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("under form %s: %v\n%s", f, err, out)
+			}
+			o := string(out)
+			if !strings.Contains(o, "steering form "+string(f)+" ") || !strings.Contains(o, "--- PASS: TestBurstBalance") {
+				t.Fatalf("under form %s: the tests did not run with it:\n%s", f, out)
+			}
+			for _, l := range strings.Split(o, "\n") {
+				if strings.Contains(l, "burst of") || strings.Contains(l, "--- ") {
+					t.Log(strings.TrimSpace(l))
+				}
+			}
+		})
+	}
+}
