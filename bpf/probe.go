@@ -20,17 +20,15 @@ const (
 	// FormLoop is steer: walks as bpf_loop callbacks, compare-and-swap
 	// reservations, attached as SK_REUSEPORT_SELECT_OR_MIGRATE (5.17+).
 	FormLoop Form = "bpf_loop"
-	// FormBounded is steerBounded with migration and compare-and-swap:
-	// bounded loops instead of bpf_loop (5.14 to 5.16).
+	// FormBounded is steerBounded attached as SELECT_OR_MIGRATE: bounded
+	// loops instead of bpf_loop, choices counted with an atomic add (5.14
+	// to 5.16).
 	FormBounded Form = "bounded"
-	// FormBoundedSelect is steerBounded attached as SK_REUSEPORT_SELECT,
-	// choices counted with an atomic add (5.10 to 5.11). Queued connections
-	// of a retired listener move with net.ipv4.tcp_migrate_req=1, or are
-	// drained before it closes (userspace/listener).
+	// FormBoundedSelect is steerBounded attached as SK_REUSEPORT_SELECT
+	// (5.10 to 5.13). Queued connections of a retired listener are drained
+	// before it closes (userspace/listener), or moved by
+	// net.ipv4.tcp_migrate_req=1.
 	FormBoundedSelect Form = "bounded-select"
-	// FormBoundedSelectCAS is steerBounded attached as SK_REUSEPORT_SELECT,
-	// with compare-and-swap reservations (5.12, 5.13).
-	FormBoundedSelectCAS Form = "bounded-select-cas"
 )
 
 // Migrates says whether the form moves the queued connections of a closing
@@ -46,28 +44,22 @@ const FormEnv = "TETHER_BPF_FORM"
 type Kernel struct {
 	Loop    error // bpf_loop in sk_reuseport programs (5.17); nil if there
 	Migrate error // SK_REUSEPORT_SELECT_OR_MIGRATE and ctx->migrating_sk (5.14)
-	CAS     error // BPF_CMPXCHG (5.12)
 }
 
 // Best is the best form this kernel takes, and why.
 func (k Kernel) Best() (Form, string) {
 	var missing []string
 	if k.Loop != nil {
-		missing = append(missing, "no bpf_loop (5.17)")
+		missing = append(missing, "no bpf_loop (5.17): bounded loops, choices counted with an atomic add")
 	}
 	if k.Migrate != nil {
 		missing = append(missing, "no SK_REUSEPORT_SELECT_OR_MIGRATE (5.14): a retired listener's queue is drained before it closes, or moved by net.ipv4.tcp_migrate_req=1")
 	}
-	if k.CAS != nil {
-		missing = append(missing, "no BPF compare-and-swap (5.12): choices counted with an atomic add")
-	}
 	switch {
-	case k.Loop == nil && k.Migrate == nil && k.CAS == nil:
-		return FormLoop, "bpf_loop, SK_REUSEPORT_SELECT_OR_MIGRATE and compare-and-swap available"
-	case k.Migrate == nil && k.CAS == nil:
+	case k.Loop == nil && k.Migrate == nil:
+		return FormLoop, "bpf_loop and SK_REUSEPORT_SELECT_OR_MIGRATE available"
+	case k.Migrate == nil:
 		return FormBounded, strings.Join(missing, "; ")
-	case k.CAS == nil:
-		return FormBoundedSelectCAS, strings.Join(missing, "; ")
 	}
 	return FormBoundedSelect, strings.Join(missing, "; ")
 }
@@ -75,14 +67,13 @@ func (k Kernel) Best() (Form, string) {
 // takes says whether the kernel can load form f.
 func (k Kernel) takes(f Form) error {
 	need := map[Form][]error{
-		FormLoop:             {k.Loop, k.Migrate, k.CAS},
-		FormBounded:          {k.Migrate, k.CAS},
-		FormBoundedSelectCAS: {k.CAS},
-		FormBoundedSelect:    nil,
+		FormLoop:          {k.Loop, k.Migrate},
+		FormBounded:       {k.Migrate},
+		FormBoundedSelect: nil,
 	}
 	errs, ok := need[f]
 	if !ok {
-		return fmt.Errorf("unknown steering form %q (want %s, %s, %s or %s)", f, FormLoop, FormBounded, FormBoundedSelectCAS, FormBoundedSelect)
+		return fmt.Errorf("unknown steering form %q (want %s, %s or %s)", f, FormLoop, FormBounded, FormBoundedSelect)
 	}
 	return errors.Join(errs...)
 }
@@ -97,7 +88,7 @@ var probed struct {
 // of privilege fails every form, as Open would.
 func Probe() Kernel {
 	probed.once.Do(func() {
-		probed.k = Kernel{Loop: probeLoop(), Migrate: probeMigrate(), CAS: probeCAS()}
+		probed.k = Kernel{Loop: probeLoop(), Migrate: probeMigrate()}
 	})
 	return probed.k
 }
@@ -136,18 +127,6 @@ func probeMigrate() error {
 	})
 }
 
-// probeCAS loads a program with a 64-bit compare-and-swap on its stack.
-func probeCAS() error {
-	return probeProgram("BPF_CMPXCHG", ebpf.AttachSkReuseportSelect, asm.Instructions{
-		asm.Mov.Imm(asm.R0, 0),
-		asm.StoreMem(asm.RFP, -8, asm.R0, asm.DWord),
-		asm.Mov.Imm(asm.R1, 1),
-		asm.CmpXchg.Mem(asm.RFP, asm.R1, asm.DWord, -8),
-		asm.Mov.Imm(asm.R0, 1), // SK_PASS
-		asm.Return(),
-	})
-}
-
 func probeProgram(what string, attach ebpf.AttachType, insns asm.Instructions) error {
 	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 		Name:         "tether_probe",
@@ -172,21 +151,16 @@ func specFor(f Form) (*ebpf.CollectionSpec, error) {
 	if err != nil {
 		return nil, err
 	}
-	migrate, cas := uint32(0), uint32(0)
+	migrate := uint32(0)
 	if f.Migrates() {
 		migrate = 1
 	}
-	if f != FormBoundedSelect {
-		cas = 1
+	vs, ok := spec.Variables[steerBoundedVarTetherMigrate]
+	if !ok {
+		return nil, fmt.Errorf("steering form %s: no constant tether_migrate in the object", f)
 	}
-	for name, v := range map[string]uint32{steerBoundedVarTetherMigrate: migrate, steerBoundedVarTetherCas: cas} {
-		vs, ok := spec.Variables[name]
-		if !ok {
-			return nil, fmt.Errorf("steering form %s: no constant %s in the object", f, name)
-		}
-		if err := vs.Set(v); err != nil {
-			return nil, fmt.Errorf("steering form %s: set %s: %w", f, name, err)
-		}
+	if err := vs.Set(migrate); err != nil {
+		return nil, fmt.Errorf("steering form %s: set tether_migrate: %w", f, err)
 	}
 	attach := ebpf.AttachSkReuseportSelect
 	if f.Migrates() {

@@ -18,9 +18,8 @@ func TestBestForm(t *testing.T) {
 	}{
 		{Kernel{}, FormLoop},
 		{Kernel{Loop: no}, FormBounded},
-		{Kernel{Loop: no, Migrate: no}, FormBoundedSelectCAS},
-		{Kernel{Loop: no, Migrate: no, CAS: no}, FormBoundedSelect},
-		{Kernel{Migrate: no}, FormBoundedSelectCAS}, // bpf_loop backported alone
+		{Kernel{Loop: no, Migrate: no}, FormBoundedSelect},
+		{Kernel{Migrate: no}, FormBoundedSelect}, // bpf_loop backported alone
 	} {
 		got, why := c.k.Best()
 		if got != c.want || why == "" {
@@ -45,7 +44,7 @@ func TestFormsLoad(t *testing.T) {
 	k := Probe()
 	best, why := k.Best()
 	t.Logf("this kernel: best form %s (%s)", best, why)
-	for _, f := range []Form{FormLoop, FormBounded, FormBoundedSelectCAS, FormBoundedSelect} {
+	for _, f := range []Form{FormLoop, FormBounded, FormBoundedSelect} {
 		t.Run(string(f), func(t *testing.T) {
 			if err := k.takes(f); err != nil {
 				t.Skipf("this kernel cannot take form %s: %v", f, err)

@@ -62,16 +62,17 @@
  *     attached as BPF_SK_REUSEPORT_SELECT_OR_MIGRATE.
  *   - steerBounded (TETHER_BOUNDED, 5.10+): the same walks as bounded
  *     loops over the TETHER_MAX_SLOTS slots (the most listeners tetherd
- *     opens), everything inlined into one function (5.10's verifier knows
- *     no bpf_loop callbacks). Two constants set at load say what else the
- *     kernel has: tether_migrate (SK_REUSEPORT_SELECT_OR_MIGRATE and
- *     ctx->migrating_sk, 5.14) and tether_cas (the compare-and-swap, 5.12).
- *     The verifier reads them from the frozen .rodata and never visits the
- *     branches they turn off. Without migrate the program is attached as
- *     BPF_SK_REUSEPORT_SELECT: a retired listener's queue moves with
- *     net.ipv4.tcp_migrate_req=1 or is drained first (userspace/listener).
- *     Without the compare-and-swap a choice is counted with an atomic add:
- *     two CPUs deciding in the same microsecond may both take one slot.
+ *     opens), the branching in global functions (5.10's verifier knows no
+ *     bpf_loop callbacks). A constant set at load, tether_migrate, says
+ *     whether the kernel has SK_REUSEPORT_SELECT_OR_MIGRATE and
+ *     ctx->migrating_sk (5.14): the verifier reads it from the frozen
+ *     .rodata and never visits the branch it turns off. Without it the
+ *     program is attached as BPF_SK_REUSEPORT_SELECT: a retired listener's
+ *     queue is drained first (userspace/listener) or moves with
+ *     net.ipv4.tcp_migrate_req=1. A choice is counted with an atomic add,
+ *     not a compare-and-swap (5.12, and 5.10 refuses the instruction even
+ *     in dead code): two CPUs deciding in the same microsecond may both
+ *     take one slot.
  */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
@@ -83,9 +84,12 @@ char _license[] SEC("license") = "Dual BSD/GPL";
 #ifdef TETHER_BOUNDED
 /* Set by tetherd at load from its probe of the kernel (bpf/probe.go). */
 const volatile __u32 tether_migrate = 0; /* SELECT_OR_MIGRATE, migrating_sk: 5.14 */
-const volatile __u32 tether_cas = 0;     /* BPF_CMPXCHG on map values: 5.12 */
 #define HAVE_MIGRATE (tether_migrate != 0)
-#define HAVE_CAS (tether_cas != 0)
+/*
+ * No compare-and-swap (5.12): 5.10 refuses an atomic other than add
+ * anywhere in the object, even in a branch the verifier never visits.
+ */
+#define HAVE_CAS 0
 /* A walk's step, inlined into its bounded loop. */
 #define STEP static __always_inline long
 #else

@@ -71,7 +71,6 @@ const (
 	steerBoundedMapStickySessions   = "sticky_sessions"
 	steerBoundedMapWorkerStats      = "worker_stats"
 	steerBoundedProgTetherSteer     = "tether_steer"
-	steerBoundedVarTetherCas        = "tether_cas"
 	steerBoundedVarTetherMigrate    = "tether_migrate"
 )
 
@@ -136,7 +135,6 @@ type steerBoundedMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerBoundedVariableSpecs struct {
-	TetherCas     *ebpf.VariableSpec `ebpf:"tether_cas"`
 	TetherMigrate *ebpf.VariableSpec `ebpf:"tether_migrate"`
 }
 
@@ -183,7 +181,6 @@ func (m *steerBoundedMaps) Close() error {
 //
 // It can be passed to loadSteerBoundedObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerBoundedVariables struct {
-	TetherCas     *ebpf.Variable `ebpf:"tether_cas"`
 	TetherMigrate *ebpf.Variable `ebpf:"tether_migrate"`
 }
 
