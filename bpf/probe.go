@@ -10,6 +10,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/features"
+	"github.com/cilium/ebpf/rlimit"
 )
 
 // Form names the build of the steering program loaded (steer.c, two
@@ -86,8 +87,15 @@ var probed struct {
 // Probe finds, once per process, which steering form the kernel takes.
 // Each probe loads a small sk_reuseport program; one that fails for lack
 // of privilege fails every form, as Open would.
+//
+// Before 5.11 BPF memory counts against RLIMIT_MEMLOCK (of the user, all
+// its processes together): the maps of one Open nearly fill the usual 8
+// MiB, so the limit is lifted first (a no-op on kernels that charge BPF
+// memory to the cgroup; best effort, Open's error says when it was not
+// enough).
 func Probe() Kernel {
 	probed.once.Do(func() {
+		_ = rlimit.RemoveMemlock()
 		probed.k = Kernel{Loop: probeLoop(), Migrate: probeMigrate()}
 	})
 	return probed.k
