@@ -65,7 +65,9 @@ func (k Kernel) Best() (Form, string) {
 	return FormBoundedSelect, strings.Join(missing, "; ")
 }
 
-// takes says whether the kernel can load form f.
+// Takes says whether the kernel can load form f (nil if it can).
+func (k Kernel) Takes(f Form) error { return k.takes(f) }
+
 func (k Kernel) takes(f Form) error {
 	need := map[Form][]error{
 		FormLoop:          {k.Loop, k.Migrate},

@@ -298,7 +298,10 @@ func TestDrainMigratesFullQueue(t *testing.T) {
 	ns := testenv.NewNetNS(t)
 	// The kernel caps listen()'s backlog at the namespace's somaxconn.
 	ns.Sysctl(t, "net/core/somaxconn", fmt.Sprint(backlog))
-	g := listen(t, ns, 2, bpf.ModeRequired, WithPinDir(testenv.BPFFS(t)), WithDrainTimeout(200*time.Millisecond))
+	// No watcher: it would drain slot 1, marked draining below to keep it
+	// out (a slow machine's watcher got there before the test, and Drain(0)
+	// then refused the last listener).
+	g := listen(t, ns, 2, bpf.ModeRequired, WithPinDir(testenv.BPFFS(t)), WithDrainTimeout(200*time.Millisecond), WithPollInterval(time.Hour))
 	s := g.Steering()
 	form, _ := s.Form()
 	if !form.Migrates() {
@@ -398,7 +401,7 @@ func TestDrainMigratesFullQueue(t *testing.T) {
 func TestDrainWaitsForQueue(t *testing.T) {
 	const n = 8
 	ns := testenv.NewNetNS(t)
-	g := listen(t, ns, 2, bpf.ModeRequired, WithPinDir(testenv.BPFFS(t)), WithDrainTimeout(time.Minute))
+	g := listen(t, ns, 2, bpf.ModeRequired, WithPinDir(testenv.BPFFS(t)), WithDrainTimeout(time.Minute), WithPollInterval(time.Hour))
 	s := g.Steering()
 	// Everything to slot 0, which accepts nothing yet.
 	if err := s.SetSlotState(1, bpf.SlotDraining, 1); err != nil {
