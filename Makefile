@@ -35,6 +35,8 @@ vet:
 	$(GO) run ./tools/importgroups $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.*')
 	@# no file under userspace/ over 600 lines (tests and generated files aside)
 	$(GO) run ./tools/filelines -max 600 userspace
+	@# the README's and docs/operations.md's flag tables are tetherd -h
+	$(GO) run ./tools/flagdoc -check README.md docs/operations.md
 	$(GO) vet ./...
 
 # Regenerate the committed bpf2go output (needs clang, libbpf-dev).

@@ -1,7 +1,7 @@
 // Command tether-rlsim replays RL rollout workloads on a fleet of fake
 // inference engines (testenv/fakeengine: paged KV, prefix cache, waiting
 // queue, SGLang's load endpoints) through an in-process tetherd, once per
-// routing mode, and prints the figures of issue 21: prefix hit rate,
+// routing mode, and prints its figures: prefix hit rate,
 // prefill tokens computed, makespan, per-engine KV spread (max/mean of the
 // engines' peak KV usage), preemptions, and for GRPO the engines a
 // prompt's samples landed on.
@@ -13,13 +13,19 @@
 //	sessions keyed (X-Session-ID) agent sessions, turns in sequence, each
 //	         turn's prompt the whole context so far
 //	skewed   sessions where one in -skew-every has -skew× the context
+//	keyless  the sessions sent without a key (token ids, as slime sends them)
+//	restart  keyless sessions, engine 0 restarted (-restart-after): how
+//	         long its entries in tetherd's KV index took to go
 //
 // Modes (-modes): before (tetherd with --engine-poll 0: placement by its
 // in-flight counts, as before engine signals), default (tetherd's default
 // flags), prefix (--keyless=prefix --engine-poll 0), sticky
 // (--policy=sticky), random (no router: a random engine per request; a
 // session keeps its engine for all turns in random mode would be sticky,
-// so every request draws again).
+// so every request draws again), hash (no router: crc32 of the key modulo
+// the engines, keyless requests random), kv (tetherd placing by the
+// engines' KV-cache events; the fake engines publish them in
+// -kv-form with replay).
 //
 //	go run ./cmd/tether-rlsim            # all workloads, all modes
 //	make rlsim
@@ -31,6 +37,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -43,8 +50,11 @@ import (
 	"time"
 
 	"github.com/tether-rl/tether/testenv/fakeengine"
+	settings "github.com/tether-rl/tether/userspace/config"
 	"github.com/tether-rl/tether/userspace/daemon"
+	"github.com/tether-rl/tether/userspace/kvevents"
 	"github.com/tether-rl/tether/userspace/proxy"
+	"github.com/tether-rl/tether/userspace/route"
 )
 
 type config struct {
@@ -61,6 +71,9 @@ type config struct {
 	skewEvery, skew int
 
 	seed uint64
+
+	kvForm       kvevents.Form
+	restartAfter time.Duration
 }
 
 func main() {
@@ -81,16 +94,22 @@ func main() {
 	flag.IntVar(&c.turns, "turns", 6, "turns per session")
 	flag.IntVar(&c.skewEvery, "skew-every", 8, "skewed workload: one session in this many is long")
 	flag.IntVar(&c.skew, "skew", 10, "skewed workload: how many times the context of a long session")
-	workloads := flag.String("workload", "grpo,sessions,skewed", "workloads, comma-separated")
-	modes := flag.String("modes", "before,default,prefix,sticky,random", "routing modes, comma-separated")
+	workloads := flag.String("workload", "grpo,sessions,skewed", "workloads, comma-separated (also keyless: sessions sent without a key; restart: keyless sessions with engine 0 restarted mid-run)")
+	modes := flag.String("modes", "before,default,prefix,sticky,random", "routing modes, comma-separated (also kv: tetherd with the engines' KV-cache events; hash: no router, crc32 of the key, keyless random)")
+	form := flag.String("kv-form", "map", "KV-event wire form of the fake engines: map or array")
+	flag.DurationVar(&c.restartAfter, "restart-after", 2*time.Second, "restart workload: engine 0 restarts this long after the start")
 	runs := flag.Int("runs", 1, "runs per cell (the median makespan's run is reported)")
 	seed := flag.Uint64("seed", 1, "workload seed")
 	flag.Parse()
 	c.seed = *seed
+	if *form == "array" {
+		c.kvForm = kvevents.ArrayForm
+	}
 
 	engines, err := fakeengine.StartFleet(c.engines, fakeengine.Config{
 		Kind: fakeengine.SGLang, KVBlocks: c.kvBlocks, BlockTokens: 16, MaxRunning: c.maxRunning,
 		PrefillPerToken: c.prefillPer, DecodeStep: c.decode,
+		KVEvents: &fakeengine.KVEventsConfig{Form: c.kvForm, Hashes: kvevents.HashInt, Replay: true},
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -103,8 +122,8 @@ func main() {
 	}()
 	fmt.Printf("tether-rlsim: %d fake SGLang engines, %d KV blocks × 16 tokens, max running %d, prefill %v/token, decode step %v\n\n",
 		c.engines, c.kvBlocks, c.maxRunning, c.prefillPer, c.decode)
-	fmt.Printf("| workload | mode | makespan | hit rate | prefill tokens | KV spread (peak max/mean) | peak KV | preemptions | engines per prompt | decisions |\n")
-	fmt.Printf("|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Printf("| workload | mode | makespan | hit rate | prefill tokens | KV spread (peak max/mean) | peak KV | preemptions | engines per prompt | decisions | restart: entries gone after |\n")
+	fmt.Printf("|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, wl := range strings.Split(*workloads, ",") {
 		for _, mode := range strings.Split(*modes, ",") {
 			var rs []result
@@ -122,8 +141,12 @@ func main() {
 			if r.groupEngines > 0 {
 				gpp = fmt.Sprintf("%.2f", r.groupEngines)
 			}
-			fmt.Printf("| %s | %s | %.2f s | %.3f | %d | %.2f | %.2f | %d | %s | %s |\n",
-				wl, mode, r.makespan.Seconds(), r.hit, r.prefill, r.kvSpread, r.peakKV, r.preempt, gpp, r.decisions)
+			gone := "-"
+			if r.gone > 0 {
+				gone = r.gone.Round(time.Millisecond).String()
+			}
+			fmt.Printf("| %s | %s | %.2f s | %.3f | %d | %.2f | %.2f | %d | %s | %s | %s |\n",
+				wl, mode, r.makespan.Seconds(), r.hit, r.prefill, r.kvSpread, r.peakKV, r.preempt, gpp, r.decisions, gone)
 		}
 	}
 }
@@ -137,6 +160,7 @@ type result struct {
 	preempt      int64
 	groupEngines float64
 	decisions    string
+	gone         time.Duration // restart: the restarted engine's entries gone this long after
 }
 
 // runOne runs one workload in one mode on freshly reset engines.
@@ -150,16 +174,19 @@ func runOne(c config, engines []*fakeengine.Engine, wl, mode string) (result, er
 	}
 	target := ""
 	var d *daemon.Daemon
-	if mode != "random" {
-		ro := daemon.RoutingOptions{StickyStore: "memory", RouteHeader: "X-Tether-Route"}
+	if mode != "random" && mode != "hash" {
+		ro := daemon.RoutingOptions{StickyStore: daemon.StickyMemory, RouteHeader: daemon.RouteHeaderName}
+		off := settings.Some(time.Duration(0)) // no engine polling
 		switch mode {
 		case "before":
-			ro.EnginePoll = -1
+			ro.EnginePoll = off
 		case "default":
 		case "prefix":
-			ro.EnginePoll, ro.Keyless = -1, "prefix"
+			ro.EnginePoll, ro.Keyless = off, route.KeylessPrefix
 		case "sticky":
-			ro.Policy = "sticky"
+			ro.Policy = route.PolicySticky
+		case "kv":
+			ro.KVEvents.On = true
 		default:
 			return result{}, fmt.Errorf("unknown mode %q", mode)
 		}
@@ -174,7 +201,21 @@ func runOne(c config, engines []*fakeengine.Engine, wl, mode string) (result, er
 		d.Serve()
 		defer d.Shutdown(context.Background())
 		target = "http://" + d.Addr()
-		if ro.EnginePoll >= 0 {
+		if mode == "kv" {
+			for _, e := range engines {
+				if err := d.SetWorkerKVEvents(e.URL(), e.KVEventsEndpoint(), e.KVEventsReplayEndpoint()); err != nil {
+					return result{}, err
+				}
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for !allSubscribed(engines) {
+				if time.Now().After(deadline) {
+					return result{}, fmt.Errorf("KV events not subscribed within 10s")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+		if ro.EnginePoll != off {
 			deadline := time.Now().Add(10 * time.Second)
 			for !allKnown(d) {
 				if time.Now().After(deadline) {
@@ -185,25 +226,37 @@ func runOne(c config, engines []*fakeengine.Engine, wl, mode string) (result, er
 		}
 	}
 	cl := &client{http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2048, MaxConnsPerHost: 0, IdleConnTimeout: 30 * time.Second}},
-		target: target, engines: urls, rng: rand.New(rand.NewPCG(c.seed, 7))}
+		target: target, engines: urls, rng: rand.New(rand.NewPCG(c.seed, 7)), hashKeys: mode == "hash"}
 	defer cl.http.CloseIdleConnections()
 	start := time.Now()
 	var err error
 	var groupEngines float64
+	var restartGone time.Duration
 	switch wl {
 	case "grpo":
 		groupEngines, err = runGRPO(c, cl)
 	case "sessions":
-		err = runSessions(c, cl, 1)
+		err = runSessions(c, cl, 1, true)
 	case "skewed":
-		err = runSessions(c, cl, c.skew)
+		err = runSessions(c, cl, c.skew, true)
+	case "keyless":
+		err = runSessions(c, cl, 1, false)
+	case "restart":
+		done := make(chan time.Duration, 1)
+		go func() { done <- restartOne(c, engines[0], d) }()
+		err = runSessions(c, cl, 1, false)
+		gone := <-done
+		if err == nil && gone < 0 {
+			err = fmt.Errorf("the restarted engine's entries were not gone within 5 s")
+		}
+		restartGone = gone
 	default:
 		err = fmt.Errorf("unknown workload %q", wl)
 	}
 	if err != nil {
 		return result{}, err
 	}
-	r := result{makespan: time.Since(start), groupEngines: groupEngines}
+	r := result{makespan: time.Since(start), groupEngines: groupEngines, gone: restartGone}
 	var prompt, cached int64
 	var sumPeak float64
 	for _, e := range engines {
@@ -247,11 +300,12 @@ func allKnown(d *daemon.Daemon) bool {
 }
 
 type client struct {
-	http    *http.Client
-	target  string // tetherd; "": a random engine per request
-	engines []string
-	mu      sync.Mutex
-	rng     *rand.Rand
+	http     *http.Client
+	target   string // tetherd; "": a random engine per request
+	hashKeys bool   // no tetherd: a keyed request goes to crc32(key) mod engines
+	engines  []string
+	mu       sync.Mutex
+	rng      *rand.Rand
 }
 
 // generate sends one /generate and returns its output ids and the engine
@@ -269,6 +323,10 @@ func (c *client) generate(key string, ids []int, maxNew int, rid string) ([]int,
 	}
 	fmt.Fprintf(&b, `],"sampling_params":{"max_new_tokens":%d,"temperature":1.0}}`, maxNew)
 	url, slot := c.target, -1
+	if url == "" && c.hashKeys && key != "" {
+		slot = int(crc32.ChecksumIEEE([]byte(key)) % uint32(len(c.engines)))
+		url = c.engines[slot]
+	}
 	if url == "" {
 		c.mu.Lock()
 		slot = c.rng.IntN(len(c.engines))
@@ -372,7 +430,7 @@ func runGRPO(c config, cl *client) (float64, error) {
 // outputs and tool results). One session in skewEvery has skew× the
 // context: a task (document, repository) that long; its turns add what
 // the others' do.
-func runSessions(c config, cl *client, skew int) error {
+func runSessions(c config, cl *client, skew int, keyed bool) error {
 	rng := rand.New(rand.NewPCG(c.seed, 2))
 	sys := make([]int, c.sysTokens)
 	for i := range sys {
@@ -411,9 +469,13 @@ func runSessions(c config, cl *client, skew int) error {
 			defer wg.Done()
 			p := plans[s]
 			key := fmt.Sprintf("agent-%d", s)
+			send := key
+			if !keyed {
+				send = ""
+			}
 			ctx := append(append([]int(nil), sys...), p.task...)
 			for t := 0; t < c.turns; t++ {
-				out, _, err := cl.generate(key, ctx, p.maxNew[t], fmt.Sprintf("%s-t%d", key, t))
+				out, _, err := cl.generate(send, ctx, p.maxNew[t], fmt.Sprintf("%s-t%d", key, t))
 				if err != nil {
 					errs <- err
 					return
@@ -425,4 +487,56 @@ func runSessions(c config, cl *client, skew int) error {
 	wg.Wait()
 	close(errs)
 	return <-errs
+}
+
+func allSubscribed(engines []*fakeengine.Engine) bool {
+	for _, e := range engines {
+		if e.KVEventsSubscribers() == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// restartOne restarts engine e after c.restartAfter and returns how long
+// its entries in tetherd's index took to go (-1: not within 5 s; 0: no
+// index, a baseline mode).
+func restartOne(c config, e *fakeengine.Engine, d *daemon.Daemon) time.Duration {
+	time.Sleep(c.restartAfter)
+	blocks := func() int64 {
+		st, _, ok := d.KVEventsStatus()
+		if !ok {
+			return 0
+		}
+		var n int64
+		for _, s := range st[e.URL()] {
+			n += s.Blocks
+		}
+		return n
+	}
+	on := d != nil
+	if on {
+		if _, _, ok := d.KVEventsStatus(); !ok {
+			on = false
+		}
+	}
+	before := int64(0)
+	if on {
+		before = blocks()
+	}
+	t0 := time.Now()
+	e.Restart()
+	if !on {
+		return 0
+	}
+	for time.Since(t0) < 5*time.Second {
+		if blocks() == 0 {
+			if before == 0 {
+				return time.Nanosecond // nothing was indexed to begin with
+			}
+			return time.Since(t0)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return -1
 }

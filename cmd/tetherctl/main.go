@@ -4,6 +4,7 @@
 //	tetherctl status [--json] [--pin-dir DIR] [--admin HOST:PORT]
 //	tetherctl listeners drain N [--pin-dir DIR]
 //	tetherctl workers list|add|remove|drain|undrain|register ...
+//	tetherctl fleet [watch [--interval 2s] [--count N]]
 //	tetherctl upgrade [--pidfile FILE]
 //
 // Flags go before or after the verb and its subcommand; an address is
@@ -37,6 +38,7 @@ var verbs = []verb{
 	{"status", "status [--json] [--pin-dir DIR] [--admin HOST:PORT|off]  listeners and workers (pinned maps; which slots hold a worker now and routing decisions: admin API)", cmdStatus, func() *flag.FlagSet { fs, _ := statusFlags(); return fs }},
 	{"listeners", "listeners drain N [--pin-dir DIR]   retire listener slot N without resetting a client", cmdListeners, func() *flag.FlagSet { fs, _ := newFlags("listeners"); return fs }},
 	{"workers", workersUsage, cmdWorkers, workersFlags},
+	{"fleet", fleetUsage, cmdFleet, func() *flag.FlagSet { fs, _, _, _ := fleetFlags(); return fs }},
 	{"upgrade", upgradeUsage, cmdUpgrade, func() *flag.FlagSet { fs, _ := upgradeFlags(); return fs }},
 }
 

@@ -37,6 +37,11 @@ type Status struct {
 	Cluster *cluster.Status `json:"cluster,omitempty"`
 	// Fleet is the admin API's GET /fleet: the weight sync (fleet.go).
 	Fleet *fleet.Report `json:"fleet,omitempty"`
+	// Run: the counters since this tetherd started (run.go; GET
+	// /baseline); Workers and Listeners are the pinned totals, earlier
+	// runs included.
+	Run      *RunStatus `json:"this_run,omitempty"`
+	RunError string     `json:"this_run_error,omitempty"`
 }
 
 // RoutingStatus is the admin API's GET /routing.
@@ -154,6 +159,11 @@ func status(w io.Writer, pinDir string, asJSON bool, ac *adminClient) error {
 			st.RoutingError = err.Error()
 		}
 		st.Fleet, _ = readFleet(ac) // absent from a tetherd without it
+		if st.CurrentKnown {
+			if err := st.readRun(ac); err != nil {
+				st.RunError = err.Error()
+			}
+		}
 		if body, err := ac.do("GET", "/cluster", nil); err == nil {
 			var cs cluster.Status
 			if json.Unmarshal(body, &cs) == nil {
@@ -288,7 +298,7 @@ func readStatus(pinDir string) (*Status, error) {
 
 func (st *Status) print(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "pins: %s\n\nLISTENERS\n", st.PinDir)
+	fmt.Fprintf(tw, "pins: %s\n\nLISTENERS (pinned totals)\n", st.PinDir)
 	fmt.Fprintln(tw, "SLOT\tSTATE\tWEIGHT\tACTIVE\tACCEPTED\tCLOSED\tSELECTED\tMIGRATED")
 	for _, l := range st.Listeners {
 		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\n", l.Slot, l.State, l.Weight, l.Active, l.Accepted, l.Closed, l.Selected, l.Migrated)
@@ -297,7 +307,7 @@ func (st *Status) print(w io.Writer) error {
 		fmt.Fprintln(tw, "(none)")
 	}
 	d := st.Decisions
-	fmt.Fprintf(tw, "steering: %d migrated, %d to kernel hash (no active slot), %d to kernel hash (select failed)\n\nWORKERS\n",
+	fmt.Fprintf(tw, "steering: %d migrated, %d to kernel hash (no active slot), %d to kernel hash (select failed)\n\nWORKERS: PINNED TOTALS (the BPF maps keep them across runs and upgrades: earlier runs included; this run's: THIS RUN below)\n",
 		d.Migrated, d.FallbackNoSlot, d.FallbackSelectErr)
 	header := "SLOT\tIN_FLIGHT\tREQUESTS\tERRORS\tBYTES_UP\tBYTES_DOWN\tRETRIES\tCONNS"
 	if st.CurrentKnown {
@@ -334,6 +344,12 @@ func (st *Status) print(w io.Writer) error {
 		fmt.Fprintf(w, "which slots hold a worker now: not known, the admin API did not answer (%s); counters may be from an earlier run\n", st.CurrentError)
 	case !st.CurrentKnown && len(st.Workers) > 0:
 		fmt.Fprintln(w, "which slots hold a worker now: not asked (--admin off); counters may be from an earlier run")
+	}
+	if err := st.printRun(w); err != nil {
+		return err
+	}
+	if st.Run == nil && st.RunError != "" {
+		fmt.Fprintf(w, "this run's counters: not known (%s)\n", st.RunError)
 	}
 	if err := st.printEngines(w); err != nil {
 		return err

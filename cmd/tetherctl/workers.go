@@ -189,12 +189,20 @@ func (c *adminClient) do(method, path string, body []byte) ([]byte, error) {
 			} `json:"error"`
 		}
 		if json.Unmarshal(out, &e) == nil && e.Error.Message != "" {
-			return nil, fmt.Errorf("%s (HTTP %d)", e.Error.Message, resp.StatusCode)
+			return nil, &httpError{code: resp.StatusCode, msg: fmt.Sprintf("%s (HTTP %d)", e.Error.Message, resp.StatusCode)}
 		}
-		return nil, fmt.Errorf("admin API: %s", resp.Status)
+		return nil, &httpError{code: resp.StatusCode, msg: "admin API: " + resp.Status}
 	}
 	return out, nil
 }
+
+// httpError is an admin API answer other than 2xx.
+type httpError struct {
+	code int
+	msg  string
+}
+
+func (e *httpError) Error() string { return e.msg }
 
 type workerJSON struct {
 	WorkerID  string `json:"worker_id"`

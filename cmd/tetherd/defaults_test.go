@@ -1,75 +1,39 @@
 package main
 
 import (
+	"flag"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/tether-rl/tether/userspace/config"
 	"github.com/tether-rl/tether/userspace/daemon"
 	"github.com/tether-rl/tether/userspace/engine"
 	"github.com/tether-rl/tether/userspace/fleet"
 	"github.com/tether-rl/tether/userspace/health"
-	"github.com/tether-rl/tether/userspace/loadpoll"
 	"github.com/tether-rl/tether/userspace/proxy"
 	"github.com/tether-rl/tether/userspace/registry"
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/supervisor"
 )
 
-// componentFlags: every flag whose value lands in a component's settings,
-// the field it writes (a path in daemon.Options) and a value other than
-// its default.
-var componentFlags = []struct{ flag, field, other string }{
-	{"response-timeout", "Proxy.ResponseTimeout", "77s"},
-	{"stream-idle-timeout", "Proxy.StreamIdleTimeout", "77s"},
-	{"idle-timeout", "Proxy.IdleTimeout", "77s"},
-	{"head-timeout", "Proxy.HeadTimeout", "77s"},
-	{"io-timeout", "Proxy.IOTimeout", "77s"},
-	{"park-after", "Proxy.ParkAfter", "1s"},
-	{"io-uring", "Proxy.NoRing", "false"},
-	{"splice-min", "Proxy.SpliceMin", "4096"},
-	{"max-body-bytes", "Proxy.MaxBodyBytes", "1000"},
-	{"max-conns", "Proxy.MaxConns", "100"},
-	{"max-queue", "Proxy.QueueSize", "-1"},
-	{"queue-timeout", "Proxy.QueueTimeout", "77s"},
-	{"local-body-budget", "Proxy.LocalBodyBudget", "1000"},
-	{"max-request-line", "Proxy.Limits.RequestLine", "100"},
-	{"max-head-bytes", "Proxy.Limits.Head", "1000"},
-	{"max-header-fields", "Proxy.Limits.Fields", "10"},
-	{"max-chunk-ext-bytes", "Proxy.Limits.ChunkExt", "10"},
-	{"pause-timeout", "Fleet.HoldTimeout", "77s"},
-	{"update-timeout", "Engine.UpdateTimeout", "77s"},
-	{"health-interval", "Health.Interval", "77s"},
-	{"health-timeout", "Health.Timeout", "77s"},
-	{"health-path", "Health.Path", "/health_generate"},
-	{"health-failures", "Registry.Failures", "7"},
-	{"health-successes", "Registry.Successes", "7"},
-	{"worker-startup-timeout", "Registry.StartupTimeout", "77s"},
-	{"remove-grace", "Registry.RemoveGrace", "77s"},
-	{"max-in-flight", "Registry.MaxInFlight", "8"},
-	{"spawn-grace", "Spawn.Grace", "77s"},
-	{"engine-poll", "Routing.EnginePoll", "3s"},
-	{"key-header", "Routing.Keys.KeyHeaders", "X-A"},
-	{"hash-load-factor", "Routing.Keys.LoadFactor", "2"},
-	{"hash-spill-min", "Routing.Keys.SpillMin", "5"},
-	{"hash-spill-ttl", "Routing.Keys.SpillTTL", "77s"},
-	{"sticky-ttl", "Routing.Keys.StickyTTL", "77s"},
-	{"learn-session-path", "Routing.Learn.CreatePath", "/s2"},
-	{"learn-session-field", "Routing.Learn.IDField", "id"},
-	{"learn-session-ttl", "Routing.Learn.TTL", "77s"},
-	{"kv-veto", "Routing.Engine.KVVeto", "0.5"},
-	{"waiting-veto", "Routing.Engine.WaitingVeto", "5"},
-	{"group-max", "Routing.Engine.GroupMax", "5"},
-}
+// components are the settings structs whose every field is a flag's
+// (or wiring, notFlags), by path in daemon.Options.
+var components = []string{"Proxy", "Fleet", "Engine", "Health", "Registry", "Spawn", "Routing.Keys", "Routing.Learn", "Routing.Engine"}
 
 // notFlags: component settings no flag writes (the wiring, tests' knobs;
 // Spawn.Command is the command line after "--").
 var notFlags = map[string]bool{
 	"Proxy.Router": true, "Proxy.Table": true, "Proxy.PeekBody": true, "Proxy.RouteHeader": true,
 	"Proxy.InstanceID": true, "Proxy.Local": true, "Proxy.Observe": true, "Proxy.Hold": true, "Proxy.Log": true,
-	"Proxy.Waits": true, "Spawn.N": true, "Spawn.Command": true,
+	"Proxy.Waits": true, "Spawn.Command": true,
 	"Routing.Learn.MaxScan": true, "Routing.Engine.MoveMargin": true, "Routing.Engine.MoveSlack": true,
 }
+
+// otherStrings are values other than the default for string flags.
+var otherStrings = map[string]string{"health-path": "/h", "learn-session-path": "/s2", "learn-session-field": "id", "key-header": "X-A"}
 
 // provisioned is what the components make of zero settings: each
 // component's own defaults (its DefaultConfig or Provision), and
@@ -86,10 +50,9 @@ func provisioned() daemon.Options {
 		Registry: registry.DefaultConfig(),
 		Spawn:    supervisor.DefaultConfig(),
 		Routing: daemon.RoutingOptions{
-			EnginePoll: loadpoll.DefaultConfig().Interval,
-			Keys:       route.DefaultPolicySettings(),
-			Learn:      route.DefaultLearnSettings(),
-			Engine:     route.DefaultEngineConfig(),
+			Keys:   route.DefaultPolicySettings(),
+			Learn:  route.DefaultLearnSettings(),
+			Engine: route.DefaultEngineConfig(),
 		},
 	}
 }
@@ -105,13 +68,35 @@ func field(o *daemon.Options, path string) reflect.Value {
 	return v
 }
 
-// TestFlagDefaultsAreTheComponents': a default is written once. For every
-// flag that writes a component's setting, tetherd without that flag holds
-// the component's provisioned default, and the flag does write that field;
-// every setting of the components' configs (proxy, health, registry,
-// supervisor, fleet, engine, route's policy, learning and engine-aware
-// placement) has its flag in the table (or is wiring), so a new setting
-// cannot bring a second default.
+// other returns a value of f other than its default, or false.
+func other(f *flag.Flag) (string, bool) {
+	if s, ok := otherStrings[f.Name]; ok {
+		return s, true
+	}
+	def := f.DefValue
+	if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+		return strconv.FormatBool(def != "true"), true
+	}
+	if n, err := strconv.ParseInt(def, 10, 64); err == nil {
+		return strconv.FormatInt(n+7, 10), true
+	}
+	if d, err := time.ParseDuration(def); err == nil {
+		return (d + 7*time.Second).String(), true
+	}
+	if x, err := strconv.ParseFloat(def, 64); err == nil {
+		return strconv.FormatFloat(x/2, 'g', -1, 64), true
+	}
+	return "", false
+}
+
+// TestFlagDefaultsAreTheComponents': a default is written once. Each flag
+// is set to another value, and the component setting it writes is found
+// (not listed): the one field that changed. Without the flag, that field
+// holds the component's provisioned default. Every setting of the
+// components' configs (proxy, health, registry, supervisor, fleet,
+// engine, route's policy, learning and engine-aware placement) is written
+// by a flag (or is wiring), so a new setting cannot bring a second
+// default.
 func TestFlagDefaultsAreTheComponents(t *testing.T) {
 	base := []string{"--listen", "127.0.0.1:0", "--demo", "1"}
 	c, err := parse(base)
@@ -119,46 +104,59 @@ func TestFlagDefaultsAreTheComponents(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := provisioned()
-	covered := map[string]bool{}
-	for _, f := range componentFlags {
-		covered[f.field] = true
-		if c.fs.Lookup(f.flag) == nil {
-			t.Errorf("--%s: no such flag", f.flag)
-			continue
+	var leaves []string
+	for _, comp := range components {
+		walk(field(&want, comp).Type(), comp, func(path string) { leaves = append(leaves, path) })
+	}
+	writes := map[string]string{} // field path: the flag writing it
+	c.fs.VisitAll(func(f *flag.Flag) {
+		v, ok := other(f)
+		if !ok {
+			return
 		}
-		got, def := field(&c.opts, f.field), field(&want, f.field)
-		if !got.IsValid() {
-			t.Errorf("--%s: no field %s", f.flag, f.field)
-			continue
+		args := append(base[:len(base):len(base)], "--"+f.Name+"="+v)
+		if f.Name == "spawn" {
+			args = append(args, "--", "true")
 		}
-		if !reflect.DeepEqual(got.Interface(), def.Interface()) {
-			t.Errorf("--%s defaults to %v, the component's %s to %v", f.flag, got, f.field, def)
-		}
-		set, err := parse(append(base, "--"+f.flag+"="+f.other))
+		set, err := parse(args)
 		if err != nil {
-			t.Errorf("--%s=%s: %v", f.flag, f.other, err)
+			t.Errorf("--%s=%s: %v", f.Name, v, err)
+			return
+		}
+		var changed []string
+		for _, path := range leaves {
+			if !reflect.DeepEqual(field(&set.opts, path).Interface(), field(&c.opts, path).Interface()) {
+				changed = append(changed, path)
+			}
+		}
+		if len(changed) > 1 && f.Name != "spawn" {
+			t.Errorf("--%s writes %d settings: %v", f.Name, len(changed), changed)
+		}
+		for _, path := range changed {
+			writes[path] = f.Name
+		}
+	})
+	for _, path := range leaves {
+		if notFlags[path] {
 			continue
 		}
-		if reflect.DeepEqual(field(&set.opts, f.field).Interface(), def.Interface()) {
-			t.Errorf("--%s=%s does not reach %s", f.flag, f.other, f.field)
+		name, ok := writes[path]
+		if !ok {
+			t.Errorf("%s: a component setting no flag writes (nor in notFlags)", path)
+			continue
+		}
+		if got, def := field(&c.opts, path), field(&want, path); !reflect.DeepEqual(got.Interface(), def.Interface()) {
+			t.Errorf("--%s defaults to %v, the component's %s to %v", name, got, path, def)
 		}
 	}
-	// Spawn.N: --spawn's default is none, and supervisor's is no process.
-	if c.opts.Spawn.N != want.Spawn.N {
-		t.Errorf("--spawn defaults to %d", c.opts.Spawn.N)
-	}
-	for _, comp := range []string{"Proxy", "Fleet", "Engine", "Health", "Registry", "Spawn", "Routing.Keys", "Routing.Learn", "Routing.Engine"} {
-		walk(field(&want, comp).Type(), comp, func(path string) {
-			if !covered[path] && !notFlags[path] {
-				t.Errorf("%s: a component setting with no flag in componentFlags (nor in notFlags)", path)
-			}
-		})
+	if len(writes) < 40 {
+		t.Errorf("only %d settings written by flags: %v", len(writes), writes)
 	}
 }
 
 // walk calls leaf with the path of every field of t, descending into the
 // structs it holds by value (Proxy.Limits) unless the struct itself is
-// named in notFlags.
+// named in notFlags or is a setting (config.Optional).
 func walk(t reflect.Type, prefix string, leaf func(string)) {
 	for i := range t.NumField() {
 		f := t.Field(i)
@@ -169,7 +167,8 @@ func walk(t reflect.Type, prefix string, leaf func(string)) {
 		if f.Anonymous {
 			path = prefix // an embedded struct's fields are the outer one's
 		}
-		if f.Type.Kind() == reflect.Struct && !notFlags[path] {
+		optional := f.Type.PkgPath() == reflect.TypeFor[config.Optional[int]]().PkgPath() && strings.HasPrefix(f.Type.Name(), "Optional[")
+		if f.Type.Kind() == reflect.Struct && !notFlags[path] && !optional {
 			walk(f.Type, path, leaf)
 			continue
 		}

@@ -19,15 +19,9 @@ import (
 
 	"github.com/tether-rl/tether/userspace/config"
 	"github.com/tether-rl/tether/userspace/daemon"
-	"github.com/tether-rl/tether/userspace/engine"
-	"github.com/tether-rl/tether/userspace/fleet"
 	"github.com/tether-rl/tether/userspace/stats"
+	"github.com/tether-rl/tether/userspace/supervisor"
 )
-
-type multiFlag []string
-
-func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
-func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 
 func main() {
 	if err := run(os.Args[1:]); err != nil {
@@ -55,87 +49,108 @@ type cli struct {
 	drainTimeout time.Duration
 	upgradeWait  time.Duration
 	pidfile      string
-	logLevel     string
+	logLevel     logLevel
 	pprof        string
+	configFile   string
 }
 
+// logLevel is --log-level.
+type logLevel slog.Level
+
+func (l logLevel) String() string { return strings.ToLower(slog.Level(l).String()) }
+
+func parseLogLevel(s string) (logLevel, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(s)); err != nil {
+		return 0, fmt.Errorf("--log-level: %w", err)
+	}
+	return logLevel(lvl), nil
+}
+
+// settings are tetherd's own flags: the process (demo workers, shutdown,
+// upgrade, pidfile, logs) and --listeners, whose default is the host's.
+func (c *cli) settings() []config.Setting {
+	return []config.Setting{
+		config.Num(&c.demo, "demo", 0, config.Any, fmt.Sprintf("start N built-in demo session workers on loopback and route to them (at most %d)", maxDemo)).Type("int"),
+		config.Num(&c.opts.Listeners, "listeners", defaultListeners(runtime.NumCPU()), config.Positive, fmt.Sprintf("listener sockets in the SO_REUSEPORT group (default: one per CPU, at most %d)", stats.MaxSlots)).Type("int").HideDefault(),
+		config.Num(&c.grace, "shutdown-grace", 30*time.Second, config.NonNegative, "on SIGTERM, time given to requests in progress (0: none, they are cut)").Type("duration"),
+		config.Num(&c.drainTimeout, "drain-timeout", 15*time.Minute, config.Positive, "after an upgrade (SIGUSR2), time the old process gives its requests and streams in flight (generations can be long)").Type("duration"),
+		config.Num(&c.upgradeWait, "upgrade-timeout", time.Minute, config.Positive, "on SIGUSR2, time the new process gets to serve; past it, or if it exits, the old one keeps serving").Type("duration"),
+		config.Str(&c.pidfile, "pidfile", "", "write the PID of the current tetherd here (atomically; the new process rewrites it after an upgrade)", nil),
+		config.Mode(&c.logLevel, "log-level", logLevel(slog.LevelInfo), "debug, info, warn or error", parseLogLevel),
+		config.Str(&c.pprof, "pprof", "", "serve net/http/pprof on this address (debugging; keep it on loopback)", nil),
+		config.Str(&c.configFile, "config", "", "JSON file whose fields are these flags' names, e.g. {\"worker\":[URL,...],\"bad-session\":\"reject\"}; the command line wins; SIGHUP reloads the workers and policies", nil),
+	}
+}
+
+// RegisterFlags registers tetherd's own flags on fs.
+func (c *cli) RegisterFlags(fs *flag.FlagSet) { config.Register(fs, c.settings()) }
+
 // parse reads the flags, then the config file (--config) for the flags not
-// on the command line. SIGHUP calls it again on the same arguments.
+// on the command line. SIGHUP calls it again on the same arguments. Each
+// component's settings register their own flags, writing the component's
+// settings directly.
 func parse(args []string) (*cli, error) {
 	fs := flag.NewFlagSet("tetherd", flag.ContinueOnError)
-	var workers multiFlag
+	config.Usage(fs)
 	c := &cli{fs: fs}
-	opts := &c.opts
-	fs.StringVar(&opts.Listen, "listen", "127.0.0.1:8080", "data-plane address")
-	fs.Var(&workers, "worker", "backend worker URL (repeatable; slot = order given)")
-	fs.IntVar(&c.demo, "demo", 0, fmt.Sprintf("start N built-in demo session workers on loopback and route to them (at most %d)", maxDemo))
-	fs.StringVar(&opts.Cluster, "cluster", "", "etcd://HOST:PORT[,HOST:PORT...]: keep the worker table in etcd, shared by every tetherd of the same --cluster-name (docs/cluster.md)")
-	fs.StringVar(&opts.ClusterName, "cluster-name", "", "the cluster's name, the key prefix /tether/<name>/ in etcd (default \"default\" with --cluster)")
-	fs.BoolVar(&opts.ClusterShareSessions, "cluster-share-sessions", false, "with --cluster: also write each new sticky assignment (learned session ids, sticky keys, spills) to etcd, so every replica routes the session the same way")
-	fs.StringVar(&opts.BadSession, "bad-session", "spread", "session id naming no worker: spread or reject (404)")
-	dp, def := &opts.Proxy, daemon.DataPlaneDefaults() // the data plane's settings (proxy.Config)
-	positiveVar(fs, &dp.ResponseTimeout, "response-timeout", def.ResponseTimeout, "wait for the first response byte before 504")
-	positiveVar(fs, &dp.SpliceMin, "splice-min", def.SpliceMin, "body remainders of at least this many bytes move with splice(2), smaller ones are copied")
-	positiveVar(fs, &dp.IdleTimeout, "idle-timeout", def.IdleTimeout, "close a client keep-alive connection idle this long")
-	fs.DurationVar(&dp.ParkAfter, "park-after", def.ParkAfter, "a connection a goroutine served (streamed body, Expect, local or queued request) goes back to its listener's event loop once idle this long (0: at once; -1s: never)")
-	ioUring := fs.Bool("io-uring", !def.NoRing, "event loops batch each wake-up's socket reads and writes through an io_uring (one io_uring_enter instead of a system call each); false, or a kernel that refuses io_uring: one system call each")
-	positiveVar(fs, &dp.HeadTimeout, "head-timeout", def.HeadTimeout, "a request head not complete this long after its first byte gets 408 (slowloris)")
-	positiveVar(fs, &dp.IOTimeout, "io-timeout", def.IOTimeout, "a request or response body that makes no progress this long ends the exchange")
-	positiveVar(fs, &dp.StreamIdleTimeout, "stream-idle-timeout", def.StreamIdleTimeout, "a streamed response (SSE, chunked) whose worker sends nothing this long is cut, visibly to the client (a stopped engine frees its clients)")
-	fs.Int64Var(&dp.MaxBodyBytes, "max-body-bytes", daemon.DefaultMaxBodyBytes, "largest request body in bytes (RL bodies are large): a Content-Length above it gets 413 before anything is forwarded, a chunked body growing past it is cut with 413; 0: no limit")
-	fs.IntVar(&dp.MaxConns, "max-conns", 0, "most client connections open at once; at it, accepting pauses and new connections wait in the kernel's queue (0: (descriptor limit - reserve) / 2, at least 16; the reserve is 256 descriptors, or an eighth of a limit under 2048)")
-	positiveOrNoneVar(fs, &dp.QueueSize, "max-queue", def.QueueSize, "requests that may wait per worker once it is at its max_in_flight; more: 503 with Retry-After (-1: no queue)")
-	positiveVar(fs, &dp.QueueTimeout, "queue-timeout", def.QueueTimeout, "longest wait in a worker's queue; then 503 with Retry-After")
-	positiveVar(fs, &opts.Fleet.HoldTimeout, "pause-timeout", fleet.DefaultSettings().HoldTimeout, "longest a generation request is held while the fleet is paused for a weight sync (the hold takes --max-queue per worker); then 503 with Retry-After")
-	positiveVar(fs, &opts.Engine.UpdateTimeout, "update-timeout", engine.DefaultSettings().UpdateTimeout, "longest each worker's call of a fanned-out weight update may take")
-	positiveVar(fs, &dp.LocalBodyBudget, "local-body-budget", def.LocalBodyBudget, "bytes the bodies of requests tetherd answers itself (abort, flush, admin on the data port) may hold at once, across connections; past it: 503 with Retry-After")
-	positiveVar(fs, &dp.Limits.RequestLine, "max-request-line", def.Limits.RequestLine, "longest request line in bytes; longer: 414")
-	positiveVar(fs, &dp.Limits.Head, "max-head-bytes", def.Limits.Head, "largest request head in bytes; larger: 431")
-	positiveVar(fs, &dp.Limits.ChunkExt, "max-chunk-ext-bytes", def.Limits.ChunkExt, "most chunk-extension bytes in one chunked request body; more: 400")
-	positiveVar(fs, &dp.Limits.Fields, "max-header-fields", def.Limits.Fields, "most header fields in a request; more: 431")
-	fs.IntVar(&opts.Listeners, "listeners", defaultListeners(runtime.NumCPU()), fmt.Sprintf("listener sockets in the SO_REUSEPORT group (default: one per CPU, at most %d)", stats.MaxSlots))
-	fs.StringVar(&opts.BPF, "bpf", "auto", "BPF listener steering: auto (fall back to the kernel hash with one warning), required, or off")
-	fs.StringVar(&opts.PinDir, "bpf-pin-dir", "", "bpffs directory for the pinned maps (default /sys/fs/bpf/tether/v<ABI>)")
-	fs.DurationVar(&c.grace, "shutdown-grace", 30*time.Second, "on SIGTERM, time given to requests in progress (0: none, they are cut)")
-	fs.DurationVar(&c.drainTimeout, "drain-timeout", 15*time.Minute, "after an upgrade (SIGUSR2), time the old process gives its requests and streams in flight (generations can be long)")
-	fs.DurationVar(&c.upgradeWait, "upgrade-timeout", time.Minute, "on SIGUSR2, time the new process gets to serve; past it, or if it exits, the old one keeps serving")
-	fs.StringVar(&c.pidfile, "pidfile", "", "write the PID of the current tetherd here (atomically; the new process rewrites it after an upgrade)")
-	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
-	fs.StringVar(&c.pprof, "pprof", "", "serve net/http/pprof on this address (debugging; keep it on loopback)")
-	configFile := fs.String("config", "", "JSON file whose fields are these flags' names, e.g. {\"worker\":[URL,...],\"bad-session\":\"reject\"}; the command line wins; SIGHUP reloads the workers and policies")
-	routingDone := routingFlags(fs, &opts.Routing)
-	controlDone := controlFlags(fs, opts)
+	o := &c.opts
+	for _, r := range []interface{ RegisterFlags(*flag.FlagSet) }{
+		c,                   // tetherd's own
+		o,                   // the daemon's: listen, workers, cluster, admin API
+		&o.Proxy,            // the data plane
+		&o.Fleet,            // weight syncs' hold
+		&o.Engine,           // engine endpoints
+		&o.Health,           // active health checks
+		&o.Registry,         // worker life
+		&o.Spawn,            // --spawn
+		&o.Routing,          // routing modes, engine polling
+		&o.Routing.Keys,     // the policy's bounds
+		&o.Routing.Learn,    // learned session ids
+		&o.Routing.Engine,   // engine-aware placement
+		&o.Routing.KVEvents, // placement from the engines' KV-cache events
+	} {
+		r.RegisterFlags(fs)
+	}
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
-	if *configFile != "" {
+	if c.configFile != "" {
 		explicit := map[string]bool{}
 		fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
-		if err := config.Load(fs, *configFile, explicit, "config"); err != nil {
+		if err := config.Load(fs, c.configFile, explicit, "config"); err != nil {
 			return nil, err
 		}
 	}
-	routingDone()
-	if err := controlDone(fs.Args()); err != nil {
+	if o.Listeners > stats.MaxSlots {
+		return nil, fmt.Errorf("--listeners %d: want 1..%d", o.Listeners, stats.MaxSlots)
+	}
+	for _, secret := range []struct {
+		p   *string
+		env string
+	}{{&o.AdminToken, "TETHER_ADMIN_TOKEN"}, {&o.WorkerAPIKey, "TETHER_WORKER_API_KEY"}} {
+		if *secret.p == "" {
+			*secret.p = os.Getenv(secret.env)
+		}
+	}
+	if err := spawnCommand(&o.Spawn, fs.Args()); err != nil {
 		return nil, err
 	}
-	if opts.Listeners < 1 || opts.Listeners > stats.MaxSlots {
-		return nil, fmt.Errorf("--listeners %d: want 1..%d", opts.Listeners, stats.MaxSlots)
-	}
-	if c.grace < 0 {
-		return nil, errors.New("--shutdown-grace: negative")
-	}
-	if c.drainTimeout <= 0 || c.upgradeWait <= 0 {
-		return nil, errors.New("--drain-timeout and --upgrade-timeout: want a duration > 0")
-	}
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(c.logLevel)); err != nil {
-		return nil, fmt.Errorf("--log-level: %w", err)
-	}
-	opts.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
-	opts.Workers = workers
-	dp.NoRing = !*ioUring
+	o.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.Level(c.logLevel)}))
 	return c, nil
+}
+
+// spawnCommand takes the positional arguments: the --spawn command given
+// after "--".
+func spawnCommand(sp *supervisor.Config, args []string) error {
+	switch {
+	case len(args) > 0 && sp.N == 0:
+		return fmt.Errorf("unexpected arguments: %q (a worker command goes with --spawn N -- CMD ARGS)", args)
+	case len(args) == 0 && sp.N > 0:
+		return fmt.Errorf("--spawn %d: give the worker command after --, e.g. --spawn %d -- tether-demo --listen 127.0.0.1:{port} --index {index}", sp.N, sp.N)
+	}
+	sp.Command = args
+	return nil
 }
 
 func run(args []string) error {
@@ -233,6 +248,13 @@ func run(args []string) error {
 }
 
 var reloadable = map[string]bool{"worker": true, "bad-session": true, "config": true}
+
+// The routing flags a SIGHUP applies (daemon registers the reload).
+func init() {
+	for _, f := range daemon.RoutingReloadable {
+		reloadable[f] = true
+	}
+}
 
 // reload reads the command line and the config file again and applies the
 // worker list and policies. An invalid configuration changes nothing.

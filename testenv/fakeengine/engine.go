@@ -14,6 +14,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tether-rl/tether/userspace/kvevents"
 )
 
 // Kind is the engine an Engine imitates.
@@ -59,16 +61,17 @@ const (
 // Config configures an Engine. Zero fields take the defaults below.
 type Config struct {
 	Kind            Kind
-	Name            string        // in logs and answers (the model name); default "fake-<kind>"
-	KVBlocks        int           // paged KV capacity in blocks (default 2048)
-	BlockTokens     int           // tokens per block (default 16)
-	MaxRunning      int           // running batch size cap (default 64); beyond: waiting queue
-	PrefillPerToken time.Duration // simulated compute per uncached prompt token (default 2µs)
-	DecodeStep      time.Duration // one decode step for the whole running batch (default 2ms)
-	WeightVersion   string        // initial version (default "v0")
-	UpdateDelay     time.Duration // how long an update takes (default 50ms)
-	APIKey          string        // when set, require "Authorization: Bearer KEY"
-	Log             *slog.Logger  // default: discard
+	Name            string          // in logs and answers (the model name); default "fake-<kind>"
+	KVBlocks        int             // paged KV capacity in blocks (default 2048)
+	BlockTokens     int             // tokens per block (default 16)
+	MaxRunning      int             // running batch size cap (default 64); beyond: waiting queue
+	PrefillPerToken time.Duration   // simulated compute per uncached prompt token (default 2µs)
+	DecodeStep      time.Duration   // one decode step for the whole running batch (default 2ms)
+	WeightVersion   string          // initial version (default "v0")
+	UpdateDelay     time.Duration   // how long an update takes (default 50ms)
+	APIKey          string          // when set, require "Authorization: Bearer KEY"
+	KVEvents        *KVEventsConfig // publish KV-cache events (kvevents.go); nil: none
+	Log             *slog.Logger    // default: discard
 }
 
 func (c *Config) defaults() {
@@ -247,6 +250,9 @@ type Engine struct {
 	epoch     uint64
 	seq       uint64
 	ridN      uint64
+	pub       *kvevents.Publisher // KV-cache events (kvevents.go)
+	quiet     bool                // no events (Restart)
+	evicted   []uint64            // blocks evicted by the current allocation
 
 	st       Stats
 	lastBody map[string][]byte
@@ -289,6 +295,9 @@ func New(cfg Config) *Engine {
 		schedDone: make(chan struct{}),
 		stopping:  make(chan struct{}),
 		conns:     map[net.Conn]struct{}{},
+	}
+	if err := e.startEvents(); err != nil {
+		e.log.Error("kv events: no publisher", "err", err)
 	}
 	go e.loop()
 	return e
@@ -442,6 +451,9 @@ func (e *Engine) Kill() {
 func (e *Engine) stop() {
 	e.quitOnce.Do(func() { close(e.quit) })
 	<-e.schedDone
+	if e.pub != nil {
+		e.pub.Close()
+	}
 }
 
 // SetFailUpdates makes weight updates answer 500 (and change nothing)
@@ -786,7 +798,15 @@ func (e *Engine) allocBlocksLocked(n int) bool {
 		return false
 	}
 	for e.freeLocked() < n {
-		e.evictLocked(e.lru.Front().Value.(*centry))
+		c := e.lru.Front().Value.(*centry)
+		e.evictLocked(c)
+		if e.pub != nil {
+			e.evicted = append(e.evicted, c.hash)
+		}
+	}
+	if len(e.evicted) > 0 {
+		e.publishLocked(kvevents.Event{Kind: kvevents.Removed, Hashes: e.evicted, Medium: "GPU"})
+		e.evicted = e.evicted[:0]
 	}
 	e.inUse += n
 	return true
@@ -871,11 +891,14 @@ func (e *Engine) allocLocked(r *request) (int, bool) {
 	r.epoch = e.epoch
 	r.shared = append(r.shared[:0], hashes[:full]...)
 	r.private = need - full
-	for _, h := range hashes[m:full] {
-		if e.cache[h] == nil {
+	var stored []int
+	for i := m; i < full; i++ {
+		if h := hashes[i]; e.cache[h] == nil {
 			e.cache[h] = &centry{hash: h, ref: 1, epoch: e.epoch}
+			stored = append(stored, i)
 		}
 	}
+	e.storedLocked(toks, hashes, stored)
 	cached := m * bt
 	e.st.PromptTokens += int64(len(toks))
 	e.st.CachedTokens += int64(cached)
@@ -902,6 +925,7 @@ func (e *Engine) releaseLocked(r *request) {
 		full := len(toks) / bt
 		// The chain of the shared part is needed to extend it.
 		hashes := chainHashes(toks, bt, e.epoch)
+		var stored []int
 		for i := len(r.shared); i < full && r.private > 0; i++ {
 			if e.cache[hashes[i]] != nil {
 				continue
@@ -912,7 +936,9 @@ func (e *Engine) releaseLocked(r *request) {
 			r.private--
 			e.inUse--
 			e.evictable++
+			stored = append(stored, i)
 		}
+		e.storedLocked(toks, hashes, stored)
 	}
 	e.inUse -= r.private
 	r.private = 0
@@ -926,6 +952,7 @@ func (e *Engine) dropCacheLocked() {
 		e.evictLocked(e.lru.Front().Value.(*centry))
 	}
 	e.epoch++
+	e.publishLocked(kvevents.Event{Kind: kvevents.Cleared})
 }
 
 // --- pause, update ---

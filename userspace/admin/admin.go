@@ -19,6 +19,9 @@
 //	GET    /routing                 routing decisions by reason, learned session counts
 //	GET    /metrics                 Prometheus
 //	GET    /health                  tetherd's own health (admin listener)
+//	GET    /ui                      the live page (ui.go); / redirects to it
+//	GET    /ui/state                what the page polls: workers, fleet, syncs, listeners, history
+//	GET    /baseline                the pinned counters at this tetherd's start (this run's counts)
 //
 // Errors are JSON: {"error":{"code":N,"message":"..."}}; bad input is a 4xx
 // and changes nothing.
@@ -57,13 +60,19 @@ type Config struct {
 	// Decorate, when set, adds what other parts of tetherd know of a
 	// worker (its weight version and sync state) to GET /workers.
 	Decorate func(*registry.Info)
+	// SetKVEvents, when set, takes an add's "kv_events" (tcp://host:port,
+	// the worker's KV-event publisher) and "kv_events_replay".
+	SetKVEvents func(url, endpoint, replay string) error
 	// Cluster returns what GET /cluster answers (the etcd link's state);
 	// nil (not in cluster mode): 404.
 	Cluster func() any
 	// Token, when set, is required as "Authorization: Bearer TOKEN" on
 	// every endpoint, wherever it is served.
 	Token string
-	Log   *slog.Logger
+	// UI feeds the live page (ui.go); nil: the page shows the workers
+	// and the fleet only.
+	UI  *UIConfig
+	Log *slog.Logger
 }
 
 // Writer is what changes the worker table.
@@ -115,12 +124,13 @@ func New(cfg Config) *Server {
 	m.HandleFunc("GET /v1/loads", s.loads)
 	m.HandleFunc("GET /metrics", s.metrics)
 	m.HandleFunc("GET /health", s.health)
+	s.routeUI(m)
 	return s
 }
 
 // ServeHTTP checks the token, then serves the endpoint.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if s.token != nil && !s.authorized(r) {
+	if s.token != nil && !s.authorized(r) && !s.uiAuthorized(r) {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="tetherd"`)
 		writeError(w, http.StatusUnauthorized, "missing or wrong admin token (Authorization: Bearer TOKEN)")
 		return
@@ -140,7 +150,12 @@ func (s *Server) authorized(r *http.Request) bool {
 	if len(h) <= len(prefix) || !strings.EqualFold(h[:len(prefix)], prefix) {
 		return false
 	}
-	return subtle.ConstantTimeCompare([]byte(strings.TrimSpace(h[len(prefix):])), s.token) == 1
+	return s.tokenIs(strings.TrimSpace(h[len(prefix):]))
+}
+
+// tokenIs reports whether t is the admin token (set).
+func (s *Server) tokenIs(t string) bool {
+	return s.token != nil && t != "" && subtle.ConstantTimeCompare([]byte(t), s.token) == 1
 }
 
 // DataPort is the proxy's Local hook for --admin-on-data-port: it returns
@@ -163,88 +178,12 @@ func IsAdminPath(path []byte) bool {
 		}
 	}
 	switch string(path) {
-	case "/add_worker", "/remove_worker", "/list_workers", "/workers", "/get_loads", "/v1/loads", "/metrics", "/routing", "/cluster":
+	case "/add_worker", "/remove_worker", "/list_workers", "/workers", "/get_loads", "/v1/loads", "/metrics", "/routing", "/cluster",
+		"/ui", "/baseline":
 		return true
 	}
-	const p = "/workers/"
-	return len(path) > len(p) && string(path[:len(p)]) == p
-}
-
-// jsonErrorWriter turns the mux's plain-text error into a JSON one (and
-// lets anything else, e.g. a redirect to a clean path, through).
-type jsonErrorWriter struct {
-	http.ResponseWriter
-	done, pass bool
-}
-
-func (w *jsonErrorWriter) WriteHeader(code int) {
-	if w.done {
-		return
-	}
-	w.done = true
-	if code < 400 {
-		w.pass = true
-		w.ResponseWriter.WriteHeader(code)
-		return
-	}
-	msg := "no such endpoint"
-	if code == http.StatusMethodNotAllowed {
-		msg = "method not allowed"
-	}
-	w.ResponseWriter.Header().Del("X-Content-Type-Options")
-	writeError(w.ResponseWriter, code, msg)
-}
-
-func (w *jsonErrorWriter) Write(p []byte) (int, error) {
-	if !w.done {
-		w.WriteHeader(http.StatusOK)
-	}
-	if w.pass {
-		return w.ResponseWriter.Write(p)
-	}
-	return len(p), nil
-}
-
-// ErrorBody is the JSON of an error answer.
-type ErrorBody struct {
-	Error struct {
-		Code    int    `json:"code"`
-		Message string `json:"message"`
-	} `json:"error"`
-}
-
-func writeError(w http.ResponseWriter, code int, msg string) {
-	var b ErrorBody
-	b.Error.Code, b.Error.Message = code, msg
-	writeJSON(w, code, b)
-}
-
-func writeJSON(w http.ResponseWriter, code int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Del("Content-Length")
-	w.WriteHeader(code)
-	json.NewEncoder(w).Encode(v)
-}
-
-// statusOf maps a registry error to an HTTP status.
-func statusOf(err error) int {
-	switch {
-	case errors.Is(err, registry.ErrBadURL):
-		return http.StatusBadRequest
-	case errors.Is(err, registry.ErrDuplicate), errors.Is(err, registry.ErrFull), errors.Is(err, registry.ErrManaged):
-		return http.StatusConflict
-	case errors.Is(err, registry.ErrNotFound):
-		return http.StatusNotFound
-	case errors.Is(err, registry.ErrTooManyPending):
-		return http.StatusTooManyRequests
-	case errors.Is(err, registry.ErrUnavailable), errors.Is(err, registry.ErrClosed):
-		return http.StatusServiceUnavailable
-	}
-	return http.StatusInternalServerError
-}
-
-func (s *Server) fail(w http.ResponseWriter, err error) {
-	writeError(w, statusOf(err), err.Error())
+	const p, u = "/workers/", "/ui/"
+	return len(path) > len(p) && string(path[:len(p)]) == p || len(path) > len(u) && string(path[:len(u)]) == u
 }
 
 // workerSpec is what an add names: the url, and optionally the worker's
@@ -252,6 +191,9 @@ func (s *Server) fail(w http.ResponseWriter, err error) {
 type workerSpec struct {
 	URL         string  `json:"url"`
 	MaxInFlight *uint64 `json:"max_in_flight"`
+	// KV-cache events: the worker's publisher, its replay.
+	KVEvents       string `json:"kv_events"`
+	KVEventsReplay string `json:"kv_events_replay"`
 	// sglang-router's fields: only regular workers are routed yet.
 	WorkerType    string          `json:"worker_type"`
 	BootstrapPort json.RawMessage `json:"bootstrap_port"`
@@ -333,6 +275,16 @@ func (s *Server) add(w http.ResponseWriter, r *http.Request) (registry.Info, boo
 		writeError(w, http.StatusBadRequest, err.Error())
 		return registry.Info{}, false
 	}
+	if spec.KVEvents != "" || spec.KVEventsReplay != "" {
+		if s.cfg.SetKVEvents == nil {
+			writeError(w, http.StatusBadRequest, "kv_events: KV-event placement is off")
+			return registry.Info{}, false
+		}
+		if err := s.cfg.SetKVEvents(spec.URL, spec.KVEvents, spec.KVEventsReplay); err != nil {
+			writeError(w, http.StatusBadRequest, err.Error())
+			return registry.Info{}, false
+		}
+	}
 	if spec.MaxInFlight != nil {
 		// Before the add: the worker routes with its capacity from the start.
 		if _, err := s.cfg.Writer.SetCapacity(spec.URL, *spec.MaxInFlight); err != nil {
@@ -341,6 +293,9 @@ func (s *Server) add(w http.ResponseWriter, r *http.Request) (registry.Info, boo
 		}
 	}
 	info, err := s.cfg.Writer.Add(r.Context(), spec.URL, registry.OriginAdmin)
+	if spec.KVEvents != "" && info.URL != "" && info.URL != spec.URL {
+		s.cfg.SetKVEvents(info.URL, spec.KVEvents, spec.KVEventsReplay) // the canonical URL
+	}
 	if errors.Is(err, registry.ErrDuplicate) {
 		// An engine restarted on the same host:port registers again: the
 		// routers this replaces treat that as a no-op, and clients call

@@ -269,13 +269,13 @@ func TestToken(t *testing.T) {
 
 func TestIsAdminPath(t *testing.T) {
 	for _, p := range []string{"/add_worker", "/add_worker?url=x", "/remove_worker", "/list_workers", "/workers",
-		"/workers?x", "/workers/1", "/workers/1/drain", "/get_loads", "/v1/loads", "/metrics"} {
+		"/workers?x", "/workers/1", "/workers/1/drain", "/get_loads", "/v1/loads", "/metrics", "/ui", "/ui/state", "/ui/app.js", "/baseline"} {
 		if !IsAdminPath([]byte(p)) {
 			t.Errorf("%s not an admin path", p)
 		}
 	}
 	for _, p := range []string{"/", "/health", "/sessions", "/workers/", "/workersx", "/add_workers", "/v1/chat/completions",
-		"/sessions/w0-abcd/add_worker", "/metricsx", "/get_load", "/v1/loads/x"} {
+		"/sessions/w0-abcd/add_worker", "/metricsx", "/get_load", "/v1/loads/x", "/ui/", "/uix", "/baselines"} {
 		if IsAdminPath([]byte(p)) {
 			t.Errorf("%s is an admin path", p)
 		}

@@ -25,7 +25,7 @@ import (
 // bounded queue to one writer goroutine that commits what is queued in
 // one transaction (a full queue drops and counts).
 //
-// The value names the worker by identity (route.WorkerID of its URL, the
+// The value names the worker by identity (worker.ID of its URL, the
 // same on every replica) and slot, and carries the TTL left: expiry times
 // are CLOCK_MONOTONIC and mean nothing on another host.
 

@@ -1,6 +1,8 @@
-// Package config reads tetherd's optional config file (--config FILE): a
-// JSON object whose fields are the command-line flags, named exactly like
-// them without the dashes in front:
+// Package config holds tetherd's settings machinery: the declaration of a
+// component's settings as flags (flags.go: Setting, Register, Validate,
+// Optional, and the help printer) and the optional config file (--config
+// FILE, this file): a JSON object whose fields are the command-line
+// flags, named exactly like them without the dashes in front:
 //
 //	{
 //	  "listen": "127.0.0.1:8080",

@@ -13,10 +13,10 @@ import (
 
 // Three replicas started on a fresh etcd, and workers added through A's
 // admin API as soon as it answers (what launchers do): every add succeeds
-// and every replica routes to every worker. Before the fix, an add that
-// came before A's first list of the table got 503 "cluster store (etcd)
-// unavailable: " with no cause, and no replica ever had the worker.
-// Repeated: the window is a race with the first list.
+// and every replica routes to every worker: an add that comes before A's
+// first list of the table waits for it (bounded) instead of failing with
+// a 503 that names no cause. Repeated: the window is a race with the
+// first list.
 func TestClusterStartupAdds(t *testing.T) {
 	workers := []string{startDemo(t, 0).URL(), startDemo(t, 1).URL()}
 	for run := range 6 {

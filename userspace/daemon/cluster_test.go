@@ -16,6 +16,7 @@ import (
 	"github.com/tether-rl/tether/testenv/etcdtest"
 	"github.com/tether-rl/tether/userspace/cluster"
 	"github.com/tether-rl/tether/userspace/registry"
+	"github.com/tether-rl/tether/userspace/route"
 )
 
 // replicas starts n tetherd replicas of one cluster on a real etcd.
@@ -362,7 +363,7 @@ func TestClusterEtcdOutage(t *testing.T) {
 	if m := ctlDo(t, "GET", "http://"+ds[2].AdminAddr()+"/metrics", ""); !strings.Contains(string(m.body), "tether_cluster_up 0") {
 		t.Fatal("/metrics does not say the cluster link is down")
 	}
-	time.Sleep(30 * time.Second) // the outage the issue asks for, under load
+	time.Sleep(30 * time.Second) // a 30 s etcd outage, under load
 	etcd.Restart()
 	testenv.WaitFor(t, "every replica reconnected", func() bool {
 		for _, d := range ds {
@@ -455,7 +456,7 @@ func TestClusterReplicaKilled(t *testing.T) {
 // it.
 func TestClusterSharedSessions(t *testing.T) {
 	etcd := etcdtest.Start(t)
-	ds := replicas(t, etcd, 2, Options{ClusterShareSessions: true, BadSession: "reject"})
+	ds := replicas(t, etcd, 2, Options{ClusterShareSessions: true, BadSession: route.BadSessionReject})
 	for _, u := range bareSessionServers(t, 3) {
 		if r := ctlDo(t, "POST", "http://"+ds[0].AdminAddr()+"/workers", `{"url":"`+u+`"}`); r.status != 200 {
 			t.Fatalf("add: %d %s", r.status, r.body)

@@ -12,11 +12,13 @@ import (
 	"github.com/tether-rl/tether/userspace/admin"
 	"github.com/tether-rl/tether/userspace/cluster"
 	"github.com/tether-rl/tether/userspace/health"
+	"github.com/tether-rl/tether/userspace/history"
 	"github.com/tether-rl/tether/userspace/metrics"
 	"github.com/tether-rl/tether/userspace/registry"
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/supervisor"
 	"github.com/tether-rl/tether/userspace/sysd"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // The control plane: worker registry, health checks, supervisor of --spawn
@@ -47,6 +49,7 @@ type control struct {
 	reloadMu sync.Mutex
 	reload   []func(Options) (func(), error)
 	stopOnce sync.Once
+	ui       *uiParts // the live page's history, syncs and baseline (ui.go)
 }
 
 // newRegistry creates the registry, reserves slots 0..Spawn-1 for the
@@ -61,9 +64,12 @@ func (d *Daemon) newRegistry(opts Options) error {
 		Pool:   opts.Pool,
 		Self:   selfEndpoints(d.Addr(), opts.Admin),
 		Probe:  d.ctl.prober,
-		OnPut: func(w *route.Worker) {
+		OnPut: func(w *worker.Worker) {
 			if d.Metrics != nil {
 				d.Metrics.SetWorker(w)
+			}
+			if d.ctl.ui != nil {
+				d.ctl.ui.onPut(w)
 			}
 		},
 		Log: d.log,
@@ -124,6 +130,8 @@ func (d *Daemon) newControl(opts Options) error {
 			return st.Up, st.Applied, st.Skipped, true
 		},
 	})
+	d.registerKVMetrics() // kvevents_metrics.go
+
 	for _, w := range d.Table.Snapshot() {
 		if w != nil {
 			d.Metrics.SetWorker(w)
@@ -136,17 +144,20 @@ func (d *Daemon) newControl(opts Options) error {
 		clusterStatus = func() any { return d.ClusterStatus() }
 	}
 	d.Admin = admin.New(admin.Config{
-		Registry: d.Registry,
-		Writer:   writer,
-		Cluster:  clusterStatus,
-		Metrics:  d.Metrics.Handler(),
-		Health:   http.HandlerFunc(d.serveAdminHealth),
-		Routing:  func() any { return d.RoutingCounts() },
-		Fleet:    func() any { return d.Fleet.Report() },
-		Decorate: d.decorateWorker,
-		Token:    opts.AdminToken,
-		Log:      d.log,
+		Registry:    d.Registry,
+		Writer:      writer,
+		Cluster:     clusterStatus,
+		Metrics:     d.Metrics.Handler(),
+		Health:      http.HandlerFunc(d.serveAdminHealth),
+		Routing:     func() any { return d.RoutingCounts() },
+		Fleet:       func() any { return d.Fleet.Report() },
+		Decorate:    d.decorateWorker,
+		Token:       opts.AdminToken,
+		UI:          d.uiConfig(),
+		Log:         d.log,
+		SetKVEvents: d.SetWorkerKVEvents,
 	})
+	d.snapshotBaseline()
 	inherited := opts.Inherited.Take(fdAdmin)
 	if opts.Admin != "" && inherited != nil {
 		ln, err := sysd.TCPListener(inherited)
@@ -255,7 +266,8 @@ func (d *Daemon) localHook(opts Options) func(method, path []byte) http.Handler 
 		hooks = append(hooks, func(method, path []byte) http.Handler { return d.Admin.DataPort(method, path) })
 	}
 	if d.routing != nil && d.routing.local != nil {
-		hooks = append(hooks, d.routing.local) // engine endpoints (routing.go)
+		// engine endpoints (routing.go); the sync's steps recorded for the page
+		hooks = append(hooks, history.Recording(d.routing.local, d.ctl.ui.syncs))
 	}
 	switch len(hooks) {
 	case 0:
@@ -296,7 +308,7 @@ func (d *Daemon) serveAdminHealth(w http.ResponseWriter, r *http.Request) {
 func (d *Daemon) startControl(opts Options) {
 	if ln := d.ctl.adminLn; ln != nil {
 		// ReadTimeout bounds the whole request, body included: a body
-		// trickled a byte at a time no longer holds a connection open
+		// trickled a byte at a time does not hold a connection open
 		// (the handlers themselves may take long: an add waits for health).
 		d.ctl.adminSrv = &http.Server{Handler: d.Admin, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: adminReadTimeout, IdleTimeout: 2 * time.Minute}
 		srv := d.ctl.adminSrv
@@ -320,6 +332,7 @@ func (d *Daemon) startControl(opts Options) {
 	}
 	d.ctl.trimStop = make(chan struct{})
 	d.startTrim(d.ctl.trimStop)
+	d.startUI()
 }
 
 // stopControl stops the --spawn processes (TERM, then KILL after the
@@ -329,6 +342,7 @@ func (d *Daemon) stopControl(ctx context.Context) {
 		if d.ctl.trimStop != nil {
 			close(d.ctl.trimStop)
 		}
+		d.stopUI()
 		if d.Supervisor != nil {
 			d.Supervisor.Stop(ctx)
 		}
@@ -375,10 +389,10 @@ func (d *Daemon) OnReload(f func(Options) (apply func(), err error)) {
 // by --spawn are left alone. --bad-session changes at once. Nothing
 // changes if opts is invalid.
 func (d *Daemon) Reload(opts Options) error {
-	bad, err := badSessionMode(opts.BadSession)
-	if err != nil {
+	if err := opts.checkRanges(); err != nil {
 		return err
 	}
+	bad := opts.BadSession
 	for _, w := range opts.Workers {
 		if _, _, err := registry.ParseURL(w); err != nil {
 			return fmt.Errorf("worker: %w", err)
@@ -396,6 +410,7 @@ func (d *Daemon) Reload(opts Options) error {
 	}
 	var added, removed []string
 	if d.ctl.replica == nil {
+		var err error
 		if added, removed, err = d.Registry.Sync(opts.Workers); err != nil {
 			return err
 		}
@@ -421,6 +436,7 @@ func (d *Daemon) decorateWorker(in *registry.Info) {
 	}
 	if w := d.Table.Get(in.Slot); w != nil && w.URL == in.URL {
 		in.WeightVersion = d.Fleet.Version(w.URL)
+		d.decorateKVEvents(in) // kvevents.go
 		in.SyncState = d.Fleet.WorkerState(w)
 		if d.routing != nil {
 			if counts := d.routing.pinned.get(d.routing.sticky); counts != nil {

@@ -6,12 +6,14 @@
 // Each component owns its settings: a struct of its own (proxy.Config's
 // settings, health.Config, registry.Config, supervisor.Config,
 // fleet.Settings, engine.Settings, route's PolicySettings, LearnSettings
-// and EngineConfig) with its defaults, written once in its package
-// (Default*, Provision), and its checks naming the flag (Validate, or
-// route's constructors). Options embeds them, the flags write straight
-// into them, and New hands each to its component whole, with the wiring
-// added; the load poller's loadpoll.Config is made of --engine-poll and
-// --health-timeout.
+// and EngineConfig) whose flags.go declares each setting once (the flag
+// name, help, default and range: userspace/config) for RegisterFlags,
+// which registers tetherd's flags writing straight into the struct, and
+// for Validate, which holds a setting made in code to the same range and
+// names the flag. The daemon's own settings (Options, RoutingOptions) do
+// the same (flags.go). Options embeds the components' structs, and New
+// hands each to its component whole, with the wiring added; the load
+// poller's loadpoll.Config is made of --engine-poll and --health-timeout.
 package daemon
 
 import (
@@ -27,7 +29,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tether-rl/tether/bpf"
 	"github.com/tether-rl/tether/userspace/admin"
+	"github.com/tether-rl/tether/userspace/config"
 	"github.com/tether-rl/tether/userspace/engine"
 	"github.com/tether-rl/tether/userspace/fleet"
 	"github.com/tether-rl/tether/userspace/health"
@@ -40,20 +44,21 @@ import (
 	"github.com/tether-rl/tether/userspace/supervisor"
 	"github.com/tether-rl/tether/userspace/upgrade"
 	"github.com/tether-rl/tether/userspace/upstream"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // Options are tetherd's settings.
 type Options struct {
 	Listen    string   // data-plane address, e.g. 127.0.0.1:8080
 	Listeners int      // sockets in the SO_REUSEPORT group, an event loop each; 0: 1 (tetherd's --listeners: one per CPU)
-	BPF       string   // steering: auto (default), required or off
+	BPF       bpf.Mode // steering: auto (default, also ""), required or off
 	PinDir    string   // bpffs directory of the maps; default bpf.DefaultPinDir
 	Workers   []string // backend URLs, slot = index
 	// StartedWorkers are workers the caller started for this tetherd
 	// (cmd/tetherd's --demo): in the slots after Workers', origin "demo":
 	// removable, left alone by a reload, not handed over by an upgrade.
 	StartedWorkers []string
-	BadSession     string // "spread" (default) or "reject"
+	BadSession     route.BadSession // a session id naming no worker: spread (default) or reject
 	// InstanceID names this tetherd in /health (instance_id and miles'
 	// session_server_instance_id); default a random id per process.
 	InstanceID string
@@ -61,9 +66,9 @@ type Options struct {
 	// (upgrade.Inherit): its listening sockets, admin socket, pin lock and
 	// run-time workers. nil: bind afresh.
 	Inherited *upgrade.Inherited
-	// Proxy is the data plane's configuration: cmd/tetherd's flags write
-	// its settings (timeouts, limits, the queue, --max-conns, --io-uring)
-	// straight into it; a zero setting takes DataPlaneDefaults' value
+	// Proxy is the data plane's configuration: its flags (RegisterFlags:
+	// timeouts, limits, the queue, --max-conns, --io-uring) write its
+	// settings straight into it; a zero setting takes DataPlaneDefaults' value
 	// (dataplane.go). New fills in the wiring (Router, Table, Local,
 	// Observe, Hold, PeekBody, RouteHeader, InstanceID, Log): whatever is
 	// there is replaced.
@@ -93,7 +98,7 @@ type Options struct {
 	ClusterShareSessions bool
 
 	// Control plane (control.go). Each component's settings are its own
-	// config, which cmd/tetherd's flags write into and whose zero fields
+	// config, which its flags (RegisterFlags) write into and whose zero fields
 	// take the component's defaults (its Provision); New passes them on
 	// whole, with the wiring.
 	Admin           string // admin API address; "" turns it off (cmd/tetherd: DefaultAdmin)
@@ -121,12 +126,13 @@ type Daemon struct {
 	opts       Options
 	log        *slog.Logger
 	InstanceID string
-	Table      *route.Table
+	Table      *worker.Table
 	Fleet      *fleet.Fleet // weight-sync phase, hold and versions
 	Router     *route.Router
 	Proxy      *proxy.Server
 	Stats      *stats.Table
 	routing    *routing
+	kv         *kvWiring // KV-event placement (kvevents.go); nil: off
 	Group      *listener.Group
 	lns        []net.Listener
 	wg         sync.WaitGroup
@@ -147,32 +153,18 @@ func ParseWorkerURL(raw string) (string, error) {
 	return addr, err
 }
 
-func badSessionMode(s string) (route.BadSession, error) {
-	switch s {
-	case "", "spread":
-		return route.BadSessionSpread, nil
-	case "reject":
-		return route.BadSessionReject, nil
-	}
-	return 0, fmt.Errorf("--bad-session %q: want spread or reject", s)
-}
-
 // checkRanges refuses out-of-range settings (zero means the default),
-// naming the flag: each component's own Validate, and the daemon's.
+// naming the flag: the daemon's own (flags.go) and each component's
+// Validate.
 func (o *Options) checkRanges() error {
-	for _, c := range []struct {
-		flag string
-		bad  bool
-	}{
-		{"listeners", o.Listeners < 0},
-		{"peek-bytes", o.Routing.PeekBytes < -1},
-		{"max-tracked-requests", o.Routing.MaxTrackedRequests < 0},
-	} {
-		if c.bad {
-			return fmt.Errorf("--%s: negative", c.flag)
-		}
+	if o.Listeners < 0 {
+		return errors.New("--listeners: negative")
 	}
-	for _, v := range []interface{ Validate() error }{&o.Proxy, o.Health, o.Registry, o.Spawn, o.Fleet, o.Engine} {
+	if err := config.Validate(append(o.settings(), o.Routing.settings()...)); err != nil {
+		return err
+	}
+	for _, v := range []interface{ Validate() error }{&o.Proxy, o.Health, o.Registry, o.Spawn, o.Fleet, o.Engine,
+		o.Routing.Keys, o.Routing.Learn, o.Routing.Engine} {
 		if err := v.Validate(); err != nil {
 			return err
 		}
@@ -198,10 +190,7 @@ func New(opts Options) (*Daemon, error) {
 	if opts.Listeners > stats.MaxSlots {
 		return nil, fmt.Errorf("--listeners %d: at most %d", opts.Listeners, stats.MaxSlots)
 	}
-	bad, err := badSessionMode(opts.BadSession)
-	if err != nil {
-		return nil, err
-	}
+	bad := opts.BadSession
 	if len(opts.Workers) == 0 && len(opts.StartedWorkers) == 0 && opts.Spawn.N == 0 && opts.Admin == "" && !opts.AdminOnDataPort {
 		return nil, errors.New("no workers: give --worker URL (repeatable), --demo N or --spawn N, or an admin API (--admin) to add them later")
 	}
@@ -227,7 +216,8 @@ func New(opts Options) (*Daemon, error) {
 		rand.Read(idb[:])
 		id = hex.EncodeToString(idb[:])
 	}
-	d := &Daemon{opts: opts, log: opts.Log, InstanceID: id, Table: route.NewTable()}
+	d := &Daemon{opts: opts, log: opts.Log, InstanceID: id, Table: worker.NewTable()}
+	d.ctl.ui = newUIParts()
 	perWorker := opts.Proxy.QueueSize
 	if perWorker <= 0 { // no queue (-1): the hold keeps its own bound
 		perWorker = DefaultMaxQueue
@@ -261,6 +251,11 @@ func New(opts Options) (*Daemon, error) {
 		return nil, err
 	}
 	d.OnReload(d.routing.reload)
+	if kv := opts.Routing.KVEvents; kv.Template != "" || kv.On {
+		if d.kv, err = startKVEvents(kv, d.Router, d.Table); err != nil {
+			return nil, err
+		}
+	}
 	pc := opts.Proxy // the settings; the wiring:
 	pc.Router = d.routing.router
 	pc.PeekBody = d.routing.peek
@@ -344,4 +339,7 @@ func (d *Daemon) Close() {
 		}
 	}
 	d.routing.close()
+	if d.kv != nil {
+		d.kv.close()
+	}
 }

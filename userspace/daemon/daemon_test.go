@@ -24,6 +24,7 @@ import (
 	"github.com/tether-rl/tether/userspace/demo"
 	"github.com/tether-rl/tether/userspace/proxy"
 	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // startDaemon runs tetherd in-process on loopback, with its counters in
@@ -244,8 +245,8 @@ func TestAffinity(t *testing.T) {
 // 2. Session ids that name no worker: spread or reject.
 func TestBadSession(t *testing.T) {
 	ids := []string{"x-1", "w9-abc", "w01-abc", "w-1", "w+1-a"}
-	for _, mode := range []string{"spread", "reject"} {
-		t.Run(mode, func(t *testing.T) {
+	for _, mode := range []route.BadSession{route.BadSessionSpread, route.BadSessionReject} {
+		t.Run(mode.String(), func(t *testing.T) {
 			demos := demoWorkers(t, 0, 4)
 			d := startDaemon(t, Options{StartedWorkers: urlsOf(demos), BadSession: mode})
 			c := newClient(t)
@@ -256,7 +257,7 @@ func TestBadSession(t *testing.T) {
 					t.Fatalf("%s: %v", id, err)
 				}
 				switch mode {
-				case "spread":
+				case route.BadSessionSpread:
 					var v struct{ Worker int }
 					if r.status != 200 || json.Unmarshal(r.body, &v) != nil || v.Worker < 0 || v.Worker >= 4 {
 						t.Fatalf("%s: %d %q", id, r.status, r.body)
@@ -264,7 +265,7 @@ func TestBadSession(t *testing.T) {
 					if got := demos[v.Worker].Turns(id); got != 1 {
 						t.Fatalf("%s: worker %d has %d turns", id, v.Worker, got)
 					}
-				case "reject":
+				case route.BadSessionReject:
 					want := `{"error":{"code":404,"message":"unknown session"}}` + "\n"
 					if r.status != 404 || string(r.body) != want || r.header.Get("Content-Type") != "application/json" {
 						t.Fatalf("%s: %d %q %v", id, r.status, r.body, r.header)
@@ -273,10 +274,10 @@ func TestBadSession(t *testing.T) {
 			}
 			spread, reject := d.Router.Count(route.ReasonBadSessionSpread), d.Router.Count(route.ReasonBadSessionReject)
 			n := uint64(len(ids))
-			if mode == "spread" && (spread != n || reject != 0) || mode == "reject" && (reject != n || spread != 0) {
+			if mode == route.BadSessionSpread && (spread != n || reject != 0) || mode == route.BadSessionReject && (reject != n || spread != 0) {
 				t.Fatalf("reasons: bad_session_spread %d, bad_session_reject %d", spread, reject)
 			}
-			if got := workerRequests(d, demos) - before; mode == "reject" && got != 0 {
+			if got := workerRequests(d, demos) - before; mode == route.BadSessionReject && got != 0 {
 				t.Fatalf("rejected requests reached the workers (%d)", got)
 			}
 		})
@@ -394,7 +395,7 @@ func TestHealthProbes(t *testing.T) {
 		t.Fatalf("/readiness: %d %v", st, m)
 	}
 	for _, w := range d.Table.Snapshot() {
-		w.SetState(route.Unhealthy)
+		w.SetState(worker.Unhealthy)
 	}
 	if st, m := get("/health"); st != 503 || m["session_server_instance_id"] != "miles-abc123" {
 		t.Fatalf("/health with no healthy worker: %d %v", st, m)
@@ -625,11 +626,11 @@ func TestResponseTimeout(t *testing.T) {
 
 // The body bytes peeked for routing (request id, --keyless=prefix) come
 // before the chunk framing is validated: a chunk size that overflows a
-// signed integer once crashed tetherd. Now it is a 400 like any bad framing,
-// and tetherd goes on serving.
+// signed integer is a 400 like any bad framing, and tetherd goes on
+// serving.
 func TestHostileChunkSizeBeforeRouting(t *testing.T) {
-	for _, keyless := range []string{"least", "prefix"} {
-		t.Run(keyless, func(t *testing.T) {
+	for _, keyless := range []route.KeylessMode{route.KeylessLeast, route.KeylessPrefix} {
+		t.Run(keyless.String(), func(t *testing.T) {
 			d := startDaemon(t, Options{StartedWorkers: demoURLs(t, 0, 2), Routing: RoutingOptions{Keyless: keyless}})
 			for _, size := range []string{"8000000000000000", "ffffffffffffffff", "fffffffffffffffff"} {
 				c, br := dialRaw(t, d.Addr())

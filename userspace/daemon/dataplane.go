@@ -5,7 +5,8 @@ import (
 )
 
 // The data plane's settings are proxy.Config's own fields (Options.Proxy):
-// cmd/tetherd's flags write into them, and New hands the struct to
+// the flags proxy.Config registers (RegisterFlags) write into them, and
+// New hands the struct to
 // proxy.New with the wiring (router, table, hooks) filled in. A zero
 // setting takes package proxy's default (proxy.Config.Provision), the one
 // the flags show.
@@ -26,7 +27,7 @@ const DefaultMaxQueue = proxy.DefaultQueueSize
 
 // DefaultMaxBodyBytes is --max-body-bytes' default (RL bodies are large);
 // proxy.Config.MaxBodyBytes 0, the library's zero, is no limit.
-const DefaultMaxBodyBytes = 16 << 30
+const DefaultMaxBodyBytes = proxy.DefaultMaxBodyBytes
 
 // provisionDataPlane fills c's zero settings with proxy's defaults and
 // resolves MaxConns 0 from the descriptor limit (tetherd's choice; the

@@ -10,6 +10,8 @@ import (
 
 	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/testenv/fakeengine"
+	"github.com/tether-rl/tether/userspace/config"
+	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/route"
 )
 
@@ -49,7 +51,7 @@ func TestEngineGroupsEndToEnd(t *testing.T) {
 	d, do := runRouting(t, Options{Workers: urls, BPF: "off", Routing: RoutingOptions{RouteHeader: "X-Tether-Route", StickyStore: "memory"}})
 	waitKnown(t, d)
 	for _, w := range d.Table.Snapshot() {
-		if w.Engine() != route.EngineSGLang {
+		if w.Engine() != dialect.SGLang {
 			t.Fatalf("slot %d: kind %v", w.Slot, w.Engine())
 		}
 	}
@@ -115,7 +117,7 @@ func TestEngineGroupsEndToEnd(t *testing.T) {
 // attract every request.
 func TestEngineLoadEndpointFails(t *testing.T) {
 	es, urls := fakeFleet(t, 3, fakeengine.Config{Kind: fakeengine.SGLang, DecodeStep: time.Millisecond})
-	d, do := runRouting(t, Options{Workers: urls, BPF: "off", Routing: RoutingOptions{EnginePoll: 50 * time.Millisecond, StickyStore: "memory"}})
+	d, do := runRouting(t, Options{Workers: urls, BPF: "off", Routing: RoutingOptions{EnginePoll: config.Some(50 * time.Millisecond), StickyStore: "memory"}})
 	waitKnown(t, d)
 	w0 := d.Table.Get(0)
 	es[0].SetLoadMode(fakeengine.LoadTimeout)

@@ -14,6 +14,7 @@ import (
 	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/testenv/fakeengine"
 	"github.com/tether-rl/tether/userspace/fleet"
+	"github.com/tether-rl/tether/userspace/route"
 )
 
 // A weight sync driven through tetherd the way RL stacks drive it (pause,
@@ -694,7 +695,7 @@ func TestControlCallsNotHeld(t *testing.T) {
 // again when that worker leaves the table, instead of waiting out its
 // hold.
 func TestHeldForRemovedWorker(t *testing.T) {
-	fx := newFleetFixture(t, 2, fakeengine.SGLang, Options{Fleet: fleet.Settings{HoldTimeout: time.Minute}, BadSession: "spread"})
+	fx := newFleetFixture(t, 2, fakeengine.SGLang, Options{Fleet: fleet.Settings{HoldTimeout: time.Minute}, BadSession: route.BadSessionSpread})
 	fx.engines[1].SetFailUpdates(true)
 	fx.call(t, "/update_weights_from_disk", `{"model_path":"/m","weight_version":"v2"}`)
 	done := make(chan reply, 1)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/userspace/registry"
+	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/supervisor"
 )
 
@@ -161,7 +162,7 @@ func TestLearnedSessionsSpawned(t *testing.T) {
 	}
 	bin := buildDemo(t)
 	opts := Options{Spawn: supervisor.Config{N: 4, Command: []string{bin, "--listen", "127.0.0.1:{port}", "--index", "{index}", "--bare-ids"}, Grace: 5 * time.Second},
-		SpawnOutput: io.Discard, Registry: registry.Config{StartupTimeout: 20 * time.Second}, BadSession: "reject"}
+		SpawnOutput: io.Discard, Registry: registry.Config{StartupTimeout: 20 * time.Second}, BadSession: route.BadSessionReject}
 	opts.BPF = "off"
 	opts.Health.Interval = 100 * time.Millisecond
 	d := serveDaemon(t, opts)
@@ -195,9 +196,9 @@ func TestLearnedSessionsAcrossRestart(t *testing.T) {
 	pins := testenv.BPFFS(t)
 	urls := bareSessionServers(t, 4)
 	rev := []string{urls[3], urls[2], urls[1], urls[0]}
-	start := func(workers []string, store string) *Daemon {
+	start := func(workers []string, store StickyStore) *Daemon {
 		t.Helper()
-		d, err := New(Options{Listen: "127.0.0.1:0", Workers: workers, BPF: "required", PinDir: pins, BadSession: "reject",
+		d, err := New(Options{Listen: "127.0.0.1:0", Workers: workers, BPF: "required", PinDir: pins, BadSession: route.BadSessionReject,
 			Routing: RoutingOptions{StickyStore: store}, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 		if err != nil {
 			t.Fatal(err)

@@ -15,13 +15,9 @@ import (
 // openListeners opens the SO_REUSEPORT group of opts.Listeners sockets,
 // steered by the BPF program when opts.BPF allows and it loads.
 func openListeners(opts Options) (*listener.Group, error) {
-	m := opts.BPF
-	if m == "" {
-		m = string(bpf.ModeAuto)
-	}
-	mode, err := bpf.ParseMode(m)
-	if err != nil {
-		return nil, fmt.Errorf("--bpf: %w", err)
+	mode := opts.BPF
+	if mode == "" {
+		mode = bpf.ModeAuto
 	}
 	var lopts []listener.Option
 	if opts.PinDir != "" {

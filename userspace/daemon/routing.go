@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/tether-rl/tether/bpf"
+	"github.com/tether-rl/tether/userspace/config"
 	"github.com/tether-rl/tether/userspace/engine"
 	"github.com/tether-rl/tether/userspace/fleet"
 	"github.com/tether-rl/tether/userspace/listener"
@@ -30,23 +31,23 @@ import (
 // first route.DefaultPrefixBytes of the body). Keys, Learn and Engine are
 // route's own settings structs, passed on whole.
 type RoutingOptions struct {
-	Policy string // "hash" (default) or "sticky"
+	Policy route.PolicyKind // hash (default) or sticky
 	// Keys: the policy's settings (--key-header, --hash-load-factor,
 	// --hash-spill-min, --hash-spill-ttl, --sticky-ttl).
 	Keys route.PolicySettings
-	// NoLearnSessions turns off the learning of bare session ids (on by
-	// default): Learn.CreatePath is the create path whose 2xx JSON
-	// answer's Learn.IDField is remembered for Learn.TTL after the
-	// session's last request (--learn-session-path, --learn-session-field,
+	// LearnSessions: the learning of bare session ids (unset: on):
+	// Learn.CreatePath is the create path whose 2xx JSON answer's
+	// Learn.IDField is remembered for Learn.TTL after the session's last
+	// request (--learn-session-path, --learn-session-field,
 	// --learn-session-ttl).
-	NoLearnSessions bool
-	Learn           route.LearnSettings
+	LearnSessions config.Optional[bool]
+	Learn         route.LearnSettings
 	// StickyStore: where the sticky table (--policy=sticky assignments,
-	// remembered spills, learned session ids) is kept. "auto" (default):
+	// remembered spills, learned session ids) is kept. StickyAuto (default, also ""):
 	// StickyMap if set, else the sticky_sessions map pinned in StickyPinDir
 	// (created if missing) when BPF works, else in-process; "bpf": fail
 	// without BPF; "memory": in-process only.
-	StickyStore string
+	StickyStore StickyStore
 	// StickyMap is a sticky_sessions map to use; default: that of the
 	// listener group's BPF steering when it loaded.
 	StickyMap *ebpf.Map
@@ -54,7 +55,7 @@ type RoutingOptions struct {
 	// did not load; default Options.PinDir, else bpf.DefaultPinDir. With
 	// --bpf=off, auto keeps the table in process.
 	StickyPinDir string
-	Keyless      string // "least" (default), "p2c" or "prefix"
+	Keyless      route.KeylessMode // least (default), p2c or prefix
 	// PeekBytes: body bytes buffered before routing, for the request id
 	// ("rid") and --keyless=prefix; default route.DefaultPrefixBytes, -1
 	// disables (ids from X-Request-ID only; prefix then needs it).
@@ -62,20 +63,24 @@ type RoutingOptions struct {
 	// MaxTrackedRequests bounds the request id table; default
 	// engine.DefaultMaxOwners.
 	MaxTrackedRequests int
-	// NoEngineEndpoints leaves /abort_request, /abort_requests,
-	// /abort_until_idle, /flush_cache, /get_loads and /finish_session to
-	// the workers (proxied) instead of serving them.
-	NoEngineEndpoints bool
+	// EngineEndpoints: tetherd serves /abort_request, /abort_requests,
+	// /abort_until_idle, /flush_cache, /get_loads and /finish_session
+	// (unset: it does); false leaves them to the workers (proxied).
+	EngineEndpoints config.Optional[bool]
 	// Engine-aware placement (route/policy_engine.go, userspace/loadpoll).
-	// EnginePoll: how often every worker's engine load is read; 0:
-	// loadpoll's default, negative: never (placement as without engines).
-	EnginePoll time.Duration
+	// EnginePoll: how often every worker's engine load is read; unset:
+	// loadpoll's default; 0 (or negative): never (placement as without
+	// engines).
+	EnginePoll config.Optional[time.Duration]
 	// Engine: the placement's settings (--kv-veto, --waiting-veto,
 	// --group-max).
 	Engine route.EngineConfig
 	// RouteHeader: the response header naming the worker and the reason
 	// of each request (--route-header; "" none).
 	RouteHeader string
+	// KVEvents: placement from the engines' KV-cache events
+	// (kvevents.go); off unless a template or a worker's endpoint is set.
+	KVEvents KVEventsOptions
 }
 
 // routing is what setupRouting built.
@@ -112,9 +117,6 @@ func setupRouting(opts Options, g *listener.Group, rt *route.Router, share func(
 	if o.StickyPinDir == "" {
 		o.StickyPinDir = opts.PinDir
 	}
-	if o.EnginePoll == 0 {
-		o.EnginePoll = loadpoll.DefaultConfig().Interval
-	}
 	var err error
 	peek := o.PeekBytes
 	switch {
@@ -125,7 +127,7 @@ func setupRouting(opts Options, g *listener.Group, rt *route.Router, share func(
 	case peek > MaxPeekBytes:
 		return nil, fmt.Errorf("--peek-bytes %d: at most %d", peek, MaxPeekBytes)
 	}
-	r := &routing{rt: rt, log: opts.Log, opts: o, bpfOff: opts.BPF == string(bpf.ModeOff), peek: peek}
+	r := &routing{rt: rt, log: opts.Log, opts: o, bpfOff: opts.BPF == bpf.ModeOff, peek: peek}
 	if r.sticky, err = r.openSticky(); err != nil {
 		return nil, err
 	}
@@ -153,7 +155,7 @@ func setupRouting(opts Options, g *listener.Group, rt *route.Router, share func(
 	rt.SetEnginePlacement(ep)
 	if ep != nil {
 		r.poller = loadpoll.New(loadpoll.Options{
-			Config: loadpoll.Config{Interval: o.EnginePoll, Timeout: min(o.EnginePoll, healthTimeout(opts))},
+			Config: loadpoll.Config{Interval: o.enginePoll(), Timeout: min(o.enginePoll(), healthTimeout(opts))},
 			APIKey: opts.WorkerAPIKey,
 			Table:  rt.Table,
 			Router: rt,
@@ -162,8 +164,9 @@ func setupRouting(opts Options, g *listener.Group, rt *route.Router, share func(
 		r.poller.Start()
 	}
 	r.owners = engine.NewOwners(o.MaxTrackedRequests)
-	r.router = &engine.Tracker{Router: rt, Owners: r.owners}
-	if !o.NoEngineEndpoints {
+	rt.Owners = r.owners
+	r.router = rt
+	if o.EngineEndpoints.Or(true) {
 		r.engine = engine.New(engine.Config{
 			Table:  rt.Table,
 			Owners: r.owners,
@@ -183,14 +186,7 @@ func setupRouting(opts Options, g *listener.Group, rt *route.Router, share func(
 
 // newPolicy builds a policy from o (opening the sticky table on first use).
 func (r *routing) newPolicy(o RoutingOptions) (*route.Policy, error) {
-	kind, err := route.ParsePolicy(o.Policy)
-	if err != nil {
-		return nil, err
-	}
-	keyless, err := route.ParseKeyless(o.Keyless)
-	if err != nil {
-		return nil, err
-	}
+	kind, keyless := o.Policy, o.Keyless
 	if keyless == route.KeylessPrefix && r.peek == 0 {
 		return nil, errors.New("--keyless=prefix needs --peek-bytes > 0")
 	}
@@ -206,10 +202,15 @@ func (r *routing) newPolicy(o RoutingOptions) (*route.Policy, error) {
 // newEnginePlacement builds the engine-aware placement from o (nil: off,
 // --engine-poll 0).
 func newEnginePlacement(o RoutingOptions) (*route.EnginePlacement, error) {
-	if o.EnginePoll < 0 {
+	if o.enginePoll() <= 0 {
 		return nil, nil
 	}
 	return route.NewEnginePlacement(o.Engine)
+}
+
+// enginePoll is EnginePoll, loadpoll's default when unset; <= 0: off.
+func (o RoutingOptions) enginePoll() time.Duration {
+	return o.EnginePoll.Or(loadpoll.DefaultInterval)
 }
 
 func healthTimeout(opts Options) time.Duration {
@@ -220,7 +221,7 @@ func healthTimeout(opts Options) time.Duration {
 
 // newLearning builds the learning of bare session ids from o (nil: off).
 func (r *routing) newLearning(o RoutingOptions) (*route.Learning, error) {
-	if o.NoLearnSessions {
+	if !o.LearnSessions.Or(true) {
 		return nil, nil
 	}
 	return route.NewLearning(route.LearnConfig{
@@ -245,7 +246,7 @@ func (r *routing) logPolicy(msg string, p *route.Policy) {
 	args = append(args, "sticky_shared", r.sticky.Shared())
 	if ep := r.rt.EnginePlacement(); ep != nil {
 		ec := ep.Config()
-		args = append(args, "engine_poll", r.opts.EnginePoll, "kv_veto", ec.KVVeto, "waiting_veto", ec.WaitingVeto, "group_max", ec.GroupMax)
+		args = append(args, "engine_poll", r.opts.enginePoll(), "kv_veto", ec.KVVeto, "waiting_veto", ec.WaitingVeto, "group_max", ec.GroupMax)
 	} else {
 		args = append(args, "engine_poll", "off")
 	}
@@ -265,7 +266,7 @@ func (r *routing) reload(opts Options) (func(), error) {
 	var ep *route.EnginePlacement
 	if err == nil && r.poller != nil {
 		o := opts.Routing
-		o.EnginePoll = 0 // needs a restart: on while the poller runs
+		o.EnginePoll = config.Optional[time.Duration]{} // needs a restart: on while the poller runs
 		ep, err = newEnginePlacement(o)
 	}
 	r.mu.Unlock()
@@ -297,16 +298,16 @@ const MaxPeekBytes = 16384
 func (r *routing) openSticky() (sticky.Table, error) {
 	o := r.opts
 	switch o.StickyStore {
-	case "memory":
+	case StickyMemory:
 		return sticky.NewMemory(0), nil
-	case "", "auto", "bpf":
+	case "", StickyAuto, StickyBPF:
 	default:
 		return nil, fmt.Errorf("--sticky-store %q: want auto, bpf or memory", o.StickyStore)
 	}
 	if o.StickyMap != nil {
 		return sticky.NewBPF(o.StickyMap)
 	}
-	if r.bpfOff && o.StickyStore != "bpf" {
+	if r.bpfOff && o.StickyStore != StickyBPF {
 		return sticky.NewMemory(0), nil
 	}
 	dir := o.StickyPinDir
@@ -317,7 +318,7 @@ func (r *routing) openSticky() (sticky.Table, error) {
 	if err == nil {
 		return t, nil
 	}
-	if o.StickyStore == "bpf" {
+	if o.StickyStore == StickyBPF {
 		return nil, fmt.Errorf("--sticky-store=bpf: %w", err)
 	}
 	// Without bpffs, steering has already warned (once) under --bpf=auto:

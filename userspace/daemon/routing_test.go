@@ -13,6 +13,7 @@ import (
 
 	"github.com/tether-rl/tether/bpf"
 	"github.com/tether-rl/tether/testenv"
+	"github.com/tether-rl/tether/userspace/config"
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/sticky"
 )
@@ -95,7 +96,7 @@ func TestRoutingPolicyEndToEnd(t *testing.T) {
 
 	// SIGHUP: switch to sticky (kept in process with --bpf=off).
 	opts := d.opts
-	opts.Routing.Policy = "sticky"
+	opts.Routing.Policy = route.PolicySticky
 	opts.Routing.Keys.StickyTTL = time.Minute
 	if err := d.Reload(opts); err != nil {
 		t.Fatal(err)
@@ -113,9 +114,9 @@ func TestRoutingPolicyEndToEnd(t *testing.T) {
 	}
 	// An invalid reload changes nothing.
 	bad := opts
-	bad.Routing.Policy = "round-robin"
+	bad.Routing.Policy, bad.Routing.Keys.LoadFactor = route.PolicyHash, 0.5
 	if err := d.Reload(bad); err == nil {
-		t.Error("invalid policy accepted")
+		t.Error("invalid load factor accepted")
 	}
 	if d.Router.CurrentPolicy().Config().Kind != route.PolicySticky {
 		t.Error("invalid reload changed the policy")
@@ -130,16 +131,16 @@ func TestRoutingPolicyEndToEnd(t *testing.T) {
 	if err := d.Reload(bad); err == nil || d.Router.CurrentLearning().Config().CreatePath != "/sessions" {
 		t.Errorf("bad learn path: %v", err)
 	}
-	opts.Routing.NoLearnSessions = true
-	opts.Routing.Keys.SpillMin = 5
+	opts.Routing.LearnSessions = config.Some(false)
+	opts.Routing.Keys.SpillMin = config.Some(5)
 	if err := d.Reload(opts); err != nil {
 		t.Fatal(err)
 	}
-	if d.Router.CurrentLearning() != nil || d.Router.CurrentPolicy().Config().SpillMin != 5 {
+	if d.Router.CurrentLearning() != nil || d.Router.CurrentPolicy().Config().SpillMin != config.Some(5) {
 		t.Error("reload did not turn learning off or set the spill bound")
 	}
 	// Invalid options refuse to start.
-	for _, ro := range []RoutingOptions{{Policy: "x"}, {Keyless: "x"}, {Keys: route.PolicySettings{LoadFactor: 0.5}}, {Keyless: "prefix", PeekBytes: -1}, {PeekBytes: 1 << 20},
+	for _, ro := range []RoutingOptions{{StickyStore: "x"}, {PeekBytes: -2}, {MaxTrackedRequests: -1}, {Keys: route.PolicySettings{LoadFactor: 0.5}}, {Keyless: route.KeylessPrefix, PeekBytes: -1}, {PeekBytes: 1 << 20},
 		{Keys: route.PolicySettings{KeyHeaders: []string{"a b"}}}, {Keys: route.PolicySettings{SpillTTL: time.Millisecond}},
 		{Learn: route.LearnSettings{CreatePath: "/sessions?x"}}, {Learn: route.LearnSettings{TTL: time.Millisecond}}} {
 		o := Options{Listen: "127.0.0.1:0", StartedWorkers: demoURLs(t, 0, 1), BPF: "off", Routing: ro, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
@@ -155,7 +156,7 @@ func TestRoutingPolicyEndToEnd(t *testing.T) {
 func TestStickyTableInSteeringMap(t *testing.T) {
 	testenv.RequireBPF(t)
 	pins := testenv.BPFFS(t)
-	opts := Options{StartedWorkers: demoURLs(t, 0, 2), BPF: "required", PinDir: pins, Routing: RoutingOptions{Policy: "sticky"}}
+	opts := Options{StartedWorkers: demoURLs(t, 0, 2), BPF: "required", PinDir: pins, Routing: RoutingOptions{Policy: route.PolicySticky}}
 	d1, do1 := runRouting(t, opts)
 	// A second tetherd on the same pins: the first owns the steering maps
 	// (its listener group), so this one runs on the kernel hash, and

@@ -75,7 +75,7 @@ func (k *keyClient) engine(key string) (string, error) {
 
 // Under the default hash policy, every turn of a session stays on one
 // engine while no engine is overloaded: clients with one key each, 5
-// sequential turns per key, all clients at once (the shapes: 256
+// sequential turns per key, all clients at once (three shapes: 256
 // clients on engines that hold each request 200 ms, 16 clients, instant
 // engines). Also SkyRL's num_samples: concurrent requests of one key all
 // reach one engine.

@@ -18,11 +18,11 @@ import (
 
 	"github.com/tether-rl/tether/userspace/fleet"
 	"github.com/tether-rl/tether/userspace/registry"
-	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/stats"
 	"github.com/tether-rl/tether/userspace/sysd"
 	"github.com/tether-rl/tether/userspace/upgrade"
 	"github.com/tether-rl/tether/userspace/upstream"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // Names of the descriptors handed over.
@@ -59,7 +59,12 @@ var ErrUpgradeSpawn = errors.New("upgrade with --spawn is not supported (the wor
 // timeout for it to serve. On success the caller retires this process
 // (Retire); on failure this process goes on serving and the error says
 // why.
-func (d *Daemon) Upgrade(exe string, args []string, stderr *os.File, timeout time.Duration) (*os.Process, error) {
+func (d *Daemon) Upgrade(exe string, args []string, stderr *os.File, timeout time.Duration) (p *os.Process, err error) {
+	defer func() {
+		if d.Metrics != nil {
+			d.Metrics.CountUpgrade(err == nil) // tether_upgrades_total
+		}
+	}()
 	if d.Supervisor != nil {
 		return nil, ErrUpgradeSpawn
 	}
@@ -72,7 +77,7 @@ func (d *Daemon) Upgrade(exe string, args []string, stderr *os.File, timeout tim
 	if err != nil {
 		return nil, fmt.Errorf("upgrade: %w", err)
 	}
-	p, err := upgrade.Start(exe, args, files, stderr, timeout)
+	p, err = upgrade.Start(exe, args, files, stderr, timeout)
 	if err != nil {
 		return nil, fmt.Errorf("upgrade: %w", err)
 	}
@@ -244,7 +249,7 @@ func (d *Daemon) forwardHeld() {
 		}
 	}
 	ws := stats.NewHeap().Worker(0)
-	w := &route.Worker{Slot: -1, URL: "http://" + addr, Addr: addr, Stats: ws, Pool: upstream.New(addr, ws, d.opts.Pool)}
+	w := &worker.Worker{Slot: -1, URL: "http://" + addr, Addr: addr, Stats: ws, Pool: upstream.New(addr, ws, d.opts.Pool)}
 	d.log.Info("retiring: generation requests still read here, and the held ones, go to the new tetherd", "held", d.Fleet.HeldNow(), "to", addr)
 	d.Fleet.Forward(w)
 }

@@ -1,7 +1,7 @@
 package engine
 
 // Aborts that reach the worker owning a request, in its dialect
-// (dialect.go), and /abort_until_idle's waves.
+// (speak.go), and /abort_until_idle's waves.
 
 import (
 	"context"
@@ -12,10 +12,11 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/dialect"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
-// AbortAnswer is the answer of /abort_request and /abort_requests.
+// AbortAnswer is the answer of an abort.
 type AbortAnswer struct {
 	Rid        string   `json:"rid,omitempty"`
 	RequestIDs int      `json:"request_ids,omitempty"` // how many were asked
@@ -24,7 +25,11 @@ type AbortAnswer struct {
 	Failed     []Result `json:"failed"`
 }
 
-func (e *Engine) abortRequest(w http.ResponseWriter, r *http.Request) {
+// abort serves an engine's abort in client's words (dialect ParseAbort):
+// to the owners of the ids named when known, else to every worker, each
+// in its own dialect; a worker of the client's kind gets the client's
+// body (or fields) as they came.
+func (e *Engine) abort(w http.ResponseWriter, r *http.Request, client dialect.Kind) {
 	if !allowMethods(w, r, http.MethodPost) {
 		return
 	}
@@ -32,101 +37,67 @@ func (e *Engine) abortRequest(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	var rid string
-	var all bool
-	if raw, ok := m["rid"]; ok {
-		if err := json.Unmarshal(raw, &rid); err != nil || jsonKind(raw) != "a string" {
-			writeError(w, http.StatusBadRequest, `"rid" must be a string, not `+jsonKind(raw))
-			return
-		}
-	}
-	if raw, ok := m["abort_all"]; ok {
-		if err := json.Unmarshal(raw, &all); err != nil || jsonKind(raw) != "a boolean" {
-			writeError(w, http.StatusBadRequest, `"abort_all" must be a boolean, not `+jsonKind(raw))
-			return
-		}
-	}
-	if rid == "" && !all {
-		writeError(w, http.StatusBadRequest, `give "rid" (a non-empty string) or "abort_all": true`)
+	d := dialect.For(client)
+	a, msg := d.ParseAbort(m)
+	if msg != "" {
+		writeError(w, http.StatusBadRequest, msg)
 		return
+	}
+	if d.AbortForm == dialect.OneID {
+		e.abortOne(w, r, client, m, a)
+		return
+	}
+	e.abortList(w, r, client, m, a)
+}
+
+// abortOne aborts one id, or everything, in the words of an engine whose
+// abort names one id.
+func (e *Engine) abortOne(w http.ResponseWriter, r *http.Request, client dialect.Kind, m map[string]json.RawMessage, a dialect.Abort) {
+	var rid string
+	if len(a.IDs) > 0 {
+		rid = a.IDs[0]
 	}
 	body, _ := json.Marshal(m) // the client's fields, forwarded
 	targets := e.workers()
 	routed := "all"
-	if !all && e.cfg.Owners != nil {
+	if !a.All && e.cfg.Owners != nil {
 		if slot, ok := e.cfg.Owners.Owner([]byte(rid)); ok {
 			if wk := e.cfg.Table.Get(slot); wk != nil {
-				targets, routed = []*route.Worker{wk}, "owner"
+				targets, routed = []*worker.Worker{wk}, "owner"
 			}
 		}
 	}
 	auth := e.auth(r)
-	res := e.fanoutDialect(r.Context(), auth, targets, route.EngineSGLang, 0, func(wk *route.Worker, k route.EngineKind) []call {
+	res := e.fanoutDialect(r.Context(), auth, targets, client, 0, func(wk *worker.Worker, d *dialect.Dialect) []call {
 		switch {
-		case k != route.EngineVLLM:
-			return []call{{w: wk, method: http.MethodPost, path: PathAbortRequest, body: body}}
-		case all:
-			return []call{abortAllCall(wk, k)}
+		case d.Kind == client:
+			return []call{{w: wk, Call: d.AbortAsClient(body)}}
+		case a.All:
+			return abortAll(wk, d)
 		}
-		return abortIDsCalls(wk, k, []string{rid})
+		return toCalls(wk, d.AbortIDs([]string{rid}, nil))
 	})
 	writeJSON(w, fanoutStatus(res), AbortAnswer{Rid: rid, Routed: routed, Successful: res.Successful, Failed: res.Failed})
 }
 
-// --- /abort_requests ---
-
-func (e *Engine) abortRequests(w http.ResponseWriter, r *http.Request) {
-	if !allowMethods(w, r, http.MethodPost) {
-		return
-	}
-	m, ok := readObject(w, r)
-	if !ok {
-		return
-	}
-	raw, ok := m["request_ids"]
-	if !ok && len(m) == 0 {
-		// vLLM's abort-everything form, {}: as it came, to every worker.
-		// (Any other body without ids is a mistake, refused below: an
-		// SGLang {"rid":..} sent here must not abort everything.)
+// abortList aborts ids, or everything, in the words of an engine whose
+// abort names a list.
+func (e *Engine) abortList(w http.ResponseWriter, r *http.Request, client dialect.Kind, m map[string]json.RawMessage, a dialect.Abort) {
+	if a.All {
+		// Everything: as it came, to every worker.
 		body, _ := json.Marshal(m)
 		ws := e.workers()
 		auth := e.auth(r)
-		res := e.fanoutDialect(r.Context(), auth, ws, route.EngineVLLM, 0, func(wk *route.Worker, k route.EngineKind) []call {
-			if k == route.EngineSGLang {
-				return []call{abortAllCall(wk, k)}
+		res := e.fanoutDialect(r.Context(), auth, ws, client, 0, func(wk *worker.Worker, d *dialect.Dialect) []call {
+			if d.Kind != client {
+				return abortAll(wk, d)
 			}
-			return []call{{w: wk, method: http.MethodPost, path: PathAbortRequests, body: body}}
+			return []call{{w: wk, Call: d.AbortAsClient(body)}}
 		})
 		writeJSON(w, fanoutStatus(res), AbortAnswer{Routed: "all", Successful: res.Successful, Failed: res.Failed})
 		return
 	}
-	if !ok {
-		writeError(w, http.StatusBadRequest, `missing "request_ids" (a list of strings; {} aborts everything)`)
-		return
-	}
-	if k := jsonKind(raw); k != "a list" {
-		writeError(w, http.StatusBadRequest, `"request_ids" must be a list of strings, not `+k)
-		return
-	}
-	var items []json.RawMessage
-	if err := json.Unmarshal(raw, &items); err != nil {
-		writeError(w, http.StatusBadRequest, `"request_ids" must be a list of strings`)
-		return
-	}
-	if len(items) == 0 {
-		writeError(w, http.StatusBadRequest, `"request_ids" is empty`)
-		return
-	}
-	ids := make([]string, 0, len(items))
-	for i, it := range items {
-		var s string
-		if jsonKind(it) != "a string" || json.Unmarshal(it, &s) != nil || s == "" {
-			writeError(w, http.StatusBadRequest, `"request_ids"[`+strconv.Itoa(i)+`] must be a non-empty string, not `+jsonKind(it))
-			return
-		}
-		ids = append(ids, s)
-	}
-	ids = dedupe(ids)
+	ids := dedupe(a.IDs)
 
 	// Group by owner; unknown ids go to every worker.
 	known := map[int][]string{}
@@ -142,31 +113,21 @@ func (e *Engine) abortRequests(w http.ResponseWriter, r *http.Request) {
 	}
 	auth := e.auth(r)
 	sends := map[int][]string{}
-	var targets []*route.Worker
+	var targets []*worker.Worker
 	for _, wk := range e.workers() {
 		if send := append(slices.Clone(known[wk.Slot]), unknown...); len(send) > 0 {
 			sends[wk.Slot] = send
 			targets = append(targets, wk)
 		}
 	}
-	build := func(wk *route.Worker, k route.EngineKind) []call {
-		send := sends[wk.Slot]
-		if k == route.EngineSGLang {
-			return abortIDsCalls(wk, k, send)
-		}
-		mm := make(map[string]json.RawMessage, len(m))
-		for k, v := range m {
-			mm[k] = v
-		}
-		mm["request_ids"], _ = json.Marshal(send)
-		body, _ := json.Marshal(mm)
-		return []call{{w: wk, method: http.MethodPost, path: PathAbortRequests, body: body, rids: send}}
+	build := func(wk *worker.Worker, d *dialect.Dialect) []call {
+		return toCalls(wk, d.AbortIDs(sends[wk.Slot], m)) // the client's other fields go to its own kind
 	}
 	routed := "owners"
 	if len(unknown) > 0 {
 		routed = "all"
 	}
-	res := e.fanoutDialect(r.Context(), auth, targets, route.EngineVLLM, 0, build)
+	res := e.fanoutDialect(r.Context(), auth, targets, client, 0, build)
 	writeJSON(w, fanoutStatus(res), AbortAnswer{RequestIDs: len(ids), Routed: routed, Successful: res.Successful, Failed: res.Failed})
 }
 
@@ -200,8 +161,8 @@ type IdleAnswer struct {
 	Failed       []Result  `json:"failed"` // abort calls that failed in the last wave
 }
 
-func (e *Engine) busy() []*route.Worker {
-	var out []*route.Worker
+func (e *Engine) busy() []*worker.Worker {
+	var out []*worker.Worker
 	for _, w := range e.workers() {
 		if w.Stats.Pending() > 0 {
 			out = append(out, w)
@@ -243,7 +204,7 @@ func (e *Engine) abortUntilIdle(w http.ResponseWriter, r *http.Request) {
 			break
 		}
 		if ans.Waves == 0 || time.Since(lastWave) >= e.cfg.WaveInterval {
-			res := e.fanoutDialect(ctx, auth, busy, route.EngineSGLang, 0, abortAll)
+			res := e.fanoutDialect(ctx, auth, busy, dialect.Default(), 0, abortAll)
 			ans.Failed = res.Failed
 			ans.Waves++
 			lastWave = time.Now()

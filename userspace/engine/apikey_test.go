@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/tether-rl/tether/userspace/engine"
-	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/stats"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // keyedEngine is a fake engine started with --api-key: every call without
@@ -64,10 +64,10 @@ func (e *keyedEngine) took() []string {
 func TestFanoutToKeyedEngines(t *testing.T) {
 	const key = "sk-test"
 	engines := []*keyedEngine{newKeyedEngine(t, key), newKeyedEngine(t, key)}
-	tab := route.NewTable()
+	tab := worker.NewTable()
 	st := stats.NewHeap()
 	for i, e := range engines {
-		tab.Put(&route.Worker{Slot: i, URL: e.srv.URL, Stats: st.Worker(i)})
+		tab.Put(&worker.Worker{Slot: i, URL: e.srv.URL, Stats: st.Worker(i)})
 	}
 	newEngine := func(workerKey string) http.Handler {
 		eng := engine.New(engine.Config{Table: tab, WorkerAPIKey: workerKey, Timeout: 2 * time.Second,

@@ -13,45 +13,16 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/fleet"
 	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // MaxControlBody bounds the body of a fanned-out control call (the
-// proxy's MaxLocalBody): serialized tensors of update_weights_from_tensor
+// proxy's MaxLocalBody): serialized tensors of an update from tensors
 // fit; larger weights go by disk or a distributed group.
 const MaxControlBody = 16 << 20
-
-// updateKind says what a fanned-out control call does to the weights.
-type updateKind uint8
-
-const (
-	plainCall      updateKind = iota // no weights change (groups, memory, sleep)
-	weightsCall                      // the weights change: a new version
-	openUpdate                       // vLLM start_weight_update: weights in flux until finish
-	closeUpdate                      // vLLM finish_weight_update: the new version
-	setVersionCall                   // SGLang update_weight_version: a new version name only
-)
-
-var controlPaths = map[string]updateKind{
-	"/update_weights_from_disk":        weightsCall,
-	"/update_weights_from_distributed": weightsCall,
-	"/update_weights_from_tensor":      weightsCall,
-	"/update_weights_from_ipc":         weightsCall,
-	"/init_weights_update_group":       plainCall,
-	"/destroy_weights_update_group":    plainCall,
-	"/update_weight_version":           setVersionCall,
-	"/post_process_weights":            plainCall,
-	"/init_weight_transfer_engine":     plainCall,
-	"/start_weight_update":             openUpdate,
-	"/update_weights":                  weightsCall,
-	"/finish_weight_update":            closeUpdate,
-	"/release_memory_occupation":       plainCall,
-	"/resume_memory_occupation":        plainCall,
-	"/sleep":                           plainCall,
-	"/wake_up":                         plainCall,
-	"/reset_prefix_cache":              plainCall,
-}
 
 // ControlAnswer is the answer of a fanned-out control call.
 type ControlAnswer struct {
@@ -65,7 +36,7 @@ type ControlAnswer struct {
 	ClusterError  string   `json:"cluster_error,omitempty"` // the cluster store was not written
 }
 
-func (e *Engine) control(w http.ResponseWriter, r *http.Request, kind updateKind) {
+func (e *Engine) control(w http.ResponseWriter, r *http.Request, kind dialect.Update) {
 	if !allowMethods(w, r, http.MethodPost) {
 		return
 	}
@@ -85,14 +56,9 @@ func (e *Engine) control(w http.ResponseWriter, r *http.Request, kind updateKind
 			return
 		}
 	}
-	version := ""
-	for _, k := range []string{"weight_version", "new_version"} {
-		if raw, ok := fields[k]; ok && jsonKind(raw) == "a string" {
-			json.Unmarshal(raw, &version)
-		}
-	}
-	if kind == setVersionCall && version == "" {
-		writeError(w, http.StatusBadRequest, `"new_version" must be a non-empty string`)
+	version := dialect.BodyVersion(fields)
+	if kind == dialect.SetVersion && version == "" {
+		writeError(w, http.StatusBadRequest, dialect.SetVersionMissing)
 		return
 	}
 	f := e.cfg.Fleet
@@ -110,12 +76,12 @@ func (e *Engine) control(w http.ResponseWriter, r *http.Request, kind updateKind
 			writeError(w, http.StatusBadRequest, route.TargetWorkerHeader+" names no worker: "+strconv.Quote(v))
 			return
 		}
-		ws = []*route.Worker{wk}
+		ws = []*worker.Worker{wk}
 	}
-	changes := kind == weightsCall || kind == openUpdate || kind == closeUpdate
-	if kind == weightsCall && f.UpdateOpen() {
-		// vLLM's chunked update: the version changes at finish.
-		kind, changes = plainCall, true
+	changes := kind == dialect.Weights || kind == dialect.OpenUpdate || kind == dialect.CloseUpdate
+	if kind == dialect.Weights && f.UpdateOpen() {
+		// A chunked update (OpenUpdate): the version changes at its close.
+		kind, changes = dialect.Plain, true
 	}
 	if changes {
 		for _, wk := range ws {
@@ -124,19 +90,19 @@ func (e *Engine) control(w http.ResponseWriter, r *http.Request, kind updateKind
 	}
 	calls := make([]call, len(ws))
 	for i, wk := range ws {
-		calls[i] = call{w: wk, method: http.MethodPost, path: path, body: body}
+		calls[i] = call{w: wk, Call: dialect.Call{Method: http.MethodPost, Path: path, Body: body}}
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), e.cfg.UpdateTimeout)
 	defer cancel()
 	res := e.fanoutTimeout(ctx, e.auth(r), calls, e.cfg.UpdateTimeout)
-	newVersion := kind == weightsCall || kind == closeUpdate || kind == setVersionCall
+	newVersion := kind == dialect.Weights || kind == dialect.CloseUpdate || kind == dialect.SetVersion
 	if newVersion && len(res.Successful) > 0 {
 		if version == "" {
 			version = f.RoundVersion()
 		}
 		// The workers called, by slot (not the table now: a worker put
 		// into a slot during the fan-out did not get the update).
-		called := make(map[int]*route.Worker, len(ws))
+		called := make(map[int]*worker.Worker, len(ws))
 		for _, wk := range ws {
 			called[wk.Slot] = wk
 		}
@@ -152,9 +118,9 @@ func (e *Engine) control(w http.ResponseWriter, r *http.Request, kind updateKind
 		cerr = e.syncChanged(false)
 	}
 	switch kind {
-	case openUpdate:
+	case dialect.OpenUpdate:
 		f.SetUpdateOpen(true, e.cfg.UpdateTimeout)
-	case closeUpdate:
+	case dialect.CloseUpdate:
 		f.SetUpdateOpen(false, 0)
 	}
 	if newVersion && len(ws) > 1 {
@@ -208,7 +174,7 @@ func (e *Engine) isPaused(w http.ResponseWriter, r *http.Request) {
 }
 
 // getWeightVersion answers the fleet's target; with none set, the
-// version the workers report (GET /get_weight_version, fanned out), when
+// version the workers report (dialect.AnyVersionCall, fanned out), when
 // they agree.
 func (e *Engine) getWeightVersion(w http.ResponseWriter, r *http.Request) {
 	if !allowMethods(w, r, http.MethodGet, http.MethodPost) {
@@ -216,23 +182,20 @@ func (e *Engine) getWeightVersion(w http.ResponseWriter, r *http.Request) {
 	}
 	f := e.cfg.Fleet
 	if t := f.Target(); t != "" {
-		writeJSON(w, http.StatusOK, map[string]any{"weight_version": t, "source": "fleet"})
+		writeJSON(w, http.StatusOK, map[string]any{dialect.VersionField: t, "source": "fleet"})
 		return
 	}
-	res := e.all(r, http.MethodGet, PathGetWeightVersion)
+	res := e.all(r, dialect.AnyVersionCall())
 	seen := map[string]int{}
 	var best string
 	for _, s := range res.Successful {
-		var v struct {
-			WeightVersion string `json:"weight_version"`
-		}
-		if json.Unmarshal(s.Response, &v) == nil && v.WeightVersion != "" {
+		if v, ok := dialect.ParseVersion(s.Response); ok && v != "" {
 			if wk := e.cfg.Table.Get(s.Worker); wk != nil {
-				f.SetVersion(wk.URL, v.WeightVersion)
+				f.SetVersion(wk.URL, v)
 			}
-			seen[v.WeightVersion]++
-			if seen[v.WeightVersion] > seen[best] {
-				best = v.WeightVersion
+			seen[v]++
+			if seen[v] > seen[best] {
+				best = v
 			}
 		}
 	}
@@ -240,7 +203,7 @@ func (e *Engine) getWeightVersion(w http.ResponseWriter, r *http.Request) {
 	if best == "" && code == http.StatusOK {
 		code = http.StatusBadGateway
 	}
-	writeJSON(w, code, map[string]any{"weight_version": best, "agreed": len(seen) == 1, "successful": res.Successful, "failed": res.Failed})
+	writeJSON(w, code, map[string]any{dialect.VersionField: best, "agreed": len(seen) == 1, "successful": res.Successful, "failed": res.Failed})
 }
 
 // phaseChanged tells the cluster (if any) this replica's phase.
@@ -285,33 +248,27 @@ func (e *Engine) timeoutParam(w http.ResponseWriter, r *http.Request, def time.D
 }
 
 // askVersion asks a worker that joined the fleet its weight version
-// (SGLang GET /get_weight_version) and records what it says: one with the
-// fleet's weights is unfenced at once; one that cannot say stays fenced
-// until an update through tetherd.
-func (e *Engine) askVersion(w *route.Worker) {
+// (dialect.AnyVersionCall) and records what it says: one with the fleet's
+// weights is unfenced at once; one that cannot say stays fenced until an
+// update through tetherd.
+func (e *Engine) askVersion(w *worker.Worker) {
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
 	defer cancel()
-	auth := ""
-	if e.cfg.WorkerAPIKey != "" {
-		auth = "Bearer " + e.cfg.WorkerAPIKey
-	}
-	c := call{w: w, method: http.MethodGet, path: PathGetWeightVersion, auth: auth}
+	c := call{w: w, Call: dialect.AnyVersionCall()} // with the worker API key
 	r := e.do(ctx, &c)
-	var v struct {
-		WeightVersion string `json:"weight_version"`
-	}
-	if r.Error != "" || json.Unmarshal(r.Response, &v) != nil || v.WeightVersion == "" {
+	v, ok := dialect.ParseVersion(r.Response)
+	if r.Error != "" || !ok || v == "" {
 		e.cfg.Log.Info("fleet: a joining worker could not say its weight version: fenced until an update", "worker", w.Slot, "url", w.URL, "target", e.cfg.Fleet.Target())
 		return
 	}
 	if e.cfg.Table.Get(w.Slot) == w {
-		e.cfg.Fleet.SetVersion(w.URL, v.WeightVersion)
+		e.cfg.Fleet.SetVersion(w.URL, v)
 	}
 }
 
 // targetWorker returns the worker a X-SMG-Target-Worker value names (a
 // slot or a URL), or nil.
-func (e *Engine) targetWorker(v string) *route.Worker {
+func (e *Engine) targetWorker(v string) *worker.Worker {
 	if n, err := strconv.Atoi(v); err == nil && strconv.Itoa(n) == v {
 		return e.cfg.Table.Get(n)
 	}

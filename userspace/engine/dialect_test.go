@@ -11,9 +11,10 @@ import (
 	"time"
 
 	"github.com/tether-rl/tether/testenv/fakeengine"
+	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/engine"
-	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/stats"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // Every abort, flush and pause speaks each engine's own dialect, learned
@@ -31,10 +32,10 @@ func TestDialects(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer vllm.Close()
-	tab := route.NewTable()
+	tab := worker.NewTable()
 	st := stats.NewHeap()
-	tab.Put(&route.Worker{Slot: 0, URL: sgl.URL(), Stats: st.Worker(0)})
-	tab.Put(&route.Worker{Slot: 1, URL: vllm.URL(), Stats: st.Worker(1)})
+	tab.Put(&worker.Worker{Slot: 0, URL: sgl.URL(), Stats: st.Worker(0)})
+	tab.Put(&worker.Worker{Slot: 1, URL: vllm.URL(), Stats: st.Worker(1)})
 	eng := engine.New(engine.Config{Table: tab, Timeout: 2 * time.Second, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	defer eng.Close()
 	h := eng.Handler()
@@ -61,10 +62,10 @@ func TestDialects(t *testing.T) {
 			t.Fatalf("%s %s: failed on %v", c.path, c.body, failed)
 		}
 	}
-	if k := tab.Get(0).Engine(); k != route.EngineSGLang {
+	if k := tab.Get(0).Engine(); k != dialect.SGLang {
 		t.Errorf("worker 0 learned as %v", k)
 	}
-	if k := tab.Get(1).Engine(); k != route.EngineVLLM {
+	if k := tab.Get(1).Engine(); k != dialect.VLLM {
 		t.Errorf("worker 1 learned as %v", k)
 	}
 	if b := string(vllm.LastBody("/abort_requests")); b != `{}` {

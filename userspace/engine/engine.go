@@ -1,19 +1,17 @@
 // Package engine serves tetherd's inference-engine endpoints on the data
 // port (through proxy Config.Local): aborts that reach the worker owning a
 // request, and fan-outs to every worker. It also tracks which worker serves
-// each request id in flight (Owners, Tracker).
+// each request id in flight (Owners, the router's RequestOwners).
 //
-//	POST /abort_request      SGLang form {"rid": "..."} or {"abort_all": true}:
-//	                         to the owner of rid when known, else to every worker
-//	POST /abort_requests     vLLM form {"request_ids": [...]}: grouped per owner,
-//	                         unknown ids to every worker; {} (abort
-//	                         everything) to every worker
+//	abort (dialect OpAbort, each engine's form: one id or everything, or a
+//	     list of ids or everything): to the owner of each id when known,
+//	     else to every worker, each in its own dialect
 //	POST /abort_until_idle?timeout_s=T
-//	                         abort_all in waves until tetherd has nothing in
-//	                         flight to any worker, or T seconds (default 30) pass
-//	POST /flush_cache        to every worker (GET accepted too)
-//	GET  /get_loads, /v1/loads
-//	                         every worker's GET /get_load, and the loads list
+//	                         abort everything in waves until tetherd has nothing
+//	                         in flight to any worker, or T seconds (default 30) pass
+//	cache flush (dialect OpFlush)
+//	                         to every worker in its dialect (GET accepted too)
+//	loads (dialect OpLoads)  every worker's own load answer, and the loads list
 //	                         of sgl-model-gateway ({"loads":[{"worker":url,
 //	                         "worker_type":"regular","load":n}]}, n: tetherd's
 //	                         requests in flight to it)
@@ -26,7 +24,7 @@
 //	 "failed":[{"worker":2,"error":"connect failed"}]}
 //
 // with status 200, or 502 when every call failed, or 503 without workers
-// (/flush_cache: not 200 unless every worker flushed). Every call carries
+// (a cache flush: not 200 unless every worker flushed). Every call carries
 // the client's Authorization (else Config.WorkerAPIKey as a Bearer token).
 // Malformed requests are answered 400 with {"error":{"code":400,"message":...}}
 // and nothing is sent to any worker. Error texts are fixed (never a Go
@@ -40,6 +38,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -48,13 +47,16 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tether-rl/tether/userspace/config"
+	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/fleet"
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
+	"github.com/tether-rl/tether/userspace/workerclient"
 )
 
 // Config configures an Engine. Zero values take the defaults.
 type Config struct {
-	Table  *route.Table
+	Table  *worker.Table
 	Owners *Owners // nil: every abort by id goes to every worker
 	// FinishSession forgets a routing key (route.Policy.FinishSession);
 	// nil: /finish_session answers "finished": false.
@@ -88,8 +90,7 @@ type Config struct {
 // Engine serves the endpoints.
 type Engine struct {
 	cfg    Config
-	client *http.Client
-	tr     *http.Transport
+	client *workerclient.Client
 }
 
 // DefaultUpdateTimeout is Settings.UpdateTimeout's default (tetherd
@@ -120,13 +121,8 @@ func (s *Settings) Provision() {
 }
 
 // Validate refuses a negative setting (zero is the default), naming
-// tetherd's flag.
-func (s Settings) Validate() error {
-	if s.UpdateTimeout < 0 {
-		return errors.New("--update-timeout: negative")
-	}
-	return nil
-}
+// tetherd's flag (settings, flags.go).
+func (s Settings) Validate() error { return config.Validate(s.settings()) }
 
 // New returns an Engine.
 func New(cfg Config) *Engine {
@@ -143,14 +139,17 @@ func New(cfg Config) *Engine {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	tr := &http.Transport{
-		Proxy:               nil, // never an environment proxy: workers are direct
-		DialContext:         (&net.Dialer{Timeout: cfg.Timeout, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConnsPerHost: 4,
-		IdleConnTimeout:     60 * time.Second,
-		DisableCompression:  true,
-	}
-	e := &Engine{cfg: cfg, tr: tr, client: &http.Client{Transport: tr}}
+	client := workerclient.New(workerclient.Options{
+		DialTimeout:        cfg.Timeout,
+		DialKeepAlive:      30 * time.Second,
+		MaxIdlePerHost:     4,
+		IdleTimeout:        60 * time.Second,
+		MaxBody:            maxWorkerResponse,
+		DisableCompression: true,
+		FollowRedirects:    true,
+		APIKey:             cfg.WorkerAPIKey,
+	})
+	e := &Engine{cfg: cfg, client: client}
 	if cfg.Fleet != nil {
 		cfg.Fleet.SetAsk(e.askVersion)
 	}
@@ -158,16 +157,11 @@ func New(cfg Config) *Engine {
 }
 
 // Close releases idle connections to the workers.
-func (e *Engine) Close() { e.tr.CloseIdleConnections() }
+func (e *Engine) Close() { e.client.Close() }
 
-// Endpoint paths.
+// tetherd's own endpoint paths (the engines' are dialect's).
 const (
-	PathAbortRequest   = "/abort_request"
-	PathAbortRequests  = "/abort_requests"
 	PathAbortUntilIdle = "/abort_until_idle"
-	PathFlushCache     = "/flush_cache"
-	PathGetLoads       = "/get_loads"
-	PathV1Loads        = "/v1/loads"
 	PathFinishSession  = "/finish_session"
 )
 
@@ -178,20 +172,23 @@ func (e *Engine) Local(method, path []byte) http.Handler {
 		path = path[:i]
 	}
 	switch string(path) {
-	case PathAbortRequest:
-		return http.HandlerFunc(e.abortRequest)
-	case PathAbortRequests:
-		return http.HandlerFunc(e.abortRequests)
 	case PathAbortUntilIdle:
 		return http.HandlerFunc(e.abortUntilIdle)
-	case PathFlushCache:
-		return http.HandlerFunc(e.flushCache)
-	case PathGetLoads, PathV1Loads:
-		return e.GetLoadsHandler()
 	case PathFinishSession:
 		return http.HandlerFunc(e.finishSession)
 	}
-	if h := e.fleetLocal(path); h != nil {
+	ep, ok := dialect.Served(path)
+	if ok {
+		switch ep.Op {
+		case dialect.OpAbort:
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.abort(w, r, ep.Kind) })
+		case dialect.OpFlush:
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.flushCache(w, r, ep.Kind) })
+		case dialect.OpLoads:
+			return e.GetLoadsHandler()
+		}
+	}
+	if h := e.fleetLocal(path, ep); h != nil {
 		return h
 	}
 	return nil
@@ -209,8 +206,9 @@ func (e *Engine) Handler() http.Handler {
 	})
 }
 
-// GetLoadsHandler fans GET /get_load out to every worker (the data-port
-// /get_loads; the admin listener serves tetherd's own counts).
+// GetLoadsHandler fans the engines' own load read out to every worker
+// (the data port's loads list; the admin listener serves tetherd's own
+// counts).
 func (e *Engine) GetLoadsHandler() http.Handler { return http.HandlerFunc(e.getLoads) }
 
 // Result is one worker's answer.
@@ -221,6 +219,9 @@ type Result struct {
 	InFlight   *uint64         `json:"in_flight,omitempty"` // tetherd's count (get_loads)
 	Response   json.RawMessage `json:"response,omitempty"`
 	Error      string          `json:"error,omitempty"`
+	// ElapsedS: how long the worker took to answer (the sync's
+	// timeline, userspace/history).
+	ElapsedS float64 `json:"elapsed_s"`
 }
 
 // Results are the per-worker outcomes of a fan-out, by slot.
@@ -229,30 +230,20 @@ type Results struct {
 	Failed     []Result `json:"failed"`
 }
 
+// call is a dialect Call to one worker.
 type call struct {
-	w      *route.Worker
-	method string
-	path   string
-	body   []byte
-	rids   []string
-	auth   string        // Authorization to send (the client's, or the worker API key)
-	limit  time.Duration // bound of this call (0: Config.Timeout)
+	w *worker.Worker
+	dialect.Call
+	auth  string        // the client's Authorization ("": the worker API key's)
+	limit time.Duration // bound of this call (0: Config.Timeout)
 }
 
 // maxWorkerResponse bounds a worker's answer kept in a result.
 const maxWorkerResponse = 64 << 10
 
 // auth is the Authorization the calls for client request r carry: the
-// client's own, else the configured worker API key.
-func (e *Engine) auth(r *http.Request) string {
-	if a := r.Header.Get("Authorization"); a != "" {
-		return a
-	}
-	if e.cfg.WorkerAPIKey != "" {
-		return "Bearer " + e.cfg.WorkerAPIKey
-	}
-	return ""
-}
+// client's own, else ("") the configured worker API key (workerclient).
+func (e *Engine) auth(r *http.Request) string { return r.Header.Get("Authorization") }
 
 // fanout runs the calls concurrently, each bounded by the Timeout, with
 // the Authorization auth.
@@ -274,7 +265,9 @@ func (e *Engine) fanoutTimeout(ctx context.Context, auth string, calls []call, l
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			t0 := time.Now()
 			out[i] = e.do(ctx, &calls[i])
+			out[i].ElapsedS = math.Round(time.Since(t0).Seconds()*1000) / 1000
 		}()
 	}
 	wg.Wait()
@@ -293,32 +286,25 @@ func (e *Engine) fanoutTimeout(ctx context.Context, auth string, calls []call, l
 }
 
 func (e *Engine) do(ctx context.Context, c *call) Result {
-	r := Result{Worker: c.w.Slot, RequestIDs: c.rids}
+	r := Result{Worker: c.w.Slot, RequestIDs: c.IDs}
 	limit := c.limit
 	if limit <= 0 {
 		limit = e.cfg.Timeout
 	}
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	var body io.Reader
-	if c.body != nil {
-		body = bytes.NewReader(c.body)
-	}
-	req, err := http.NewRequestWithContext(ctx, c.method, c.w.URL+c.path, body)
-	if err != nil {
-		e.cfg.Log.Warn("engine fan-out: bad request", "worker", c.w.Slot, "path", c.path, "err", err)
+	a, err := e.client.Do(ctx, c.w.URL, c.Call, c.auth)
+	switch {
+	case errors.Is(err, workerclient.ErrBadURL):
+		e.cfg.Log.Warn("engine fan-out: bad request", "worker", c.w.Slot, "path", c.Path, "err", err)
 		r.Error = "bad worker url"
 		return r
-	}
-	if c.body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if c.auth != "" {
-		req.Header.Set("Authorization", c.auth)
-	}
-	resp, err := e.client.Do(req)
-	if err != nil {
-		e.cfg.Log.Warn("engine fan-out: call failed", "worker", c.w.Slot, "path", c.path, "err", err)
+	case errors.Is(err, workerclient.ErrCutShort):
+		r.Status = a.Status
+		r.Error = "response cut short"
+		return r
+	case err != nil:
+		e.cfg.Log.Warn("engine fan-out: call failed", "worker", c.w.Slot, "path", c.Path, "err", err)
 		var op *net.OpError
 		switch {
 		case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded):
@@ -332,26 +318,20 @@ func (e *Engine) do(ctx context.Context, c *call) Result {
 		}
 		return r
 	}
-	defer resp.Body.Close()
-	r.Status = resp.StatusCode
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxWorkerResponse))
-	if err != nil {
-		r.Error = "response cut short"
-		return r
-	}
-	if b = bytes.TrimSpace(b); len(b) > 0 && json.Valid(b) {
+	r.Status = a.Status
+	if b := bytes.TrimSpace(a.Body); len(b) > 0 && json.Valid(b) {
 		r.Response = b
 	}
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		r.Error = "worker answered " + strconv.Itoa(resp.StatusCode)
+	if !a.OK() {
+		r.Error = "worker answered " + strconv.Itoa(a.Status)
 	}
 	return r
 }
 
 // workers returns every worker in the table, whatever its state: an
 // unhealthy worker may still run requests worth aborting.
-func (e *Engine) workers() []*route.Worker {
-	var out []*route.Worker
+func (e *Engine) workers() []*worker.Worker {
+	var out []*worker.Worker
 	for _, w := range e.cfg.Table.Snapshot() {
 		if w != nil {
 			out = append(out, w)
@@ -430,61 +410,38 @@ func readObject(w http.ResponseWriter, r *http.Request) (map[string]json.RawMess
 	return m, true
 }
 
-// jsonKind names the JSON type of a raw value for error messages.
-func jsonKind(raw json.RawMessage) string {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 {
-		return "nothing"
-	}
-	switch raw[0] {
-	case '"':
-		return "a string"
-	case '[':
-		return "a list"
-	case '{':
-		return "an object"
-	case 't', 'f':
-		return "a boolean"
-	case 'n':
-		return "null"
-	}
-	return "a number"
-}
+// --- cache flush, loads ---
 
-// --- /flush_cache, /get_loads ---
-
-func (e *Engine) all(r *http.Request, method, path string) Results {
+// all makes c to every worker.
+func (e *Engine) all(r *http.Request, c dialect.Call) Results {
 	ws := e.workers()
 	calls := make([]call, len(ws))
 	for i, wk := range ws {
-		calls[i] = call{w: wk, method: method, path: path}
+		calls[i] = call{w: wk, Call: c}
 	}
 	return e.fanout(r.Context(), e.auth(r), calls)
 }
 
-// FlushAnswer is the answer of /flush_cache.
+// FlushAnswer is the answer of a cache flush.
 type FlushAnswer struct {
 	Results
 	TotalWorkers int    `json:"total_workers"`
 	Message      string `json:"message"`
 }
 
-// flushCache flushes every worker. The cache is flushed only if every
-// worker flushed it (an SGLang engine refuses, 400, while it runs
-// requests): otherwise the answer is not 200, so that a client retrying
+// flushCache flushes every worker, each in its dialect. The cache is
+// flushed only if every worker flushed it (an engine may refuse, 400,
+// while it runs requests): otherwise the answer is not 200, so that a client retrying
 // until 200 retries. A refusal that every failed worker gave alike is
 // passed on (400 from busy engines), anything else is a 502.
-func (e *Engine) flushCache(w http.ResponseWriter, r *http.Request) {
+func (e *Engine) flushCache(w http.ResponseWriter, r *http.Request, client dialect.Kind) {
 	if !allowMethods(w, r, http.MethodPost, http.MethodGet) {
 		return
 	}
 	ws := e.workers()
 	auth := e.auth(r)
-	res := e.fanoutDialect(r.Context(), auth, ws, route.EngineSGLang, 0, func(wk *route.Worker, k route.EngineKind) []call {
-		if k == route.EngineVLLM {
-			return []call{{w: wk, method: http.MethodPost, path: "/reset_prefix_cache"}}
-		}
-		return []call{{w: wk, method: http.MethodPost, path: PathFlushCache}}
+	res := e.fanoutDialect(r.Context(), auth, ws, client, 0, func(wk *worker.Worker, d *dialect.Dialect) []call {
+		return []call{{w: wk, Call: d.FlushCache()}}
 	})
 	ans := FlushAnswer{Results: res, TotalWorkers: len(res.Successful) + len(res.Failed)}
 	code := fanoutStatus(res)
@@ -515,8 +472,8 @@ type Load struct {
 	Load       int64  `json:"load"`
 }
 
-// LoadsAnswer is the answer of the data port's /get_loads and /v1/loads:
-// sgl-model-gateway's loads list, and each worker's own /get_load answer.
+// LoadsAnswer is the answer of the data port's loads list:
+// sgl-model-gateway's, and each worker's own load answer.
 type LoadsAnswer struct {
 	Loads        []Load `json:"loads"`
 	TotalWorkers int    `json:"total_workers"`
@@ -527,7 +484,7 @@ func (e *Engine) getLoads(w http.ResponseWriter, r *http.Request) {
 	if !allowMethods(w, r, http.MethodGet) {
 		return
 	}
-	res := e.all(r, http.MethodGet, "/get_load")
+	res := e.all(r, dialect.AnyLegacyLoadCall())
 	ans := LoadsAnswer{Loads: []Load{}, Results: res}
 	for _, list := range [][]Result{res.Successful, res.Failed} {
 		for i := range list {

@@ -23,15 +23,16 @@ import (
 	"github.com/tether-rl/tether/userspace/stats"
 	"github.com/tether-rl/tether/userspace/sticky"
 	"github.com/tether-rl/tether/userspace/upstream"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // harness is tetherd's data plane in-process: demo workers (SGLang-like
-// engines), the policy router wrapped in the request id Tracker, and the
+// engines), the policy router tracking request ids in Owners, and the
 // proxy serving the engine endpoints through Config.Local, on loopback.
 type harness struct {
 	t      *testing.T
 	demos  []*demo.Server
-	tab    *route.Table
+	tab    *worker.Table
 	rt     *route.Router
 	owners *engine.Owners
 	addr   string
@@ -40,7 +41,7 @@ type harness struct {
 
 func newHarness(t *testing.T, n int, dopts demo.Options, pcfg route.PolicyConfig) *harness {
 	t.Helper()
-	h := &harness{t: t, tab: route.NewTable(), owners: engine.NewOwners(0)}
+	h := &harness{t: t, tab: worker.NewTable(), owners: engine.NewOwners(0)}
 	st := stats.NewHeap()
 	for i := 0; i < n; i++ {
 		o := dopts
@@ -54,19 +55,19 @@ func newHarness(t *testing.T, n int, dopts demo.Options, pcfg route.PolicyConfig
 		ws := st.Worker(i)
 		pool := upstream.New(s.Addr(), ws, upstream.Options{})
 		t.Cleanup(pool.Close)
-		h.tab.Put(&route.Worker{Slot: i, URL: s.URL(), Addr: s.Addr(), Stats: ws, Pool: pool})
+		h.tab.Put(&worker.Worker{Slot: i, URL: s.URL(), Addr: s.Addr(), Stats: ws, Pool: pool})
 	}
 	p, err := route.NewPolicy(pcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.rt = &route.Router{Table: h.tab}
+	h.rt = &route.Router{Table: h.tab, Owners: h.owners}
 	h.rt.SetPolicy(p)
 	eng := engine.New(engine.Config{Table: h.tab, Owners: h.owners, FinishSession: p.FinishSession,
 		Timeout: 2 * time.Second, WaveInterval: 100 * time.Millisecond, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	t.Cleanup(eng.Close)
 	srv := proxy.New(proxy.Config{
-		Router:          &engine.Tracker{Router: h.rt, Owners: h.owners},
+		Router:          h.rt,
 		Table:           h.tab,
 		PeekBody:        4096,
 		Local:           eng.Local,

@@ -1,10 +1,10 @@
 package engine
 
 // The fleet's weight sync, driven through tetherd in the engines' own
-// words (userspace/fleet holds the state; this file the fan-outs):
+// words (userspace/fleet holds the state; this file the fan-outs; the
+// words are userspace/dialect's):
 //
-//	POST /pause_generation {"mode":"abort"|"in_place"|"retract"}   SGLang
-//	POST /pause?mode=abort|wait|keep                               vLLM
+//	pause (each engine's pause, in its words and modes)
 //	     From the first moment tetherd admits no new generation request to
 //	     any engine (they wait in its hold). abort: what is in flight is
 //	     aborted at its owner, in waves, until nothing is (partial outputs
@@ -13,56 +13,42 @@ package engine
 //	     engine in its own dialect, and the answer reports each worker and
 //	     the requests held: 200, or 504 when the fleet did not go quiet in
 //	     time, or 502 when an engine refused (the hold stays either way).
-//	     in_place, retract and keep freeze what runs, by design.
-//	POST /continue_generation   SGLang;   POST /resume   vLLM
+//	     keep and retract freeze what runs, by design.
+//	resume (each engine's)
 //	     to every engine, then the held requests are released in arrival
 //	     order (even if an engine failed: reported, never a stuck fleet).
-//	POST /update_weights_from_disk, _from_distributed, _from_tensor,
-//	     /init_weights_update_group, /destroy_weights_update_group,
-//	     /update_weight_version (SGLang); /init_weight_transfer_engine,
-//	     /start_weight_update, /update_weights, /finish_weight_update
-//	     (vLLM); /release_memory_occupation, /resume_memory_occupation,
-//	     /sleep, /wake_up, /reset_prefix_cache
+//	weight updates, their groups, memory and sleep (dialect OpUpdate)
 //	     to every worker with the body and query byte-for-byte; each
 //	     worker is fenced (no new work) while its call runs; per-worker
 //	     results; any failure is not a 200; a worker added or removed
 //	     during the fan-out is a 409 naming the epoch. A call that changes
-//	     weights sets the fleet's target version (the body's
-//	     "weight_version", SGLang's "new_version", else "tether-<n>") and
-//	     every worker it failed on stays fenced until its version matches.
-//	GET  /is_paused, /get_weight_version, /fleet
+//	     weights sets the fleet's target version (the body's version field,
+//	     dialect.BodyVersion, else "tether-<n>") and every worker it failed
+//	     on stays fenced until its version matches.
+//	is paused, the weight version (dialect OpIsPaused, OpVersion); GET /fleet
 
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"io"
 	"math"
 	"net/http"
 	"net/url"
 	"strconv"
-	"strings"
 	"time"
 
+	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/fleet"
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
-// Fleet endpoint paths.
-const (
-	PathPauseGeneration    = "/pause_generation"
-	PathContinueGeneration = "/continue_generation"
-	PathPause              = "/pause"
-	PathResume             = "/resume"
-	PathIsPaused           = "/is_paused"
-	PathGetWeightVersion   = "/get_weight_version"
-	PathFleet              = "/fleet"
-)
+// PathFleet is tetherd's own fleet report.
+const PathFleet = "/fleet"
 
-// fleetLocal returns the handler of a fleet path, or nil. It runs on
-// every proxied request: no allocation (string(path) in a switch and a
-// map index is not converted).
-func (e *Engine) fleetLocal(path []byte) http.Handler {
+// fleetLocal returns the handler of a fleet path (ep: what dialect says
+// of it), or nil. It runs on every proxied request: no allocation
+// (string(path) in a switch and a map index is not converted).
+func (e *Engine) fleetLocal(path []byte, ep dialect.Endpoint) http.Handler {
 	if e.cfg.Fleet == nil {
 		return nil
 	}
@@ -71,24 +57,20 @@ func (e *Engine) fleetLocal(path []byte) http.Handler {
 		// proxied there (a POST is held, so forwarded).
 		return nil
 	}
-	switch string(path) {
-	case PathPauseGeneration:
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.pause(w, r, route.EngineSGLang) })
-	case PathPause:
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.pause(w, r, route.EngineVLLM) })
-	case PathContinueGeneration:
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.resume(w, r, route.EngineSGLang) })
-	case PathResume:
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.resume(w, r, route.EngineVLLM) })
-	case PathIsPaused:
-		return http.HandlerFunc(e.isPaused)
-	case PathGetWeightVersion:
-		return http.HandlerFunc(e.getWeightVersion)
-	case PathFleet:
+	if string(path) == PathFleet {
 		return e.FleetHandler()
 	}
-	if k, ok := controlPaths[string(path)]; ok {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.control(w, r, k) })
+	switch ep.Op {
+	case dialect.OpPause:
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.pause(w, r, ep.Kind) })
+	case dialect.OpResume:
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.resume(w, r, ep.Kind) })
+	case dialect.OpIsPaused:
+		return http.HandlerFunc(e.isPaused)
+	case dialect.OpVersion:
+		return http.HandlerFunc(e.getWeightVersion)
+	case dialect.OpUpdate:
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.control(w, r, ep.Update) })
 	}
 	return nil
 }
@@ -103,47 +85,6 @@ func (e *Engine) FleetHandler() http.Handler {
 	})
 }
 
-// pauseMode normalizes a pause's mode to one of abort, wait, keep
-// (SGLang's in_place), retract.
-func pauseMode(client route.EngineKind, mode string) (string, bool) {
-	if client == route.EngineSGLang {
-		switch mode {
-		case "", "abort":
-			return "abort", true
-		case "in_place":
-			return "keep", true
-		case "retract":
-			return "retract", true
-		}
-		return "", false
-	}
-	switch mode {
-	case "", "abort", "wait", "keep":
-		if mode == "" {
-			mode = "abort"
-		}
-		return mode, true
-	}
-	return "", false
-}
-
-// nativePause is the pause call for a worker of kind k in normalized
-// mode m; quiet: nothing is in flight (a wait may be sent as is).
-func nativePause(w *route.Worker, k route.EngineKind, m string, quiet bool) call {
-	if k == route.EngineVLLM {
-		vm := m
-		switch {
-		case m == "retract":
-			vm = "keep"
-		case m == "wait" && !quiet:
-			vm = "keep" // a vLLM wait would block on what did not finish
-		}
-		return call{w: w, method: http.MethodPost, path: PathPause + "?mode=" + vm}
-	}
-	sm := map[string]string{"abort": "abort", "wait": "in_place", "keep": "in_place", "retract": "retract"}[m]
-	return call{w: w, method: http.MethodPost, path: PathPauseGeneration, body: []byte(`{"mode":"` + sm + `"}`)}
-}
-
 // PauseAnswer is the answer of a pause.
 type PauseAnswer struct {
 	Phase        string    `json:"phase"`
@@ -152,6 +93,7 @@ type PauseAnswer struct {
 	Held         int       `json:"held"`       // requests waiting in tetherd
 	HeldSince    string    `json:"held_since"` // from this moment nothing new reached an engine
 	AbortWaves   int       `json:"abort_waves,omitempty"`
+	QuiesceS     float64   `json:"quiesce_s"` // of ElapsedS, the time until nothing was in flight (or the timeout)
 	ElapsedS     float64   `json:"elapsed_s"`
 	Epoch        uint64    `json:"epoch"`
 	StillRunning []Running `json:"still_running"`
@@ -161,42 +103,27 @@ type PauseAnswer struct {
 	ClusterError string    `json:"cluster_error,omitempty"` // the cluster store was not written
 }
 
-func (e *Engine) pause(w http.ResponseWriter, r *http.Request, client route.EngineKind) {
+func (e *Engine) pause(w http.ResponseWriter, r *http.Request, client dialect.Kind) {
 	if !allowMethods(w, r, http.MethodPost) {
 		return
 	}
-	q := r.URL.Query()
-	var mode string
-	var clientBody []byte
-	if client == route.EngineSGLang {
-		body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
-		if err != nil {
+	d := dialect.For(client)
+	var body []byte
+	if d.PauseInBody {
+		var err error
+		if body, err = io.ReadAll(io.LimitReader(r.Body, 1<<20)); err != nil {
 			writeError(w, http.StatusBadRequest, "could not read the body")
 			return
 		}
-		if b := bytes.TrimSpace(body); len(b) > 0 {
-			var v struct {
-				Mode *string `json:"mode"`
-			}
-			if b[0] != '{' || json.Unmarshal(b, &v) != nil {
-				writeError(w, http.StatusBadRequest, `body must be a JSON object such as {"mode":"abort"}`)
-				return
-			}
-			if v.Mode != nil {
-				mode = *v.Mode
-			}
-			clientBody = body
-		}
-	} else {
-		mode = q.Get("mode")
 	}
-	m, ok := pauseMode(client, mode)
+	mode, clientBody, msg := d.ClientPause(body, r.URL.Query())
+	if msg != "" {
+		writeError(w, http.StatusBadRequest, msg)
+		return
+	}
+	m, ok := d.PauseMode(mode)
 	if !ok {
-		modes := "abort, in_place or retract"
-		if client == route.EngineVLLM {
-			modes = "abort, wait or keep"
-		}
-		writeError(w, http.StatusBadRequest, "mode must be "+modes+", not "+strconv.Quote(mode))
+		writeError(w, http.StatusBadRequest, "mode must be "+d.PauseModes+", not "+strconv.Quote(mode))
 		return
 	}
 	timeout, ok := e.timeoutParam(w, r, 30*time.Second)
@@ -218,11 +145,12 @@ func (e *Engine) pause(w http.ResponseWriter, r *http.Request, client route.Engi
 	ans := PauseAnswer{Mode: mode, Quiet: true, HeldSince: heldSince.UTC().Format(time.RFC3339Nano), Successful: []Result{}, Failed: []Result{}, StillRunning: []Running{}}
 	stillOurs := func() bool { return f.PauseState(seq) == fleet.PauseOurs }
 	switch m {
-	case "abort":
+	case dialect.PauseAbort:
 		ans.Quiet, ans.AbortWaves = e.quiesce(ctx, auth, true, stillOurs)
-	case "wait":
+	case dialect.PauseWait:
 		ans.Quiet, _ = e.quiesce(ctx, auth, false, stillOurs)
 	}
+	ans.QuiesceS = math.Round(time.Since(start).Seconds()*1000) / 1000
 	if st := f.PauseState(seq); st != fleet.PauseOurs {
 		// Resumed (or paused again by another call) while it quiesced:
 		// the engines are not paused by this call.
@@ -234,23 +162,19 @@ func (e *Engine) pause(w http.ResponseWriter, r *http.Request, client route.Engi
 	pctx, pcancel := context.WithTimeout(context.WithoutCancel(r.Context()), e.cfg.Timeout)
 	defer pcancel()
 	ws := e.workers()
-	res := e.fanoutDialect(pctx, auth, ws, client, 0, func(wk *route.Worker, k route.EngineKind) []call {
-		c := nativePause(wk, k, m, ans.Quiet)
-		if k == client {
-			// The client's own words: SGLang's body byte for byte; vLLM's
-			// query with the engine's mode (a wait not drained in time
-			// goes as keep) and without tetherd's own timeout_s.
-			if client == route.EngineSGLang && clientBody != nil {
-				c.body = clientBody
-			} else if client == route.EngineVLLM && r.URL.RawQuery != "" {
-				q := r.URL.Query()
-				q.Del("timeout_s")
-				native, _ := url.ParseQuery(strings.TrimPrefix(c.path, PathPause+"?"))
-				q.Set("mode", native.Get("mode"))
-				c.path = PathPause + "?" + q.Encode()
-			}
+	// The client's own words go to engines of its kind: its body, or its
+	// query without tetherd's own timeout_s (with the engine's mode).
+	var query url.Values
+	if r.URL.RawQuery != "" {
+		query = r.URL.Query()
+		query.Del("timeout_s")
+	}
+	res := e.fanoutDialect(pctx, auth, ws, client, 0, func(wk *worker.Worker, d *dialect.Dialect) []call {
+		c := d.Pause(m, ans.Quiet)
+		if d.Kind == client {
+			c = d.PauseAsClient(c, m, ans.Quiet, clientBody, query)
 		}
-		return []call{c}
+		return []call{{w: wk, Call: c}}
 	})
 	if st := f.FinishPause(seq); st != fleet.PauseOurs {
 		// A resume came while the engines were being paused: they may
@@ -302,16 +226,13 @@ func (e *Engine) pauseOvertaken(w http.ResponseWriter, st fleet.PauseState, ans 
 
 // nativeResume builds each engine's resume call; body, in the client's
 // dialect, is sent as it came.
-func nativeResume(client route.EngineKind, body []byte) func(wk *route.Worker, k route.EngineKind) []call {
-	return func(wk *route.Worker, k route.EngineKind) []call {
-		c := call{w: wk, method: http.MethodPost, path: PathContinueGeneration, body: []byte(`{}`)}
-		if k == route.EngineVLLM {
-			c = call{w: wk, method: http.MethodPost, path: PathResume}
+func nativeResume(client dialect.Kind, body []byte) func(wk *worker.Worker, d *dialect.Dialect) []call {
+	return func(wk *worker.Worker, d *dialect.Dialect) []call {
+		c := d.Resume()
+		if d.Kind == client && len(body) > 0 {
+			c.Body = body
 		}
-		if k == client && len(body) > 0 {
-			c.body = body
-		}
-		return []call{c}
+		return []call{{w: wk, Call: c}}
 	}
 }
 
@@ -333,7 +254,7 @@ func (e *Engine) quiesce(ctx context.Context, auth string, abort bool, ours func
 			return false, waves
 		}
 		if abort && (waves == 0 || time.Since(last) >= e.cfg.WaveInterval) {
-			e.fanoutDialect(ctx, auth, busy, route.EngineSGLang, 0, abortAll)
+			e.fanoutDialect(ctx, auth, busy, dialect.Default(), 0, abortAll)
 			waves++
 			last = time.Now()
 		}
@@ -346,8 +267,8 @@ func (e *Engine) quiesce(ctx context.Context, auth string, abort bool, ours func
 
 // admitted returns the workers with requests admitted (past tetherd's
 // gates, on their way to or in the engine).
-func (e *Engine) admitted() []*route.Worker {
-	var out []*route.Worker
+func (e *Engine) admitted() []*worker.Worker {
+	var out []*worker.Worker
 	for _, w := range e.workers() {
 		if w.Admitted() > 0 {
 			out = append(out, w)
@@ -383,7 +304,7 @@ type ResumeAnswer struct {
 	ClusterError string `json:"cluster_error,omitempty"`
 }
 
-func (e *Engine) resume(w http.ResponseWriter, r *http.Request, client route.EngineKind) {
+func (e *Engine) resume(w http.ResponseWriter, r *http.Request, client dialect.Kind) {
 	if !allowMethods(w, r, http.MethodPost) {
 		return
 	}
@@ -427,7 +348,7 @@ func (e *Engine) resume(w http.ResponseWriter, r *http.Request, client route.Eng
 func (e *Engine) fenced() []int {
 	out := []int{}
 	for _, wk := range e.workers() {
-		if wk.Fenced()&route.FenceVersion != 0 {
+		if wk.Fenced()&worker.FenceVersion != 0 {
 			out = append(out, wk.Slot)
 		}
 	}

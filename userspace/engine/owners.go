@@ -3,6 +3,8 @@ package engine
 import (
 	"sync"
 	"sync/atomic"
+
+	"github.com/tether-rl/tether/userspace/route"
 )
 
 // DefaultMaxOwners bounds the request id table.
@@ -10,8 +12,11 @@ const DefaultMaxOwners = 1 << 20
 
 const ownerShards = 64
 
+var _ route.RequestOwners = (*Owners)(nil)
+
 // Owners remembers which worker slot serves each request id in flight, so
-// that an abort reaches that worker only. It is bounded: past its capacity
+// that an abort reaches that worker only (and, as the router's
+// RequestOwners, a retry of the id reaches it too). It is bounded: past its capacity
 // the oldest ids are dropped (an abort of a dropped id goes to every
 // worker). An id sent twice while in flight (a retry) is counted twice; if
 // the two went to different workers, the id is marked ambiguous and an

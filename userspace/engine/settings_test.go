@@ -12,7 +12,7 @@ func TestSettings(t *testing.T) {
 	}{
 		{Settings{}, ""},
 		{DefaultSettings(), ""},
-		{Settings{UpdateTimeout: -time.Second}, "--update-timeout: negative"},
+		{Settings{UpdateTimeout: -time.Second}, "--update-timeout: negative; want a duration > 0"},
 	} {
 		err := tc.s.Validate()
 		if tc.want == "" && err != nil || tc.want != "" && (err == nil || err.Error() != tc.want) {

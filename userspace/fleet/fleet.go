@@ -15,19 +15,20 @@
 //
 // Only requests that may generate are held: GET, HEAD and OPTIONS go
 // through (model lists, server info, metrics), so do the engines' own
-// control calls a trainer may make while the fleet is paused (Bypass:
-// /collective_rpc, /load_lora_adapter, /tokenize, ...), and tetherd's own
+// control calls a trainer may make while the fleet is paused
+// (dialect.IsNeverHeld: collective RPCs, LoRA adapters, tokenizing, ...),
+// and tetherd's own
 // control endpoints are answered by tetherd, never proxied.
 package fleet
 
 import (
-	"errors"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/config"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // Phase of the fleet.
@@ -64,7 +65,7 @@ func ParsePhase(s string) (Phase, bool) {
 
 // Config configures a Fleet.
 type Config struct {
-	Table *route.Table
+	Table *worker.Table
 	// MaxHeldPerWorker bounds the hold: at most this many requests per
 	// worker in the table (at least this many in all) wait at once; past
 	// it 503 with Retry-After. Default 1024 (--max-queue).
@@ -97,8 +98,8 @@ type Fleet struct {
 	versions map[string]string
 	updating map[string]bool
 	cycles   uint64 // pauses begun
-	// open: a vLLM start_weight_update was fanned out and its
-	// finish_weight_update not yet: the weights are in flux.
+	// open: an update that opens (dialect.OpenUpdate) was fanned out
+	// and the one that closes it not yet: the weights are in flux.
 	open    bool
 	openSeq uint64 // which open update a bound's timer closes
 	// pauseSeq numbers the pauses begun here (BeginPause): a pause that
@@ -116,17 +117,17 @@ type Fleet struct {
 	// forward, once set (a tetherd retiring after an upgrade while the
 	// fleet is held), takes every held request: they go to the new
 	// process, which holds them until the resume it will be sent.
-	forward atomic.Pointer[route.Worker]
+	forward atomic.Pointer[worker.Worker]
 
-	// ask, when set, asks a worker its weight version (GET
-	// /get_weight_version: userspace/engine) and records it: a worker that
+	// ask, when set, asks a worker its weight version (userspace/engine,
+	// in the engine's words) and records it: a worker that
 	// joins with the fleet's weights is unfenced without an update.
-	ask func(w *route.Worker)
+	ask func(w *worker.Worker)
 }
 
 // SetAsk sets how a joining worker of unknown version is asked its
 // version (in the background).
-func (f *Fleet) SetAsk(ask func(w *route.Worker)) {
+func (f *Fleet) SetAsk(ask func(w *worker.Worker)) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.ask = ask
@@ -164,13 +165,8 @@ func (s *Settings) Provision() {
 }
 
 // Validate refuses a negative setting (zero is the default), naming
-// tetherd's flag.
-func (s Settings) Validate() error {
-	if s.HoldTimeout < 0 {
-		return errors.New("--pause-timeout: negative")
-	}
-	return nil
-}
+// tetherd's flag (settings, flags.go).
+func (s Settings) Validate() error { return config.Validate(s.settings()) }
 
 // New returns a serving fleet.
 func New(cfg Config) *Fleet {

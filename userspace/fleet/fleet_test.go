@@ -6,20 +6,20 @@ import (
 
 	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/userspace/httphead"
-	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/stats"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 func req(method, path string) *httphead.Request {
 	return &httphead.Request{Method: []byte(method), Path: []byte(path)}
 }
 
-func newFleet(t *testing.T, n int) (*Fleet, *route.Table) {
-	tab := route.NewTable()
+func newFleet(t *testing.T, n int) (*Fleet, *worker.Table) {
+	tab := worker.NewTable()
 	f := New(Config{Table: tab, Settings: Settings{HoldTimeout: time.Minute}})
 	st := stats.NewHeap()
 	for i := 0; i < n; i++ {
-		tab.Put(&route.Worker{Slot: i, URL: "http://w" + string(rune('0'+i)), Stats: st.Worker(i)})
+		tab.Put(&worker.Worker{Slot: i, URL: "http://w" + string(rune('0'+i)), Stats: st.Worker(i)})
 	}
 	return f, tab
 }
@@ -32,7 +32,7 @@ func TestHeld(t *testing.T) {
 		name  string
 		setup func()
 		req   *httphead.Request
-		w     *route.Worker
+		w     *worker.Worker
 		held  bool
 	}{
 		{"serving", func() {}, req("POST", "/generate"), nil, false},
@@ -42,7 +42,7 @@ func TestHeld(t *testing.T) {
 		{"paused control call", func() {}, req("POST", "/collective_rpc?x=1"), nil, false},
 		{"paused tokenize", func() {}, req("POST", "/tokenize"), nil, false},
 		{"serving again", func() { f.SetPhase(Serving, "") }, req("POST", "/generate"), w0, false},
-		{"fenced worker", func() { w0.Fence(route.FenceVersion) }, req("POST", "/generate"), w0, true},
+		{"fenced worker", func() { w0.Fence(worker.FenceVersion) }, req("POST", "/generate"), w0, true},
 		{"fenced, not routed", func() {}, req("POST", "/generate"), nil, false},
 		{"another worker", func() {}, req("POST", "/generate"), tab.Get(1), false},
 	} {
@@ -51,10 +51,10 @@ func TestHeld(t *testing.T) {
 			t.Errorf("%s: held %v, want %v", c.name, got, c.held)
 		}
 	}
-	w0.Unfence(route.FenceVersion)
+	w0.Unfence(worker.FenceVersion)
 	// Retiring: everything that may generate goes to the successor,
 	// which is itself never held.
-	succ := &route.Worker{Slot: -1}
+	succ := &worker.Worker{Slot: -1}
 	f.Forward(succ)
 	if !f.Held(req("POST", "/generate"), nil) || f.Held(req("POST", "/generate"), succ) || f.Held(req("GET", "/x"), nil) {
 		t.Error("forwarding: wrong hold")
@@ -67,27 +67,27 @@ func TestWait(t *testing.T) {
 	f, _ := newFleet(t, 1)
 	f.cfg.MaxHeldPerWorker = 2
 	f.SetPhase(Paused, "abort")
-	got := make(chan route.HoldResult, 2)
+	got := make(chan worker.HoldResult, 2)
 	for i := 0; i < 2; i++ {
 		go func() { got <- f.Wait(nil, nil, time.Now().Add(time.Minute)) }()
 	}
 	testenv.WaitFor(t, "two held", func() bool { return f.HeldNow() == 2 })
-	if r := f.Wait(nil, nil, time.Now().Add(time.Minute)); r != route.HoldFull {
+	if r := f.Wait(nil, nil, time.Now().Add(time.Minute)); r != worker.HoldFull {
 		t.Fatalf("a third past the bound: %v", r)
 	}
 	f.SetPhase(Serving, "")
 	for i := 0; i < 2; i++ {
-		if r := <-got; r != route.HoldReleased {
+		if r := <-got; r != worker.HoldReleased {
 			t.Fatalf("released: %v", r)
 		}
 	}
 	f.SetPhase(Paused, "abort")
-	if r := f.Wait(nil, nil, time.Now().Add(10*time.Millisecond)); r != route.HoldTimeout {
+	if r := f.Wait(nil, nil, time.Now().Add(10*time.Millisecond)); r != worker.HoldTimeout {
 		t.Fatalf("timeout: %v", r)
 	}
 	gone := make(chan struct{})
 	close(gone)
-	if r := f.Wait(nil, gone, time.Now().Add(time.Minute)); r != route.HoldLeft || f.HeldNow() != 0 {
+	if r := f.Wait(nil, gone, time.Now().Add(time.Minute)); r != worker.HoldLeft || f.HeldNow() != 0 {
 		t.Fatalf("left: %v, %d still held", r, f.HeldNow())
 	}
 	if c := f.Counts(); c.Released != 2 || c.Full != 1 || c.Timeouts != 1 {
@@ -133,8 +133,8 @@ func TestFences(t *testing.T) {
 	f, tab := newFleet(t, 1)
 	f.SetVersion("http://w0", "v1")
 	f.SetTarget("v1")
-	tab.Put(&route.Worker{Slot: 1, URL: "http://w1", Stats: stats.NewHeap().Worker(1)})
-	if tab.Get(1).Fenced()&route.FenceVersion == 0 || tab.Get(0).Fenced() != 0 {
+	tab.Put(&worker.Worker{Slot: 1, URL: "http://w1", Stats: stats.NewHeap().Worker(1)})
+	if tab.Get(1).Fenced()&worker.FenceVersion == 0 || tab.Get(0).Fenced() != 0 {
 		t.Fatal("a joining worker of unknown version is not fenced")
 	}
 	f.SetVersion("http://w1", "v1")

@@ -3,8 +3,9 @@ package fleet
 import (
 	"time"
 
+	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/httphead"
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // safe reports whether a method never generates (never held).
@@ -16,23 +17,10 @@ func safe(method []byte) bool {
 	return false
 }
 
-// Bypass are the paths of engine control calls a trainer may send while
-// the fleet is paused (so they are never held), besides tetherd's own:
-// their engines serve them paused, and holding them would deadlock the
-// trainer that waits for them before it resumes.
-var Bypass = map[string]bool{
-	"/collective_rpc": true, "/weight_checker": true, "/start_draft_weight_update": true,
-	"/get_weights_by_name": true, "/load_lora_adapter": true, "/unload_lora_adapter": true,
-	"/v1/load_lora_adapter": true, "/v1/unload_lora_adapter": true,
-	"/tokenize": true, "/detokenize": true, "/v1/tokenize": true, "/v1/detokenize": true,
-	"/get_world_size": true, "/fetch_weights": true,
-	"/init_weights_send_group_for_remote_instance": true, "/send_weights_to_remote_instance": true,
-}
-
 // Held reports whether req must wait now: the fleet is not serving, or w
 // (nil: not routed yet) is fenced, or this tetherd is retiring (Forward).
 // Serving and unfenced, it is one atomic load or two.
-func (f *Fleet) Held(req *httphead.Request, w *route.Worker) bool {
+func (f *Fleet) Held(req *httphead.Request, w *worker.Worker) bool {
 	fw := f.forward.Load()
 	if fw == nil && f.phase.Load() == int32(Serving) && (w == nil || w.Fenced() == 0) {
 		return false
@@ -40,21 +28,10 @@ func (f *Fleet) Held(req *httphead.Request, w *route.Worker) bool {
 	if w != nil && w == fw {
 		return false
 	}
-	return !safe(req.Method) && !bypass(req.Path)
+	return !safe(req.Method) && !dialect.IsNeverHeld(req.Path)
 }
 
-// bypass reports whether path (its query cut) is a control call never held.
-func bypass(path []byte) bool {
-	for i, c := range path {
-		if c == '?' {
-			path = path[:i]
-			break
-		}
-	}
-	return Bypass[string(path)]
-}
-
-func (f *Fleet) clearLocked(w *route.Worker) bool {
+func (f *Fleet) clearLocked(w *worker.Worker) bool {
 	return f.forward.Load() != nil || f.Phase() == Serving && (w == nil || w.Fenced() == 0)
 }
 
@@ -62,7 +39,7 @@ func (f *Fleet) clearLocked(w *route.Worker) bool {
 // more): a tetherd that retires after an upgrade while the fleet is held
 // sends them to its successor through the data port, where they are held
 // again until the resume, instead of keeping them until its pause timeout.
-func (f *Fleet) Forward(w *route.Worker) {
+func (f *Fleet) Forward(w *worker.Worker) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.forward.Store(w)
@@ -72,23 +49,23 @@ func (f *Fleet) Forward(w *route.Worker) {
 }
 
 // Forwarding returns where held requests go instead (nil: they wait).
-func (f *Fleet) Forwarding() *route.Worker { return f.forward.Load() }
+func (f *Fleet) Forwarding() *worker.Worker { return f.forward.Load() }
 
 // Wait holds a request until the fleet serves and w (nil: any) is not
 // fenced, or something changed that may free it (a fence lifted, a worker
 // added, a phase changed: the caller routes it again and asks Held
 // again, so a worker removed or replaced meanwhile is not waited for),
 // gone closes, or until passes. Waiters are woken in arrival order.
-func (f *Fleet) Wait(w *route.Worker, gone <-chan struct{}, until time.Time) route.HoldResult {
+func (f *Fleet) Wait(w *worker.Worker, gone <-chan struct{}, until time.Time) worker.HoldResult {
 	f.mu.Lock()
 	if f.clearLocked(w) {
 		f.mu.Unlock()
-		return route.HoldReleased
+		return worker.HoldReleased
 	}
 	if len(f.waiters) >= f.maxHeldLocked() {
 		f.mu.Unlock()
 		f.full.Add(1)
-		return route.HoldFull
+		return worker.HoldFull
 	}
 	wt := &waiter{ch: make(chan struct{})}
 	f.waiters = append(f.waiters, wt)
@@ -103,15 +80,15 @@ func (f *Fleet) Wait(w *route.Worker, gone <-chan struct{}, until time.Time) rou
 	select {
 	case <-wt.ch:
 		f.released.Add(1)
-		return route.HoldReleased
+		return worker.HoldReleased
 	case <-t.C:
 		f.drop(wt)
 		f.timeouts.Add(1)
-		return route.HoldTimeout
+		return worker.HoldTimeout
 	case <-gone:
 		f.drop(wt)
 		f.left.Add(1)
-		return route.HoldLeft
+		return worker.HoldLeft
 	}
 }
 

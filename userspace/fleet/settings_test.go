@@ -12,7 +12,7 @@ func TestSettings(t *testing.T) {
 	}{
 		{Settings{}, ""},
 		{DefaultSettings(), ""},
-		{Settings{HoldTimeout: -time.Second}, "--pause-timeout: negative"},
+		{Settings{HoldTimeout: -time.Second}, "--pause-timeout: negative; want a duration > 0"},
 	} {
 		err := tc.s.Validate()
 		if tc.want == "" && err != nil || tc.want != "" && (err == nil || err.Error() != tc.want) {

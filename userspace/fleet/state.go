@@ -4,7 +4,7 @@ import (
 	"sort"
 	"strconv"
 
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // The state handed to a successor (upgrade) and kept in the cluster
@@ -86,20 +86,20 @@ type Report struct {
 }
 
 // WorkerState names a worker's state in the sync.
-func (f *Fleet) WorkerState(w *route.Worker) string {
+func (f *Fleet) WorkerState(w *worker.Worker) string {
 	fb := w.Fenced()
 	switch {
-	case fb&route.FenceUpdating != 0:
+	case fb&worker.FenceUpdating != 0:
 		return "updating"
-	case fb&route.FenceVersion != 0:
+	case fb&worker.FenceVersion != 0:
 		return "fenced"
 	case f.Phase() != Serving:
 		return "paused"
 	}
 	switch w.BaseState() {
-	case route.Unhealthy:
+	case worker.Unhealthy:
 		return "unhealthy"
-	case route.Draining:
+	case worker.Draining:
 		return "draining"
 	}
 	return "serving"
@@ -107,7 +107,7 @@ func (f *Fleet) WorkerState(w *route.Worker) string {
 
 // Report returns the fleet as GET /fleet shows it.
 func (f *Fleet) Report() Report {
-	var ws []*route.Worker
+	var ws []*worker.Worker
 	var epoch uint64
 	if f.cfg.Table != nil {
 		ws, epoch = f.cfg.Table.Snapshot(), f.cfg.Table.Epoch()

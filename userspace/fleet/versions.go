@@ -3,7 +3,7 @@ package fleet
 import (
 	"time"
 
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // Weight versions and the fences they set (route/fence.go).
@@ -14,17 +14,17 @@ import (
 // target and the worker's version differs or is unknown. Once a worker is
 // in the table or removed, held requests are woken to be placed again (it
 // may be theirs, or theirs may be gone).
-func (f *Fleet) onChange(w *route.Worker, ev route.TableEvent) {
+func (f *Fleet) onChange(w *worker.Worker, ev worker.TableEvent) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if ev == route.Removed {
+	if ev == worker.Removed {
 		if len(f.waiters) > 0 {
 			f.wakeLocked()
 		}
 		return
 	}
 	f.fenceLocked(w)
-	if ev == route.Putting {
+	if ev == worker.Putting {
 		return
 	}
 	if f.target != "" && f.versions[w.URL] == "" && f.ask != nil {
@@ -35,16 +35,16 @@ func (f *Fleet) onChange(w *route.Worker, ev route.TableEvent) {
 	}
 }
 
-func (f *Fleet) fenceLocked(w *route.Worker) {
+func (f *Fleet) fenceLocked(w *worker.Worker) {
 	if f.updating[w.URL] {
-		w.Fence(route.FenceUpdating)
+		w.Fence(worker.FenceUpdating)
 	} else {
-		w.Unfence(route.FenceUpdating)
+		w.Unfence(worker.FenceUpdating)
 	}
 	if f.target != "" && f.versions[w.URL] != f.target {
-		w.Fence(route.FenceVersion)
+		w.Fence(worker.FenceVersion)
 	} else {
-		w.Unfence(route.FenceVersion)
+		w.Unfence(worker.FenceVersion)
 	}
 }
 
@@ -72,7 +72,7 @@ func (f *Fleet) refenceLocked() {
 
 // Updating fences (true) or frees (false) a worker while a weight update
 // call runs on it.
-func (f *Fleet) Updating(w *route.Worker, on bool) {
+func (f *Fleet) Updating(w *worker.Worker, on bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if on {

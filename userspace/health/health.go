@@ -14,17 +14,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/tether-rl/tether/userspace/config"
+	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/registry"
-	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/upstream"
+	"github.com/tether-rl/tether/userspace/worker"
+	"github.com/tether-rl/tether/userspace/workerclient"
 )
 
 // Defaults of Config, and of the flags that set them (cmd/tetherd:
@@ -71,18 +72,8 @@ func (c *Config) Provision() {
 }
 
 // Validate refuses out-of-range settings (zero is the default), naming
-// tetherd's flag.
-func (c Config) Validate() error {
-	switch {
-	case c.Interval < 0:
-		return errors.New("--health-interval: negative")
-	case c.Timeout < 0:
-		return errors.New("--health-timeout: negative")
-	case c.Path != "" && !strings.HasPrefix(c.Path, "/"):
-		return fmt.Errorf("--health-path %q: want an absolute path such as /health", c.Path)
-	}
-	return nil
-}
+// tetherd's flag (settings, flags.go).
+func (c Config) Validate() error { return config.Validate(c.settings()) }
 
 // Prober returns the prober of c's timeout and path, sending apiKey as a
 // Bearer token when set (NewProberWith).
@@ -118,34 +109,28 @@ func NewProberWith(o ProbeOptions) registry.Prober {
 	if path == "" {
 		path = Path
 	}
-	tr := &http.Transport{
-		Proxy:                  nil, // never through an HTTP proxy from the environment
-		DialContext:            (&net.Dialer{Timeout: timeout}).DialContext,
-		DisableKeepAlives:      true,
-		ResponseHeaderTimeout:  timeout,
-		MaxResponseHeaderBytes: 64 << 10,
-	}
-	client := &http.Client{Transport: tr, Timeout: timeout,
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	client := workerclient.New(workerclient.Options{
+		DialTimeout:    timeout,
+		Timeout:        timeout,
+		MaxIdlePerHost: 0, // a fresh connection for every check
+		MaxHeaderBytes: 64 << 10,
+		MaxBody:        64 << 10,
+		APIKey:         o.APIKey,
+		UserAgent:      "tetherd-health",
+	})
+	check := dialect.Call{Method: http.MethodGet, Path: path}
 	return func(ctx context.Context, url string) error {
 		ctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(url, "/")+path, nil)
+		a, err := client.Do(ctx, strings.TrimSuffix(url, "/"), check, "")
+		if errors.Is(err, workerclient.ErrCutShort) {
+			err = nil // the answer's status decides (its body is not read further)
+		}
 		if err != nil {
 			return err
 		}
-		req.Header.Set("User-Agent", "tetherd-health")
-		if o.APIKey != "" {
-			req.Header.Set("Authorization", "Bearer "+o.APIKey)
-		}
-		resp, err := client.Do(req)
-		if err != nil {
-			return err
-		}
-		io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		resp.Body.Close()
-		if resp.StatusCode < 200 || resp.StatusCode > 299 {
-			return fmt.Errorf("GET %s: %s", path, resp.Status)
+		if !a.OK() {
+			return fmt.Errorf("GET %s: %s", path, a.StatusText)
 		}
 		return nil
 	}
@@ -170,8 +155,8 @@ type Checker struct {
 	probe registry.Prober
 
 	mu       sync.Mutex
-	running  map[*route.Worker]bool   // a check in progress
-	seen     map[*route.Worker]uint64 // connect failures already counted
+	running  map[*worker.Worker]bool   // a check in progress
+	seen     map[*worker.Worker]uint64 // connect failures already counted
 	stop     chan struct{}
 	kick     chan struct{}
 	wg       sync.WaitGroup
@@ -193,7 +178,7 @@ func New(reg *registry.Registry, opts Options) *Checker {
 		p = opts.Config.Prober("") // the timeout and path set
 	}
 	return &Checker{opts: opts, reg: reg, probe: p,
-		running: map[*route.Worker]bool{}, seen: map[*route.Worker]uint64{},
+		running: map[*worker.Worker]bool{}, seen: map[*worker.Worker]uint64{},
 		stop: make(chan struct{}), kick: make(chan struct{}, 1)}
 }
 
@@ -255,7 +240,7 @@ func (c *Checker) checkAll() {
 }
 
 // check runs one active check of w unless one is already running.
-func (c *Checker) check(w *route.Worker) {
+func (c *Checker) check(w *worker.Worker) {
 	c.mu.Lock()
 	if c.running[w] {
 		c.mu.Unlock()
@@ -302,8 +287,8 @@ func (c *Checker) check(w *route.Worker) {
 // and confirms each with an active check.
 func (c *Checker) passive() {
 	ws := c.reg.Workers()
-	live := make(map[*route.Worker]bool, len(ws))
-	var failed []*route.Worker
+	live := make(map[*worker.Worker]bool, len(ws))
+	var failed []*worker.Worker
 	c.mu.Lock()
 	for _, w := range ws {
 		live[w] = true

@@ -14,8 +14,8 @@ import (
 
 	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/userspace/registry"
-	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/stats"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -65,7 +65,7 @@ func (b *backend) restart() {
 	b.serve(ln)
 }
 
-func waitState(t *testing.T, w *route.Worker, want route.State) {
+func waitState(t *testing.T, w *worker.Worker, want worker.State) {
 	t.Helper()
 	testenv.WaitFor(t, fmt.Sprintf("worker %d %v", w.Slot, want), func() bool { return w.State() == want })
 }
@@ -109,23 +109,23 @@ func TestDiesAndComesBack(t *testing.T) {
 	w := reg.Table().Get(0)
 
 	b.stop()
-	waitState(t, w, route.Unhealthy)
+	waitState(t, w, worker.Unhealthy)
 	if reg.Panic() {
 		t.Fatal("panic with a healthy worker left")
 	}
 	b.restart()
-	waitState(t, w, route.Healthy)
+	waitState(t, w, worker.Healthy)
 
 	// 5xx answers fail too; every worker down is panic mode, not 503s.
 	b.status.Store(500)
 	other.status.Store(503)
-	waitState(t, w, route.Unhealthy)
-	waitState(t, reg.Table().Get(1), route.Unhealthy)
+	waitState(t, w, worker.Unhealthy)
+	waitState(t, reg.Table().Get(1), worker.Unhealthy)
 	if !reg.Panic() {
 		t.Fatal("every worker unhealthy, no panic mode")
 	}
 	other.status.Store(200)
-	waitState(t, reg.Table().Get(1), route.Healthy)
+	waitState(t, reg.Table().Get(1), worker.Healthy)
 	if reg.Panic() {
 		t.Fatal("panic mode not over")
 	}
@@ -150,7 +150,7 @@ func TestPassive(t *testing.T) {
 		in, err := reg.Get("0")
 		return err == nil && in.ConsecutiveFailures >= 1
 	})
-	if w.State() != route.Healthy {
+	if w.State() != worker.Healthy {
 		t.Fatal("unhealthy after one failed check (want 3)")
 	}
 	// Passive checks count the connect failures after their first look at
@@ -166,7 +166,7 @@ func TestPassive(t *testing.T) {
 	if _, err := w.Pool.Get(context.Background()); err == nil {
 		t.Fatal("connected to a closed port")
 	}
-	waitState(t, w, route.Unhealthy)
+	waitState(t, w, worker.Unhealthy)
 }
 
 // A configured path and API key: engines started with --api-key answer

@@ -265,7 +265,7 @@ var chunkedInvalid = []struct {
 	{"bare CR in extension", "5;a\rb\r\nhello\r\n0\r\n\r\n", 4, 400},
 	{"NUL in extension", "5;a\x00\r\nhello\r\n0\r\n\r\n", 3, 400},
 	{"DEL in extension", "5;a\x7f\r\nhello\r\n0\r\n\r\n", 3, 400},
-	// chunk-ext = *( BWS ";" BWS chunk-ext-name [ BWS "=" BWS chunk-ext-val ] ): parsed strictly (row 15).
+	// chunk-ext = *( BWS ";" BWS chunk-ext-name [ BWS "=" BWS chunk-ext-val ] ): parsed strictly (docs/http-framing.md rule 15).
 	{"empty extension", "5;\r\nhello\r\n0\r\n\r\n", 2, 400},
 	{"empty extension name", "5;=1\r\nhello\r\n0\r\n\r\n", 2, 400},
 	{"empty extension value", "5;a=\r\nhello\r\n0\r\n\r\n", 4, 400},
@@ -281,7 +281,7 @@ var chunkedInvalid = []struct {
 	{"extensions past the cap over chunks", strings.Repeat("1;"+strings.Repeat("e", 98)+"\r\nx\r\n", 50) + "0\r\n\r\n", -1, 400},
 	{"BWS past the cap", "1" + strings.Repeat(" ", 2*MaxChunkExtBytes) + ";a\r\nx\r\n0\r\n\r\n", -1, 400},
 	{"quoted extension past the cap", "1;a=\"" + strings.Repeat("q", 2*MaxChunkExtBytes) + "\"\r\nx\r\n0\r\n\r\n", -1, 400},
-	// Trailers (row 16).
+	// Trailers (docs/http-framing.md rule 16).
 	{"trailer Content-Length", "5\r\nhello\r\n0\r\nContent-Length: 5\r\n\r\n", 27, 400},
 	{"trailer Transfer-Encoding", "0\r\ntransfer-encoding: chunked\r\n\r\n", 20, 400},
 	{"trailer Host", "0\r\nHOST: evil\r\n\r\n", 7, 400},

@@ -119,7 +119,7 @@ func FuzzParseRequest(f *testing.F) {
 			if equalFold(fl.Name, "Host") && req.HostRewritten && !fl.Drop {
 				t.Fatal("Host field kept with an absolute-form target")
 			}
-			// Nothing of an h2c offer reaches a worker (rule 20): Upgrade is
+			// Nothing of an h2c offer reaches a worker (docs/http-framing.md rule 20): Upgrade is
 			// among hopByHop, HTTP2-Settings goes named or not.
 			for _, hop := range append([]string{"X-Forwarded-For", "HTTP2-Settings"}, hopByHop...) {
 				if equalFold(fl.Name, hop) && !fl.Drop {
@@ -231,7 +231,7 @@ func FuzzParseResponse(f *testing.F) {
 			t.Fatalf("framing: chunked %v CL %d minor %d", resp.Chunked, resp.ContentLength, resp.Minor)
 		}
 		// The framing tetherd relays by is the framing the client sees:
-		// the field that carries it is never dropped (rule 18).
+		// the field that carries it is never dropped (docs/http-framing.md rule 18).
 		framing := 0
 		for i, fl := range resp.Fields {
 			if !testenv.Within(fl.Line, h) || !bytes.HasSuffix(fl.Line, []byte("\r\n")) || !isToken(fl.Name) ||
@@ -369,7 +369,7 @@ func FuzzRequestVsNetHTTP(f *testing.F) {
 			// Justified: net/http's url.ParseRequestURI rejects malformed
 			// percent-encoding ("/%zz", "http://a%41/"); tether forwards the
 			// target as received and leaves its percent-encoding to the
-			// origin (checklist row 10 bans only control and non-ASCII bytes).
+			// origin (docs/http-framing.md rule 10 bans only control and non-ASCII bytes).
 			var ue *url.Error
 			if errors.As(err, &ue) && bytes.IndexByte(req.Target, '%') >= 0 {
 				if _, perr := url.ParseRequestURI(strings.ReplaceAll(string(req.Target), "%", "%25")); perr == nil {

@@ -4,8 +4,8 @@
 // Bodies are never seen here, except chunked framing, which Chunked
 // validates as a stream so that it can be forwarded as it arrives.
 //
-// The rules follow shared/http-framing-checklist.md; each rejection names
-// the status the proxy answers.
+// The rules follow docs/http-framing.md (cited as "docs/http-framing.md
+// rule N"); each rejection names the status the proxy answers.
 package httphead
 
 import (

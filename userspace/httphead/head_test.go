@@ -25,7 +25,7 @@ func statusOf(err error) int {
 }
 
 type rejectCase struct {
-	row    int // checklist row
+	row    int // docs/http-framing.md rule
 	name   string
 	in     string
 	lim    Limits
@@ -470,7 +470,7 @@ func TestParseRequestAccepts(t *testing.T) {
 			checkRequest(t, buf, &req, tc)
 
 			// What follows the head is not looked at: a body or the
-			// next pipelined request (row 5).
+			// next pipelined request (docs/http-framing.md rule 5).
 			for _, next := range []string{"GET / HTTP/1.1\r\nHost: b\r\n\r\n", "\x00\xff\n\r", "hello"} {
 				buf := []byte(tc.in + next)
 				if err := ParseRequest(buf, tc.lim, &req); err != nil {
@@ -646,7 +646,7 @@ var responseCases = []respCase{
 	// Framing.
 	{name: "CL+TE", in: head("HTTP/1.1 200 OK", "Content-Length: 5", "Transfer-Encoding: chunked"), status: 502},
 	{name: "TE+CL", in: head("HTTP/1.1 200 OK", "Transfer-Encoding: chunked", "Content-Length: 5"), status: 502},
-	// Rule 18 on the response side: Connection may not remove the framing.
+	// docs/http-framing.md rule 18 on the response side: Connection may not remove the framing.
 	{name: "Connection names Content-Length", in: head("HTTP/1.1 200 OK", "Connection: Content-Length", "Content-Length: 2"), status: 502},
 	{name: "Connection names Transfer-Encoding", in: head("HTTP/1.1 200 OK", "Connection: close, transfer-encoding", "Transfer-Encoding: chunked"), status: 502},
 	{name: "Connection names CL, no CL", in: head("HTTP/1.1 200 OK", "Connection: content-length"), status: 502},

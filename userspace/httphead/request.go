@@ -221,7 +221,7 @@ func (req *Request) interpret() error {
 			}
 			f.Drop = true
 		case equalFold(f.Name, "HTTP2-Settings"):
-			// An h2c offer (checklist rule 20) is served over HTTP/1.1 with
+			// An h2c offer (docs/http-framing.md rule 20) is served over HTTP/1.1 with
 			// the upgrade removed (RFC 9110 §7.8 lets a server ignore it):
 			// Upgrade is hop-by-hop (hopByHop), Connection and the tokens
 			// it names go with it, and HTTP2-Settings, connection-specific

@@ -1,10 +1,11 @@
 // Package loadpoll reads the load of every worker's inference engine each
-// --engine-poll and hands it to placement (route.Worker.SetEngineSignals):
-// SGLang's GET /v1/loads when it answers (running, waiting, token usage,
-// cache hit rate, per DP rank), else the Prometheus GET /metrics of vLLM
-// (vllm:*) or SGLang (sglang:*), parsed by metric name whatever the
-// labels. It detects which one a worker serves and records it
-// (Worker.SetEngine). A worker that exposes neither is placed as before.
+// --engine-poll and hands it to placement (worker.Worker.SetEngineSignals):
+// an engine's JSON load endpoint when it answers (running, waiting, token
+// usage, cache hit rate, per DP rank), else the engines' Prometheus
+// /metrics, parsed by metric name whatever the labels; what to call and
+// how to read it is userspace/dialect's. The engine a worker serves, as
+// dialect detects it from the answers, is recorded (Worker.SetEngine). A
+// worker that exposes neither is placed as before.
 //
 // Polls run in their own goroutines with the health checks' habits (the
 // worker API key, a timeout, no HTTP proxy); the data path only reads the
@@ -16,18 +17,17 @@ package loadpoll
 import (
 	"context"
 	"log/slog"
-	"net"
-	"net/http"
 	"sync"
 	"time"
 
+	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
+	"github.com/tether-rl/tether/userspace/workerclient"
 )
 
 // Files: loadpoll.go (the settings, the poller and its rounds), poll.go
-// (one worker's poll: the endpoint it serves, its failures), loads.go
-// (SGLang's /v1/loads), metrics.go (the Prometheus /metrics of vLLM and
-// SGLang).
+// (one worker's poll: the endpoint it serves, its failures).
 
 // Defaults of Config (tetherd's --engine-poll shows DefaultInterval).
 const (
@@ -44,7 +44,7 @@ const (
 	// redetectRounds: a worker without a load endpoint is asked again
 	// this often (an engine that came up late).
 	redetectRounds = 10
-	// versionRounds: SGLang's weight version is read this often.
+	// versionRounds: an engine's weight version is read this often.
 	versionRounds = 5
 	maxBody       = 4 << 20
 )
@@ -78,7 +78,7 @@ func (c *Config) Provision() {
 type Options struct {
 	Config
 	APIKey string // sent as "Authorization: Bearer KEY"
-	Table  *route.Table
+	Table  *worker.Table
 	// Router: its EnginePlacement (the veto thresholds, SetKnown) is read
 	// at each round, so a reload applies.
 	Router *route.Router
@@ -90,10 +90,10 @@ type Options struct {
 // Poller polls the engines of a worker table.
 type Poller struct {
 	opts   Options
-	client *http.Client
+	client *workerclient.Client
 
 	mu      sync.Mutex
-	state   map[*route.Worker]*wstate
+	state   map[*worker.Worker]*wstate
 	stop    chan struct{}
 	kick    chan struct{}
 	wg      sync.WaitGroup
@@ -107,8 +107,8 @@ type endpoint int
 
 const (
 	epUnknown endpoint = iota
-	epLoads            // SGLang GET /v1/loads
-	epMetrics          // GET /metrics with vllm:* or sglang:* names
+	epLoads            // the JSON load endpoint (dialect.LoadsCall)
+	epMetrics          // the Prometheus /metrics with an engine's names
 	epNone             // neither
 )
 
@@ -118,9 +118,9 @@ type wstate struct {
 	failures int
 	lastOK   time.Time
 	version  string
-	// vLLM prefix cache counters at the previous reading (hit rate over
-	// the interval).
-	queries, hits float64
+	// prefix cache counters at the previous reading (hit rate over the
+	// interval).
+	counters dialect.Counters
 }
 
 // New returns a poller; Start runs it.
@@ -132,17 +132,17 @@ func New(o Options) *Poller {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	tr := &http.Transport{
-		Proxy:                  nil, // never through an HTTP proxy from the environment
-		DialContext:            (&net.Dialer{Timeout: o.Timeout}).DialContext,
-		MaxIdleConnsPerHost:    1,
-		IdleConnTimeout:        max(3*o.Interval, 30*time.Second),
-		ResponseHeaderTimeout:  o.Timeout,
-		MaxResponseHeaderBytes: 64 << 10,
-	}
-	return &Poller{opts: o, state: map[*route.Worker]*wstate{},
-		client: &http.Client{Transport: tr, Timeout: o.Timeout,
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
+	client := workerclient.New(workerclient.Options{
+		DialTimeout:    o.Timeout,
+		Timeout:        o.Timeout,
+		MaxIdlePerHost: 1,
+		IdleTimeout:    max(3*o.Interval, 30*time.Second),
+		MaxHeaderBytes: 64 << 10,
+		MaxBody:        maxBody,
+		APIKey:         o.APIKey,
+		UserAgent:      "tetherd-loadpoll",
+	})
+	return &Poller{opts: o, state: map[*worker.Worker]*wstate{}, client: client,
 		stop: make(chan struct{}), kick: make(chan struct{}, 1)}
 }
 
@@ -162,7 +162,7 @@ func (p *Poller) Start() {
 func (p *Poller) Stop() {
 	p.once.Do(func() { close(p.stop) })
 	p.wg.Wait()
-	p.client.CloseIdleConnections()
+	p.client.Close()
 }
 
 // PollNow asks for a round as soon as possible.
@@ -211,7 +211,7 @@ func (p *Poller) Round() {
 	}()
 	var wg sync.WaitGroup
 	p.mu.Lock()
-	live := make(map[*route.Worker]bool, len(ws))
+	live := make(map[*worker.Worker]bool, len(ws))
 	for _, w := range ws {
 		if w == nil {
 			continue
@@ -243,7 +243,7 @@ func (p *Poller) Round() {
 
 // settle publishes the count of workers with signals and holds admissions
 // while every healthy engine is vetoed.
-func (p *Poller) settle(ws []*route.Worker) {
+func (p *Poller) settle(ws []*worker.Worker) {
 	known, healthy, vetoed := 0, 0, 0
 	for _, w := range ws {
 		if w == nil {
@@ -253,7 +253,7 @@ func (p *Poller) settle(ws []*route.Worker) {
 		if k {
 			known++
 		}
-		if w.State() == route.Healthy {
+		if w.State() == worker.Healthy {
 			healthy++
 			if k && w.EngineVetoed() {
 				vetoed++

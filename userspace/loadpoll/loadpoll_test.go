@@ -14,20 +14,22 @@ import (
 
 	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/testenv/fakeengine"
+	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/stats"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.RunNoLeaks(m)) }
 
 // setup returns a router over one worker per URL with engine placement
 // on, and a poller for it (not started: the tests run rounds).
-func setup(t *testing.T, urls ...string) (*route.Router, []*route.Worker, *Poller) {
+func setup(t *testing.T, urls ...string) (*route.Router, []*worker.Worker, *Poller) {
 	t.Helper()
 	st := stats.NewHeap()
-	tab := route.NewTable()
+	tab := worker.NewTable()
 	for i, u := range urls {
-		tab.Put(&route.Worker{Slot: i, URL: u, Stats: st.Worker(i)})
+		tab.Put(&worker.Worker{Slot: i, URL: u, Stats: st.Worker(i)})
 	}
 	rt := &route.Router{Table: tab}
 	ep, err := route.NewEnginePlacement(route.EngineConfig{})
@@ -48,15 +50,15 @@ func TestParse(t *testing.T) {
 		name    string
 		loads   string // /v1/loads body ("" 404)
 		metrics string // /metrics body ("" 404)
-		want    route.EngineSignals
-		kind    route.EngineKind
+		want    worker.EngineSignals
+		kind    dialect.Kind
 		known   bool
 	}{
 		{
 			name:  "sglang v1/loads, two DP ranks",
 			loads: `{"timestamp":"x","version":"0.5","loads":[{"dp_rank":0,"num_running_reqs":3,"num_waiting_reqs":1,"token_usage":0.5,"cache_hit_rate":0.8,"max_running_requests":64},{"dp_rank":1,"num_running_reqs":5,"num_waiting_reqs":0,"token_usage":0.7,"cache_hit_rate":0.6,"max_running_requests":64}]}`,
-			want:  route.EngineSignals{Running: 8, Waiting: 1, KVUsage: 0.6, HitRate: 0.7, MaxRunning: 128, Source: "v1/loads"},
-			kind:  route.EngineSGLang, known: true,
+			want:  worker.EngineSignals{Running: 8, Waiting: 1, KVUsage: 0.6, HitRate: 0.7, MaxRunning: 128, Source: "v1/loads"},
+			kind:  dialect.SGLang, known: true,
 		},
 		{
 			name: "vllm metrics with labels",
@@ -66,23 +68,23 @@ func TestParse(t *testing.T) {
 				`vllm:kv_cache_usage_perc{engine="0",model_name="a}b"} 0.25` + "\n" +
 				`vllm:prefix_cache_queries_total{model_name="m"} 1000` + "\n" +
 				`vllm:prefix_cache_hits_total{model_name="m"} 900 1712345678` + "\n",
-			want: route.EngineSignals{Running: 7, Waiting: 2, KVUsage: 0.25, HitRate: 0.9, Source: "metrics"},
-			kind: route.EngineVLLM, known: true,
+			want: worker.EngineSignals{Running: 7, Waiting: 2, KVUsage: 0.25, HitRate: 0.9, Source: "metrics"},
+			kind: dialect.VLLM, known: true,
 		},
 		{
 			name:    "sglang metrics only",
 			metrics: "sglang:num_running_reqs{tp_rank=\"0\"} 4\nsglang:num_queue_reqs 6\nsglang:token_usage 0.91\nsglang:cache_hit_rate 0.5\n",
-			want:    route.EngineSignals{Running: 4, Waiting: 6, KVUsage: 0.91, HitRate: 0.5, Source: "metrics"},
-			kind:    route.EngineSGLang, known: true,
+			want:    worker.EngineSignals{Running: 4, Waiting: 6, KVUsage: 0.91, HitRate: 0.5, Source: "metrics"},
+			kind:    dialect.SGLang, known: true,
 		},
 		{
 			name:    "lies: negative and NaN counts, usage beyond 100",
 			metrics: "vllm:num_requests_running -5\nvllm:num_requests_waiting NaN\nvllm:kv_cache_usage_perc 4000\n",
-			want:    route.EngineSignals{KVUsage: -1, HitRate: -1, Source: "metrics"},
-			kind:    route.EngineVLLM, known: true,
+			want:    worker.EngineSignals{KVUsage: -1, HitRate: -1, Source: "metrics"},
+			kind:    dialect.VLLM, known: true,
 		},
-		{name: "neither", metrics: "go_goroutines 12\n", kind: route.EngineUnknown},
-		{name: "nothing", kind: route.EngineUnknown},
+		{name: "neither", metrics: "go_goroutines 12\n", kind: dialect.Unknown},
+		{name: "nothing", kind: dialect.Unknown},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var auth atomic.Value
@@ -142,7 +144,7 @@ func TestFakeEngines(t *testing.T) {
 	defer vl.Close()
 	rt, ws, p := setup(t, sgl.URL(), vl.URL())
 	p.Round()
-	if ws[0].Engine() != route.EngineSGLang || ws[1].Engine() != route.EngineVLLM {
+	if ws[0].Engine() != dialect.SGLang || ws[1].Engine() != dialect.VLLM {
 		t.Fatalf("kinds %v %v", ws[0].Engine(), ws[1].Engine())
 	}
 	if !ws[0].EngineKnown() || !ws[1].EngineKnown() {

@@ -2,22 +2,20 @@ package loadpoll
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
-	"strconv"
 	"strings"
 
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/dialect"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // One worker's poll: the load endpoint it serves (detected, then kept),
 // the reading handed to placement, the failures counted.
 
 // poll reads one worker's engine.
-func (p *Poller) poll(ctx context.Context, w *route.Worker, st *wstate) {
+func (p *Poller) poll(ctx context.Context, w *worker.Worker, st *wstate) {
 	st.polled++
 	if st.ep == epNone && st.polled%redetectRounds != 1 {
 		return
@@ -67,95 +65,84 @@ func (p *Poller) poll(ctx context.Context, w *route.Worker, st *wstate) {
 	w.SetEngineSignals(sig, vetoed, low, st.lastOK)
 }
 
-var errNoEndpoint = errors.New("no load endpoint (neither /v1/loads nor engine metrics on /metrics)")
+var errNoEndpoint = errors.New("no load endpoint (neither " + loadsPath() + " nor engine metrics on " + dialect.MetricsCall.Path + ")")
 
-// read reads the signals from the endpoint known to work, or detects one.
-func (p *Poller) read(ctx context.Context, w *route.Worker, st *wstate) (route.EngineSignals, endpoint, error) {
+// loadsPath is the JSON load endpoint's path, for messages.
+func loadsPath() string {
+	c, _, _ := dialect.LoadsCall()
+	return c.Path
+}
+
+// read reads the signals from the endpoint known to work, or detects one
+// (what serves it is dialect's to say).
+func (p *Poller) read(ctx context.Context, w *worker.Worker, st *wstate) (worker.EngineSignals, endpoint, error) {
 	base := strings.TrimSuffix(w.URL, "/")
-	if st.ep == epUnknown || st.ep == epNone || st.ep == epLoads {
-		body, code, err := p.get(ctx, base+"/v1/loads")
+	if c, kind, ok := dialect.LoadsCall(); ok && (st.ep == epUnknown || st.ep == epNone || st.ep == epLoads) {
+		body, code, err := p.get(ctx, base, c)
 		if err != nil {
-			return route.EngineSignals{}, epUnknown, err
+			return worker.EngineSignals{}, epUnknown, err
 		}
 		if code == http.StatusOK {
-			sig, err := parseLoads(body)
+			l, err := dialect.ParseLoads(kind, body)
 			if err == nil {
-				w.SetEngine(route.EngineSGLang)
-				if st.polled%versionRounds == 1 {
-					if v, ok := p.weightVersion(ctx, base); ok {
-						st.version = v
-					}
-				}
-				return sig, epLoads, nil
+				w.SetEngine(kind)
+				p.readVersion(ctx, base, kind, st)
+				return signals(l), epLoads, nil
 			}
 			if st.ep == epLoads {
-				return route.EngineSignals{}, epUnknown, err
+				return worker.EngineSignals{}, epUnknown, err
 			}
 		} else if st.ep == epLoads && code != http.StatusNotFound {
-			return route.EngineSignals{}, epUnknown, fmt.Errorf("GET /v1/loads: %d", code)
+			return worker.EngineSignals{}, epUnknown, fmt.Errorf("%s %s: %d", c.Method, c.Path, code)
 		}
 	}
-	body, code, err := p.get(ctx, base+"/metrics")
+	c := dialect.MetricsCall
+	body, code, err := p.get(ctx, base, c)
 	if err != nil {
-		return route.EngineSignals{}, epUnknown, err
+		return worker.EngineSignals{}, epUnknown, err
 	}
 	if code != http.StatusOK {
 		if st.ep == epMetrics && code != http.StatusNotFound {
-			return route.EngineSignals{}, epUnknown, fmt.Errorf("GET /metrics: %d", code)
+			return worker.EngineSignals{}, epUnknown, fmt.Errorf("%s %s: %d", c.Method, c.Path, code)
 		}
-		return route.EngineSignals{}, epNone, errNoEndpoint
+		return worker.EngineSignals{}, epNone, errNoEndpoint
 	}
-	sig, kind, ok := parseMetrics(body, st)
+	l, kind, next, ok := dialect.ParseMetrics(body, st.counters)
 	if !ok {
-		return route.EngineSignals{}, epNone, errNoEndpoint
+		return worker.EngineSignals{}, epNone, errNoEndpoint
 	}
+	st.counters = next
 	w.SetEngine(kind)
-	if kind == route.EngineSGLang && st.polled%versionRounds == 1 {
-		if v, ok := p.weightVersion(ctx, base); ok {
-			st.version = v
-		}
-	}
-	return sig, epMetrics, nil
+	p.readVersion(ctx, base, kind, st)
+	return signals(l), epMetrics, nil
 }
 
-func (p *Poller) get(ctx context.Context, url string) ([]byte, int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil, 0, err
-	}
-	req.Header.Set("User-Agent", "tetherd-loadpoll")
-	if p.opts.APIKey != "" {
-		req.Header.Set("Authorization", "Bearer "+p.opts.APIKey)
-	}
-	resp, err := p.client.Do(req)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
-	if err != nil {
-		return nil, 0, err
-	}
-	return body, resp.StatusCode, nil
+// signals is a dialect reading as placement takes it.
+func signals(l dialect.Load) worker.EngineSignals {
+	return worker.EngineSignals{Running: l.Running, Waiting: l.Waiting, KVUsage: l.KVUsage, HitRate: l.HitRate,
+		MaxRunning: l.MaxRunning, Source: l.Source}
 }
 
-// weightVersion reads SGLang's GET /get_weight_version.
-func (p *Poller) weightVersion(ctx context.Context, base string) (string, bool) {
-	body, code, err := p.get(ctx, base+"/get_weight_version")
+func (p *Poller) get(ctx context.Context, base string, c dialect.Call) ([]byte, int, error) {
+	a, err := p.client.Do(ctx, base, c, "")
+	if err != nil {
+		return nil, 0, err
+	}
+	return a.Body, a.Status, nil
+}
+
+// readVersion reads the weight version of an engine of kind that serves
+// one, every versionRounds polls.
+func (p *Poller) readVersion(ctx context.Context, base string, kind dialect.Kind, st *wstate) {
+	c, ok := dialect.VersionCall(kind)
+	if !ok || st.polled%versionRounds != 1 {
+		return
+	}
+	body, code, err := p.get(ctx, base, c)
 	if err != nil || code != http.StatusOK {
-		return "", false
+		return
 	}
-	var v struct {
-		WeightVersion any `json:"weight_version"`
+	if v, ok := dialect.ParseVersion(body); ok {
+		st.version = v
 	}
-	if json.Unmarshal(body, &v) != nil || v.WeightVersion == nil {
-		return "", false
-	}
-	switch x := v.WeightVersion.(type) {
-	case string:
-		return x, true
-	case float64:
-		return strconv.FormatFloat(x, 'f', -1, 64), true
-	}
-	return "", false
 }

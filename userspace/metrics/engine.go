@@ -5,7 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // Engine signals (userspace/loadpoll, route/engine_load.go): what each
@@ -31,10 +31,10 @@ var (
 	dEngineFailures = prometheus.NewDesc("tether_engine_poll_failures",
 		"Load polls of the engine failed in a row.", []string{"slot", "url"}, nil)
 	dEngineVersion = prometheus.NewDesc("tether_engine_weight_version_info",
-		"The weight version the engine reported (SGLang /get_weight_version) (1).", []string{"slot", "url", "version"}, nil)
+		"The weight version the engine reported (1).", []string{"slot", "url", "version"}, nil)
 )
 
-type engineCollector struct{ tab *route.Table }
+type engineCollector struct{ tab *worker.Table }
 
 func (c engineCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{dEngineUp, dEngineInfo, dEngineRunning, dEngineWaiting, dEngineKV, dEngineHit,

@@ -6,7 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tether-rl/tether/userspace/fleet"
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // The weight sync (userspace/fleet): the fleet's phase, the hold, and
@@ -34,7 +34,7 @@ var syncStates = []string{"serving", "paused", "updating", "fenced", "unhealthy"
 
 type fleetCollector struct {
 	f   *fleet.Fleet
-	tab *route.Table
+	tab *worker.Table
 }
 
 func (c fleetCollector) Describe(ch chan<- *prometheus.Desc) {

@@ -32,6 +32,7 @@ import (
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/stats"
 	"github.com/tether-rl/tether/userspace/upstream"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // Steering is what the BPF program decided (optional; see Sources).
@@ -45,7 +46,7 @@ type Steering struct {
 // skipped.
 type Sources struct {
 	Stats    *stats.Table
-	Table    *route.Table
+	Table    *worker.Table
 	Router   *route.Router
 	Registry *registry.Registry
 	Proxy    *proxy.Counters
@@ -79,6 +80,7 @@ type Metrics struct {
 	src       Sources
 	responses *prometheus.CounterVec
 	duration  *prometheus.HistogramVec
+	upgrades  *prometheus.CounterVec
 
 	mu  sync.Mutex // serializes SetWorker
 	obs [stats.MaxWorkers]atomic.Pointer[slotObs]
@@ -97,13 +99,19 @@ func New(src Sources) *Metrics {
 		Help:    "Time from routing a request to the end of its response, by worker.",
 		Buckets: DurationBuckets,
 	}, []string{"slot", "url"})
+	m.upgrades = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_upgrades_total",
+		Help: "In-place upgrades (SIGUSR2) this process tried, by outcome: handed_over (the new process serves; this one drains and exits), failed (this process keeps serving).",
+	}, []string{"outcome"})
+	m.upgrades.WithLabelValues("handed_over")
+	m.upgrades.WithLabelValues("failed")
 	if src.Table != nil {
 		m.reg.MustRegister(engineCollector{tab: src.Table}) // engine.go
 	}
 	if src.Fleet != nil {
 		m.reg.MustRegister(fleetCollector{f: src.Fleet, tab: src.Table})
 	}
-	m.reg.MustRegister(m.responses, m.duration, &collector{src: src},
+	m.reg.MustRegister(m.responses, m.duration, m.upgrades, &collector{src: src},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -118,7 +126,7 @@ func (m *Metrics) Handler() http.Handler {
 
 // SetWorker creates the Observe series of the worker now in w.Slot
 // (registry.Options.OnPut). If another url held the slot, its series go.
-func (m *Metrics) SetWorker(w *route.Worker) {
+func (m *Metrics) SetWorker(w *worker.Worker) {
 	if w == nil || w.Slot < 0 || w.Slot >= stats.MaxWorkers {
 		return
 	}
@@ -140,6 +148,15 @@ func (m *Metrics) SetWorker(w *route.Worker) {
 			m.responses.DeleteLabelValues(slot, old.url, c)
 		}
 		m.duration.DeleteLabelValues(slot, old.url)
+	}
+}
+
+// CountUpgrade counts an in-place upgrade tried: handed over or failed.
+func (m *Metrics) CountUpgrade(ok bool) {
+	if ok {
+		m.upgrades.WithLabelValues("handed_over").Inc()
+	} else {
+		m.upgrades.WithLabelValues("failed").Inc()
 	}
 }
 
@@ -262,7 +279,7 @@ func b2f(b bool) float64 {
 	return 0
 }
 
-var stateNames = [...]route.State{route.Healthy, route.Unhealthy, route.Draining}
+var stateNames = [...]worker.State{worker.Healthy, worker.Unhealthy, worker.Draining}
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	src := c.src
@@ -277,7 +294,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- counter(dWorkerErrors, s.Errors, slot, w.URL)
 			ch <- gauge(dWorkerInFlight, float64(s.InFlight), slot, w.URL)
 			ch <- gauge(dWorkerQueued, float64(w.Queued()), slot, w.URL)
-			for reason, n := range w.Decisions() {
+			for reason, n := range route.Decisions(w) {
 				ch <- counter(dWorkerDecisions, n, slot, w.URL, reason)
 			}
 			ch <- counter(dWorkerBytes, s.BytesUp, slot, w.URL, "up")
@@ -288,7 +305,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 				ch <- counter(dWorkerRetries, w.Pool.Retries(upstream.RetryDeadPooled), slot, w.URL, "dead_pooled")
 			}
 			st := w.BaseState()
-			healthy := st == route.Healthy
+			healthy := st == worker.Healthy
 			if src.Registry != nil {
 				if h, ok := src.Registry.Health(w.Slot); ok {
 					healthy = h

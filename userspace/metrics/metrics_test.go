@@ -13,6 +13,7 @@ import (
 	"github.com/tether-rl/tether/userspace/registry"
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/stats"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 func scrape(t *testing.T, m *Metrics) string {
@@ -38,7 +39,7 @@ func TestCollectorAndObserve(t *testing.T) {
 	st := stats.NewHeap()
 	var m *Metrics
 	reg := registry.New(registry.Options{Stats: st, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		OnPut: func(w *route.Worker) {
+		OnPut: func(w *worker.Worker) {
 			if m != nil {
 				m.SetWorker(w)
 			}
@@ -129,7 +130,7 @@ func TestCollectorAndObserve(t *testing.T) {
 
 func TestObserveDoesNotAllocate(t *testing.T) {
 	m := New(Sources{})
-	m.SetWorker(&route.Worker{Slot: 3, URL: "http://127.0.0.1:1"})
+	m.SetWorker(&worker.Worker{Slot: 3, URL: "http://127.0.0.1:1"})
 	if n := testing.AllocsPerRun(1000, func() { m.Observe(3, 2, time.Millisecond) }); n != 0 {
 		t.Fatalf("Observe allocates %v times", n)
 	}
@@ -137,7 +138,7 @@ func TestObserveDoesNotAllocate(t *testing.T) {
 
 func BenchmarkObserve(b *testing.B) {
 	m := New(Sources{})
-	m.SetWorker(&route.Worker{Slot: 3, URL: "http://127.0.0.1:1"})
+	m.SetWorker(&worker.Worker{Slot: 3, URL: "http://127.0.0.1:1"})
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {

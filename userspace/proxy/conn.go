@@ -17,6 +17,7 @@ import (
 	"github.com/tether-rl/tether/userspace/stats"
 	"github.com/tether-rl/tether/userspace/sysconn"
 	"github.com/tether-rl/tether/userspace/upstream"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // conn is one client connection. Its state is explicit (buffer, offsets,
@@ -40,8 +41,8 @@ type conn struct {
 	busy      bool      // x is running
 	ioq       bool      // an operation of its is queued for the loop's ring (loop_ring.go)
 	deadline  int64
-	headSince int64 // when the head now being read began (0: none)
-	x         *lx   // the loop's exchange, while busy (from the loop's free list)
+	headSince int64     // when the head now being read began (0: none)
+	x         *exchange // the loop's exchange, while busy (from the loop's free list)
 
 	buf  []byte // client bytes read and not yet consumed: buf[r:w]
 	r, w int
@@ -205,7 +206,7 @@ func (c *conn) finish() {
 // appendUpstreamHead appends the rewritten request head: origin-form
 // target, HTTP/1.1, hop-by-hop fields removed, everything else
 // byte-identical, X-Forwarded-For appended.
-func (c *conn) appendUpstreamHead(out []byte, w *route.Worker) []byte {
+func (c *conn) appendUpstreamHead(out []byte, w *worker.Worker) []byte {
 	req := c.req
 	out = append(out, req.Method...)
 	out = append(out, ' ')

@@ -103,3 +103,67 @@ func TestFrameFirst(t *testing.T) {
 		t.Fatal("broken chunk size accepted")
 	}
 }
+
+// The verdicts conclude gives the drivers (outcome.go): one row per
+// ending, with what it counts.
+func TestConcludeVerdicts(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		f       fault
+		r       reached
+		want    verdict
+		counter func(*Counters) uint64
+	}{
+		{"client left", fault{stage: stageWait, gone: true}, reached{sentUp: true},
+			verdict{end: endAbort}, func(c *Counters) uint64 { return c.ClientAborted.Load() }},
+		{"stalled body", fault{stage: stageBodyUp, timeout: true}, reached{sentUp: true, unread: true},
+			verdict{end: endReject, status: 408, answer: errorResponse(408, true), linger: true}, func(c *Counters) uint64 { return c.Rejected.Load() }},
+		{"worker stopped taking the body", fault{stage: stageBodyUp}, reached{sentUp: true, unread: true},
+			verdict{end: endGateway, status: 502, answer: upstreamError(502, true, true), failed: true, linger: true}, func(c *Counters) uint64 { return c.BadGateway.Load() }},
+		{"response timeout, nothing sent", fault{stage: stageWait, timeout: true}, reached{},
+			verdict{end: endGateway, status: 504, answer: upstreamError(504, false, true), failed: true}, func(c *Counters) uint64 { return c.Timeouts.Load() }},
+		{"cut of a close-delimited body", fault{stage: stageRelay}, reached{sentUp: true, sentHead: true, closeCut: true},
+			verdict{end: endCut, failed: true, reset: true}, func(c *Counters) uint64 { return c.Truncated.Load() }},
+		{"early answer", fault{stage: stageBodyUp, answered: true}, reached{sentUp: true, unread: true},
+			verdict{end: endEarly}, nil},
+	} {
+		s := New(Config{})
+		v := s.conclude(tc.f, tc.r)
+		if v.end != tc.want.end || v.status != tc.want.status || string(v.answer) != string(tc.want.answer) ||
+			v.failed != tc.want.failed || v.linger != tc.want.linger || v.reset != tc.want.reset {
+			t.Errorf("%s: verdict %+v, want %+v", tc.name, v, tc.want)
+		}
+		if tc.counter != nil && tc.counter(&s.counters) != 1 {
+			t.Errorf("%s: not counted once", tc.name)
+		}
+	}
+	// A gateway failure after the head answers nothing and counts nothing.
+	s := New(Config{})
+	if v := s.gatewayVerdict(502, reached{sentHead: true, unread: true}); v.answer != nil || v.status != 0 || v.linger || !v.failed {
+		t.Errorf("after the head: %+v", v)
+	}
+	if s.counters.BadGateway.Load() != 0 {
+		t.Error("a 502 never answered was counted")
+	}
+}
+
+// The batching rule (batch.go): raised from batchMin, lowered for the
+// last batchLowat bytes, otherwise left.
+func TestBatchMark(t *testing.T) {
+	for _, tc := range []struct {
+		raised bool
+		rest   int64
+		want   int
+	}{
+		{false, batchMin, batchLowat},
+		{false, batchMin - 1, 0},
+		{false, -1, 0},
+		{true, batchLowat + 1, 0},
+		{true, batchLowat, 1},
+		{true, -1, 1}, // a body that ends at the close: no batch to wait for
+	} {
+		if got := batchMark(tc.raised, tc.rest); got != tc.want {
+			t.Errorf("batchMark(%v, %d) = %d, want %d", tc.raised, tc.rest, got, tc.want)
+		}
+	}
+}

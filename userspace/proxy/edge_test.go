@@ -14,7 +14,7 @@ import (
 	"github.com/tether-rl/tether/testenv"
 )
 
-// Checklist rule 18 on the response side: a response whose Connection field
+// docs/http-framing.md rule 18 on the response side: a response whose Connection field
 // names its own framing field would reach the client unframed on a
 // kept-alive connection (the next response glued to its body). It is a
 // broken backend: 502, and that upstream connection is never reused.

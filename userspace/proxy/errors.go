@@ -6,7 +6,7 @@ import (
 )
 
 // Error bodies are fixed templates keyed by status: never a Go error
-// string, an address or a path (checklist rule 26).
+// string, an address or a path (docs/http-framing.md rule 26).
 var errorText = map[int]string{
 	400: "bad request",
 	404: "unknown session",

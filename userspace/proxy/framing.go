@@ -2,14 +2,15 @@ package proxy
 
 // The response framing rules, decided here for both data paths (the
 // loop's loop_relay.go and the goroutine's gor_response.go call these;
-// neither decides framing itself):
+// neither decides framing itself; the rules cited are docs/http-framing.md's):
 //
-//   - interimPolicy: what becomes of a 1xx head (checklist rule 17, 20);
+//   - interimPolicy: what becomes of a 1xx head (docs/http-framing.md
+//     rules 17, 20);
 //   - frameResponse: a final head's body framing and the fate of both
-//     connections (rules 19, 22, 24);
+//     connections (docs/http-framing.md rules 19, 22, 24);
 //   - frameFirst, frameChunk: which body bytes go to the client, and
 //     whether bytes past the framing forbid reusing the upstream
-//     connection (rules 14, 22, 23, 24);
+//     connection (docs/http-framing.md rules 14, 22, 23, 24);
 //   - spliceBody: which response body bytes may move by splice(2),
 //     unseen by the framing;
 //   - bodyIdle: how long a body may go without a byte;

@@ -11,7 +11,7 @@ import (
 	"github.com/tether-rl/tether/testenv"
 )
 
-// Requests of shared/http-framing-checklist.md that tether must reject:
+// Requests of docs/http-framing.md that tether must reject:
 // the status, Connection: close, the connection closed after the answer,
 // and not one byte of the message at the backend.
 func TestRequestFramingRejected(t *testing.T) {
@@ -134,7 +134,7 @@ func TestRequestFramingRejected(t *testing.T) {
 	}
 }
 
-// Checklist rule 20: an `Upgrade: h2c` offer is never taken. The request
+// docs/http-framing.md rule 20: an `Upgrade: h2c` offer is never taken. The request
 // is served over HTTP/1.1 with Upgrade, HTTP2-Settings and the Connection
 // tokens naming them removed, on the loop's path and on the goroutine's
 // alike; nothing h2c reaches the worker, and the client connection stays

@@ -19,13 +19,7 @@ import (
 // a client that expects 100 Continue).
 func (c *conn) peekBody() []byte {
 	req := c.req
-	want := c.s.cfg.PeekBody
-	if req.ContentLength >= 0 && int64(want) > req.ContentLength {
-		want = int(req.ContentLength)
-	}
-	if want > len(c.buf)-c.r {
-		want = len(c.buf) - c.r
-	}
+	want := c.s.peekWant(req, len(c.buf)-c.r)
 	// A chunked body has no length to wait for: whatever came with the head
 	// is enough, else one read. (Waiting for more stalled a client whose
 	// whole small body had arrived: TestChunkedBodyWithHead.)
@@ -44,13 +38,6 @@ func (c *conn) peekBody() []byte {
 		end = c.r + int(req.ContentLength)
 	}
 	return c.buf[c.r:end]
-}
-
-func isPath(path []byte, p string) bool {
-	if len(path) < len(p) || string(path[:len(p)]) != p {
-		return false
-	}
-	return len(path) == len(p) || path[len(p)] == '?'
 }
 
 // readHead reads until c.buf[c.r:c.w] starts with a complete request head,
@@ -205,7 +192,8 @@ func (c *conn) refuseHTTP2() {
 }
 
 // rejectAndClose answers status, then half-closes and drains briefly so
-// the client reads the answer rather than a reset (checklist "Reject").
+// the client reads the answer rather than a reset (docs/http-framing.md:
+// the rules answered with a status and "reject").
 func (c *conn) rejectAndClose(status int) {
 	if c.reject(status) {
 		c.lingerClose()
@@ -214,9 +202,13 @@ func (c *conn) rejectAndClose(status int) {
 
 // reject answers status (the connection closes after it); false if the
 // answer could not be written.
-func (c *conn) reject(status int) bool {
+func (c *conn) reject(status int) bool { return c.answerClosing(errorResponse(status, true)) }
+
+// answerClosing writes tetherd's own answer before the close; false if
+// it could not be written.
+func (c *conn) answerClosing(p []byte) bool {
 	c.c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-	_, err := c.c.Write(errorResponse(status, true))
+	_, err := c.c.Write(p)
 	return err == nil
 }
 

@@ -1,7 +1,8 @@
 package proxy
 
-// The goroutine path's endings: each failure is put to outcome.go's
-// decide, and the verdict carried out on the connection.
+// The goroutine path's endings: each failure is concluded by outcome.go
+// (conclude, gatewayVerdict, brokenVerdict), and the verdict applied to
+// the net.TCPConn (apply).
 
 import (
 	"errors"
@@ -31,33 +32,47 @@ func (c *conn) answerFailed(x *exchange, err error) bool {
 	return c.conclude(x, fault{stage: stageWait, gone: c.clientGone(), timeout: isTimeout(err)})
 }
 
-// conclude carries out decide's verdict on f; it reports whether the
-// client connection may go on (never).
+// conclude ends a failed exchange as outcome.go decides; it reports
+// whether the client connection may go on (never).
 func (c *conn) conclude(x *exchange, f fault) bool {
-	e, status := decide(f)
-	switch e {
+	return c.apply(x, c.s.conclude(f, x.reached(f.stage == stageBodyUp)))
+}
+
+// apply carries out v on the client connection; the close itself, and
+// the lingering (x.linger), come once the exchange is accounted (proxy).
+// It reports whether the client connection may go on (never).
+func (c *conn) apply(x *exchange, v verdict) bool {
+	switch v.end {
 	case endAbort:
-		c.s.counters.ClientAborted.Add(1)
-	case endReject:
-		c.s.counters.Rejected.Add(1)
-		x.linger = c.reject(status)
-	case endGateway:
-		c.fail(x, status)
-		// The body was not all read: no reset over the answer.
-		x.linger = f.stage == stageBodyUp && !x.sentHead
+		x.fr.reuse = false // the upstream closes, so the worker sees it
 		return false
+	case endEarly:
+		return false // the worker's answer went out (earlyAnswer), the connection lingers
+	}
+	x.take(v)
+	switch v.end {
+	case endReject:
+		x.linger = c.answerClosing(v.answer)
+	case endGateway:
+		if v.answer != nil {
+			c.writeClient(v.answer)
+		}
+		x.linger = v.linger
 	case endCut:
-		x.failed = true
-		c.s.counters.Truncated.Add(1)
-		if x.closeDelimited {
-			// A body framed by the close would look complete after a FIN:
-			// a reset (SO_LINGER 0) is the only way to show the cut. Bytes
+		if v.reset {
+			// A body framed by the close would look complete after a
+			// FIN: a reset is the only way to show the cut. Bytes
 			// already queued to the client arrive before the error.
 			c.c.SetLinger(0)
 		}
 	}
-	// endEarly: the worker's answer went out, the connection lingered.
 	return false
+}
+
+// clientLeft ends an exchange whose client left (a write to it failed, or
+// the watch saw it go): nothing to answer.
+func (c *conn) clientLeft(x *exchange) bool {
+	return c.apply(x, c.s.conclude(fault{gone: true}, x.reached(false)))
 }
 
 // refusedOrFail ends an exchange whose worker could not be connected to
@@ -66,14 +81,11 @@ func (c *conn) conclude(x *exchange, f fault) bool {
 // host's descriptors or ports (upstream.ErrLocal), no other worker would
 // fare better: 502 at once, and the log says so (once per episode); the
 // connection of a request with a body then lingers (x.linger), so that
-// no reset over a body not all read destroys the answer (the loop's
-// noDescriptor likewise).
+// no reset over a body not all read destroys the answer.
 func (c *conn) refusedOrFail(x *exchange, err error) bool {
 	if errors.Is(err, upstream.ErrLocal) {
 		c.s.logLocalShortage(err)
-		c.fail(x, 502)
-		x.linger = c.req.HasBody()
-		return false
+		return c.apply(x, c.s.gatewayVerdict(502, x.reached(c.req.HasBody())))
 	}
 	if x.reroutable {
 		x.refused, x.failed = true, true
@@ -82,26 +94,15 @@ func (c *conn) refusedOrFail(x *exchange, err error) bool {
 	return c.fail(x, 502)
 }
 
-// fail answers status if no response head went out yet; either way the
-// client connection closes.
+// fail ends an exchange with a worker error: status if no response head
+// went out; either way the client connection closes.
 func (c *conn) fail(x *exchange, status int) bool {
-	x.failed = true
-	if !x.sentHead {
-		x.status = status
-		switch status {
-		case 502:
-			c.s.counters.BadGateway.Add(1)
-		case 504:
-			c.s.counters.Timeouts.Add(1)
-		}
-		c.writeClient(upstreamError(status, x.sentUp, true))
-	}
-	return false
+	return c.apply(x, c.s.gatewayVerdict(status, x.reached(false)))
 }
 
 // bodyFailed handles a relay error after the response head went out: the
 // client must see the truncation, so its connection closes.
 func (c *conn) bodyFailed(x *exchange, err error) bool {
-	x.reuse = false
+	x.fr.reuse = false
 	return c.conclude(x, fault{stage: stageRelay, gone: c.clientGone()})
 }

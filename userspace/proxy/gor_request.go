@@ -15,7 +15,7 @@ import (
 // or 408, and its connection closes, since its body was not all read. It
 // reports whether there was such an answer.
 func (c *conn) earlyAnswer(x *exchange, uw int) bool {
-	x.up.SetReadDeadline(time.Now().Add(c.s.cfg.Waits.EarlyAnswer))
+	x.uc.SetReadDeadline(time.Now().Add(c.s.cfg.Waits.EarlyAnswer))
 	for {
 		status, nw, err := c.readResponseHead(x, uw)
 		uw = nw
@@ -79,7 +79,7 @@ func (c *conn) relayRequestBody(x *exchange, sc *httphead.Chunked, sent int64) e
 		if c.buf == nil {
 			c.buf = c.s.getBuf()
 		}
-		n, err := c.move(x.up.TCPConn, c.c, left, c.buf, cfg.IOTimeout)
+		n, err := c.move(x.uc.TCPConn, c.c, left, c.buf, cfg.IOTimeout)
 		x.w.Stats.AddUp(n)
 		return err
 	case req.Chunked:
@@ -89,7 +89,7 @@ func (c *conn) relayRequestBody(x *exchange, sc *httphead.Chunked, sent int64) e
 				return errBodyTooLarge // what went upstream dies with its connection
 			}
 			if d := sc.Data(); d >= cfg.SpliceMin && c.r == c.w {
-				n, err := c.move(x.up.TCPConn, c.c, d, nil, cfg.IOTimeout)
+				n, err := c.move(x.uc.TCPConn, c.c, d, nil, cfg.IOTimeout)
 				total += n
 				sc.Skip(n)
 				x.w.Stats.AddUp(n)
@@ -121,8 +121,8 @@ func (c *conn) relayRequestBody(x *exchange, sc *httphead.Chunked, sent int64) e
 			avail := c.buf[c.r:c.w]
 			n, err := sc.Scan(avail)
 			if n > 0 {
-				x.up.SetWriteDeadline(time.Now().Add(cfg.IOTimeout))
-				w, werr := x.up.Write(avail[:n])
+				x.uc.SetWriteDeadline(time.Now().Add(cfg.IOTimeout))
+				w, werr := x.uc.Write(avail[:n])
 				x.w.Stats.AddUp(int64(w))
 				total += int64(w)
 				c.r += n

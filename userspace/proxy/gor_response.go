@@ -10,7 +10,7 @@ import (
 )
 
 func (c *conn) awaitAndRelay(x *exchange, uw int) bool {
-	x.up.SetReadDeadline(time.Now().Add(c.s.cfg.ResponseTimeout))
+	x.uc.SetReadDeadline(time.Now().Add(c.s.cfg.ResponseTimeout))
 	for {
 		status, nw, err := c.readResponseHead(x, uw)
 		uw = nw
@@ -70,7 +70,7 @@ func (c *conn) readResponseHead(x *exchange, uw int) (int, int, error) {
 				c.ubuf = nb
 			}
 		}
-		n, err := x.up.Read(c.ubuf[uw:])
+		n, err := x.uc.Read(c.ubuf[uw:])
 		uw += n
 		x.w.Stats.AddDown(int64(n))
 		if err != nil && n == 0 {
@@ -94,38 +94,34 @@ func (c *conn) writeInterim(x *exchange) error {
 func (c *conn) relayResponse(x *exchange, uw int, bodyRead bool) bool {
 	req, resp := c.req, c.resp
 	cfg := &c.s.cfg
-	f := frameResponse(resp, x.isHead, req.Minor == 0, req.KeepAlive, bodyRead, c.s.closing.Load())
+	f := frameResponse(resp, x.req.head, req.Minor == 0, req.KeepAlive, bodyRead, c.s.closing.Load())
 	kind, dechunk, keep := f.kind, f.dechunk, f.keep
-	x.closeDelimited = f.closeCut
-	x.reuse = f.reuse
+	x.fr.closeCut = f.closeCut
+	x.fr.reuse = f.reuse
 
 	out := c.appendResponseHead(c.out[:0], !keep, f.dropTE, c.rt)
 	hl := len(out)
 	var sc httphead.Chunked
 	out, left, extra, err := frameFirst(&f, resp, c.ubuf[resp.HeadLen:uw], &sc, out)
 	if extra {
-		x.reuse = false
+		x.fr.reuse = false
 	}
 	if err != nil {
-		x.reuse = false
-		c.s.counters.Truncated.Add(1)
-		return c.fail(x, 502)
+		return c.apply(x, c.s.brokenVerdict(x.reached(false)))
 	}
 	c.out = out[:0]
 	if x.learn != nil && x.learn.Status(resp.Status) {
 		c.learnBody(x, out[hl:], kind == httphead.BodyChunked && !dechunk)
 	}
 	if err := c.writeClient(out); err != nil {
-		x.reuse = false
-		c.s.counters.ClientAborted.Add(1)
-		return false
+		return c.clientLeft(x)
 	}
-	x.sentHead = true
+	x.prog.sentHead = true
 
 	switch kind {
 	case httphead.BodyLength:
 		if left > 0 {
-			n, err := c.move(c.c, x.up.TCPConn, left, c.ubuf, cfg.bodyIdle(kind))
+			n, err := c.move(c.c, x.uc.TCPConn, left, c.ubuf, cfg.bodyIdle(kind))
 			x.w.Stats.AddDown(n)
 			if err != nil {
 				return c.bodyFailed(x, err)
@@ -137,7 +133,7 @@ func (c *conn) relayResponse(x *exchange, uw int, bodyRead bool) bool {
 		}
 	case httphead.BodyClose:
 		// Until the backend closes: the move ends with errSrcEOF.
-		n, err := c.move(c.c, x.up.TCPConn, 1<<62, c.ubuf, cfg.bodyIdle(kind))
+		n, err := c.move(c.c, x.uc.TCPConn, 1<<62, c.ubuf, cfg.bodyIdle(kind))
 		x.w.Stats.AddDown(n)
 		if err != errSrcEOF {
 			return c.bodyFailed(x, err)
@@ -154,7 +150,7 @@ func (c *conn) relayChunkedResponse(x *exchange, sc *httphead.Chunked, dechunk b
 	cfg := &c.s.cfg
 	for !sc.Done() {
 		if d := spliceBody(httphead.BodyChunked, 0, sc, dechunk, cfg.SpliceMin); d > 0 && c.learn == nil {
-			n, err := c.move(c.c, x.up.TCPConn, d, nil, cfg.StreamIdleTimeout)
+			n, err := c.move(c.c, x.uc.TCPConn, d, nil, cfg.StreamIdleTimeout)
 			sc.Skip(n)
 			x.w.Stats.AddDown(n)
 			if err != nil {
@@ -162,8 +158,8 @@ func (c *conn) relayChunkedResponse(x *exchange, sc *httphead.Chunked, dechunk b
 			}
 			continue
 		}
-		x.up.SetReadDeadline(time.Now().Add(cfg.StreamIdleTimeout))
-		n, rerr := x.up.Read(c.ubuf)
+		x.uc.SetReadDeadline(time.Now().Add(cfg.StreamIdleTimeout))
+		n, rerr := x.uc.Read(c.ubuf)
 		if n > 0 {
 			x.w.Stats.AddDown(int64(n))
 			out, extra, serr := frameChunk(sc, c.ubuf[:n], dechunk, c.out[:0])
@@ -171,7 +167,7 @@ func (c *conn) relayChunkedResponse(x *exchange, sc *httphead.Chunked, dechunk b
 				c.out = out[:0]
 			}
 			if extra {
-				x.reuse = false
+				x.fr.reuse = false
 			}
 			if c.learn != nil {
 				c.learnBody(x, out, !dechunk)

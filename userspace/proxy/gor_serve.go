@@ -14,6 +14,7 @@ import (
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/upstream"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // serve runs the connection on a goroutine until it ends, or until it is
@@ -69,7 +70,7 @@ func (c *conn) serveOne() bool {
 	}
 	if err := c.readHead(); err != nil {
 		if e, ok := err.(*httphead.Error); ok {
-			c.s.counters.Rejected.Add(1)
+			c.s.count(countRejected)
 			if bytes.HasPrefix(c.buf[c.r:c.w], h2Preface) {
 				c.refuseHTTP2()
 				return false
@@ -92,7 +93,7 @@ func (c *conn) serveOne() bool {
 	}
 	if lim := c.s.cfg.MaxBodyBytes; lim > 0 && req.ContentLength > lim {
 		// Too large by its own account: 413 before anything is forwarded.
-		c.s.counters.Rejected.Add(1)
+		c.s.count(countRejected)
 		c.rejectAndClose(413)
 		return false
 	}
@@ -156,7 +157,7 @@ func (c *conn) serveRouted(dec route.Decision, peek []byte, refused bool) (keep,
 		}
 	}()
 	if dec.Worker == nil {
-		c.s.counters.Rejected.Add(1)
+		c.s.count(countRejected)
 		// The body was not read: the connection cannot go on after it.
 		keep := req.KeepAlive && !req.HasBody()
 		resp := errorResponse(dec.Status, !keep)
@@ -177,8 +178,7 @@ func (c *conn) serveRouted(dec route.Decision, peek []byte, refused bool) (keep,
 		}
 	}
 	if rr == nil {
-		c.s.counters.BadGateway.Add(1)
-		c.writeClient(upstreamError(502, false, true))
+		c.writeClient(c.s.gatewayAnswer(502, false))
 		return false, false
 	}
 	// The worker refused the connection: nothing was sent, so another
@@ -188,8 +188,7 @@ func (c *conn) serveRouted(dec route.Decision, peek []byte, refused bool) (keep,
 	}
 	dec = rr.Reroute(req, peek, dec)
 	if dec.Worker == nil {
-		c.s.counters.BadGateway.Add(1)
-		c.writeClient(upstreamError(502, false, true))
+		c.writeClient(c.s.gatewayAnswer(502, false))
 		return false, false
 	}
 	c.noteRoute(dec)
@@ -197,45 +196,14 @@ func (c *conn) serveRouted(dec route.Decision, peek []byte, refused bool) (keep,
 	return keep, held
 }
 
-// exchange is the state of one proxied request.
-type exchange struct {
-	w        *route.Worker
-	up       *upstream.Conn
-	failed   bool // counts as a worker error
-	sentHead bool // response head written to the client
-	sentUp   bool // some request byte was written to the worker
-	reuse    bool // upstream connection may go back to the pool
-	keep     bool // client connection may carry another request
-	sent100  bool // a 100 Continue went to the client (never a second)
-	status   int  // status tether answered itself (fail), for Config.Observe
-	// isHead: the request's method was HEAD. Taken before the body is
-	// relayed: a chunked body is read into the buffer the head was parsed
-	// from, so the head's slices no longer hold the head after it.
-	isHead bool
-	// reroutable: a refused connect is reported (refused), not answered.
-	reroutable, refused bool
-	// learn, when the router set one, is shown the final status and the
-	// first body bytes before they go to the client (learned session ids:
-	// route/learn.go); lsc frames its view of a chunked body.
-	learn *route.Learner
-	lsc   httphead.Chunked
-	// closeDelimited: the client's copy of the response body ends at the
-	// connection's close (the worker's did, or an HTTP/1.0 client gets a
-	// chunked body dechunked).
-	closeDelimited bool
-	// linger: the answer went out over a request body not all read; the
-	// client connection lingers (lingerClose) once the exchange is
-	// accounted and its worker's place and socket given back (proxy).
-	linger bool
-}
-
 // proxy forwards the parsed request to w and relays the response. With
 // reroutable set, a worker that refuses the connection gets no answer
 // written: proxy reports refused instead, and the caller may place the
 // request again.
-func (c *conn) proxy(w *route.Worker, learn *route.Learner, reroutable bool) (keep, refused, held bool) {
-	x := exchange{w: w, isHead: c.req.IsMethod("HEAD"), learn: learn, reroutable: reroutable}
-	if adm := c.admit(w); adm != route.Admitted {
+func (c *conn) proxy(w *worker.Worker, learn *route.Learner, reroutable bool) (keep, refused, held bool) {
+	x := exchange{w: w, req: reqTraits{head: c.req.IsMethod("HEAD"), http10: c.req.Minor == 0},
+		gx: gx{learn: learn, reroutable: reroutable}}
+	if adm := c.admit(w); adm != worker.Admitted {
 		return c.notAdmitted(adm), false, false
 	}
 	if c.held(w) {
@@ -251,7 +219,7 @@ func (c *conn) proxy(w *route.Worker, learn *route.Learner, reroutable bool) (ke
 	w.Stats.Begin()
 	keep = c.proxyExchange(&x)
 	st := x.status
-	if x.sentHead {
+	if x.prog.sentHead {
 		st = c.resp.Status
 	}
 	var took time.Duration
@@ -263,11 +231,11 @@ func (c *conn) proxy(w *route.Worker, learn *route.Learner, reroutable bool) (ke
 		c.learn = nil
 		x.learn.End()
 	}
-	if x.up != nil {
-		if x.reuse {
-			w.Pool.Put(x.up)
+	if x.uc != nil {
+		if x.fr.reuse {
+			w.Pool.Put(x.uc)
 		} else {
-			x.up.Discard()
+			x.uc.Discard()
 		}
 	}
 	if c.ubuf != nil {
@@ -280,10 +248,10 @@ func (c *conn) proxy(w *route.Worker, learn *route.Learner, reroutable bool) (ke
 	return keep, x.refused, false
 }
 
-// admit takes a place among w's requests in flight (route.Worker.Admit):
+// admit takes a place among w's requests in flight (worker.Worker.Admit):
 // at once under its max_in_flight, else after a wait in its queue while
 // the client is watched, so a client that leaves frees its place in line.
-func (c *conn) admit(w *route.Worker) route.Admission {
+func (c *conn) admit(w *worker.Worker) worker.Admission {
 	cfg := &c.s.cfg
 	if w.MaxInFlight() == 0 && w.Queued() == 0 {
 		return w.Admit(cfg.QueueSize, cfg.QueueTimeout, nil)
@@ -302,15 +270,15 @@ func (c *conn) admit(w *route.Worker) route.Admission {
 // notAdmitted answers a request that got no place with its worker: 503
 // with Retry-After (nothing was sent: safe to retry), or nothing if the
 // client left. It reports whether the connection may go on.
-func (c *conn) notAdmitted(adm route.Admission) bool {
+func (c *conn) notAdmitted(adm worker.Admission) bool {
 	switch adm {
-	case route.QueueLeft:
-		c.s.counters.ClientAborted.Add(1)
+	case worker.QueueLeft:
+		c.s.count(countClientAborted)
 		return false
-	case route.QueueFull:
-		c.s.counters.QueueFull.Add(1)
-	case route.QueueTimeout:
-		c.s.counters.QueueTimeouts.Add(1)
+	case worker.QueueFull:
+		c.s.count(countQueueFull)
+	case worker.QueueTimeout:
+		c.s.count(countQueueTimeout)
 	}
 	return c.answerBusy()
 }
@@ -333,7 +301,7 @@ func (c *conn) proxyExchange(x *exchange) bool {
 	if err != nil {
 		return c.refusedOrFail(x, err)
 	}
-	x.up = up
+	x.uc = up
 
 	out := c.appendUpstreamHead(c.out[:0], x.w)
 
@@ -352,19 +320,19 @@ func (c *conn) proxyExchange(x *exchange) bool {
 	c.out = out[:0]
 	up.SetWriteDeadline(time.Now().Add(cfg.IOTimeout))
 	n, err := up.Write(out)
-	if err != nil && n == 0 && up.Reused() {
+	if reason, ok := (upstream.Attempt{Sent: n > 0, Reused: up.Reused(), Connected: true}).Retry(); err != nil && ok {
 		// The pooled connection died between the liveness check and the
-		// write, and not one request byte went out: the one retry allowed.
+		// write, and not one request byte went out: the one retry.
 		up.Discard()
-		x.up = nil
-		if up, err = x.w.Pool.Dial(context.Background()); err != nil {
+		x.uc = nil
+		if up, err = x.w.Pool.Redial(context.Background(), reason); err != nil {
 			return c.refusedOrFail(x, err)
 		}
-		x.up = up
+		x.uc = up
 		up.SetWriteDeadline(time.Now().Add(cfg.IOTimeout))
 		n, err = up.Write(out)
 	}
-	x.sentUp = n > 0
+	x.prog.sentUp = n > 0
 	x.w.Stats.AddUp(int64(n))
 	if err != nil {
 		return c.fail(x, 502)
@@ -395,8 +363,7 @@ func (c *conn) proxyExchange(x *exchange) bool {
 			// waits for the 100 stalled until a timeout. A late 100 from
 			// the backend is then dropped: the client sees exactly one.
 			if err := c.writeClient(continue100); err != nil {
-				c.s.counters.ClientAborted.Add(1)
-				return false
+				return c.clientLeft(x)
 			}
 			x.sent100 = true
 		}
@@ -422,9 +389,7 @@ func (c *conn) proxyExchange(x *exchange) bool {
 	c.watchClient(up)
 	keep := c.awaitAndRelay(x, uw)
 	if c.stopWatch() {
-		c.s.counters.ClientAborted.Add(1)
-		keep = false
-		x.reuse = false // the watch closed it
+		keep = c.clientLeft(x) // (the watch closed the upstream)
 	}
 	return keep
 }

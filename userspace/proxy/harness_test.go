@@ -14,6 +14,7 @@ import (
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/stats"
 	"github.com/tether-rl/tether/userspace/upstream"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // testProxy is a proxy on loopback in front of the given backend addresses.
@@ -21,7 +22,7 @@ type testProxy struct {
 	t      testing.TB
 	srv    *Server
 	ln     net.Listener
-	table  *route.Table
+	table  *worker.Table
 	router *route.Router
 	stats  *stats.Table
 }
@@ -30,10 +31,10 @@ func (p *testProxy) addr() string { return p.ln.Addr().String() }
 
 func startProxy(t testing.TB, backends []string, tweak func(*Config)) *testProxy {
 	t.Helper()
-	tab := route.NewTable()
+	tab := worker.NewTable()
 	st := stats.NewHeap()
 	for i, a := range backends {
-		tab.Put(&route.Worker{Slot: i, URL: "http://" + a, Addr: a, Stats: st.Worker(i),
+		tab.Put(&worker.Worker{Slot: i, URL: "http://" + a, Addr: a, Stats: st.Worker(i),
 			Pool: upstream.New(a, st.Worker(i), upstream.Options{})})
 	}
 	rt := &route.Router{Table: tab}

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/tether-rl/tether/userspace/httphead"
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // Hold keeps requests from reaching workers while the fleet's weights are
@@ -22,20 +22,20 @@ import (
 // taken back there, so that a pause that saw no such admission knows
 // nothing new can reach an engine.
 type Hold interface {
-	Held(req *httphead.Request, w *route.Worker) bool
+	Held(req *httphead.Request, w *worker.Worker) bool
 	// Wait blocks until a request held for w (nil: the whole fleet) may be
 	// routed again (or something changed that may free it: the caller
 	// routes it again and asks Held again), gone closes, or until passes.
-	Wait(w *route.Worker, gone <-chan struct{}, until time.Time) route.HoldResult
+	Wait(w *worker.Worker, gone <-chan struct{}, until time.Time) worker.HoldResult
 	// Timeout bounds a request's whole time in the hold.
 	Timeout() time.Duration
 	// Forwarding returns the worker every released request goes to
 	// instead of being routed (a retiring tetherd's successor), or nil.
-	Forwarding() *route.Worker
+	Forwarding() *worker.Worker
 }
 
 // held reports whether c's request must wait (w nil: before routing).
-func (c *conn) held(w *route.Worker) bool {
+func (c *conn) held(w *worker.Worker) bool {
 	h := c.s.cfg.Hold
 	return h != nil && h.Held(c.req, w)
 }
@@ -45,7 +45,7 @@ func (c *conn) held(w *route.Worker) bool {
 // reports whether the request may be routed; if not, it was answered
 // (503 + Retry-After) or its client left, and keep says whether the
 // connection may go on.
-func (c *conn) holdWait(w *route.Worker, until *time.Time) (ok, keep bool) {
+func (c *conn) holdWait(w *worker.Worker, until *time.Time) (ok, keep bool) {
 	h := c.s.cfg.Hold
 	if until.IsZero() {
 		*until = time.Now().Add(h.Timeout())
@@ -59,14 +59,14 @@ func (c *conn) holdWait(w *route.Worker, until *time.Time) (ok, keep bool) {
 	c.s.counters.Held.Add(-1)
 	c.c.SetReadDeadline(time.Time{})
 	switch res {
-	case route.HoldReleased:
+	case worker.HoldReleased:
 		return true, true
-	case route.HoldLeft:
-		return false, c.notAdmitted(route.QueueLeft)
-	case route.HoldFull:
-		c.s.counters.HoldFull.Add(1)
+	case worker.HoldLeft:
+		return false, c.notAdmitted(worker.QueueLeft)
+	case worker.HoldFull:
+		c.s.count(countHoldFull)
 	default:
-		c.s.counters.HoldTimeouts.Add(1)
+		c.s.count(countHoldTimeout)
 	}
 	return false, c.answerBusy()
 }

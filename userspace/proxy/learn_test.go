@@ -13,6 +13,7 @@ import (
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/sticky"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // sessionServer answers POST /sessions with {"session_id":id} written the
@@ -87,7 +88,7 @@ func TestLearnFromCreateAnswer(t *testing.T) {
 			}
 			p.router.SetLearning(l)
 			// Only worker 1 is healthy for the create: the id is its.
-			p.table.Get(0).SetState(route.Unhealthy)
+			p.table.Get(0).SetState(worker.Unhealthy)
 			resp, body := p.roundTrip("POST /sessions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
 			if resp.StatusCode/100 != 2 || !strings.Contains(body, `"session_id": "`+id+`"`) {
 				t.Fatalf("create: %d %q", resp.StatusCode, body)
@@ -98,7 +99,7 @@ func TestLearnFromCreateAnswer(t *testing.T) {
 			if c := l.Counts(); c.Learned != 1 {
 				t.Fatalf("counts %+v", c)
 			}
-			p.table.Get(0).SetState(route.Healthy)
+			p.table.Get(0).SetState(worker.Healthy)
 			for i := 0; i < 4; i++ {
 				d := p.router.Route(parseHead(t, "GET /sessions/"+id+"/state HTTP/1.1\r\nHost: x\r\n\r\n"), nil)
 				if d.Worker == nil || d.Worker.Slot != 1 || d.Reason != route.ReasonLearned {

@@ -15,7 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tether-rl/tether/userspace/httphead"
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // MaxLocalBody bounds the body of a request tetherd answers itself: control
@@ -87,7 +87,7 @@ func (s *Server) health() HealthBody {
 			continue
 		}
 		n++
-		if wk.BaseState() == route.Healthy {
+		if wk.BaseState() == worker.Healthy {
 			healthy++
 		}
 	}
@@ -215,7 +215,7 @@ func (c *conn) serveLocal(h http.Handler) bool {
 	held := localReserve(req)
 	if held > 0 && c.s.localBytes.Add(held) > c.s.cfg.LocalBodyBudget {
 		c.s.localBytes.Add(-held)
-		c.s.counters.LocalBusy.Add(1)
+		c.s.count(countLocalBusy)
 		if c.writeClient(localBusyResponse[1]) == nil {
 			c.lingerClose()
 		}
@@ -249,7 +249,7 @@ func (c *conn) serveLocal(h http.Handler) bool {
 	gone := c.stopWatch()
 	c.watchStop = nil
 	if gone {
-		c.s.counters.ClientAborted.Add(1)
+		c.s.count(countClientAborted)
 		return false
 	}
 	if panicked {
@@ -407,4 +407,12 @@ func (c *conn) readLocalBody() ([]byte, error) {
 		return body, nil
 	}
 	return nil, nil
+}
+
+// isPath reports whether path is p, with or without a query.
+func isPath(path []byte, p string) bool {
+	if len(path) < len(p) || string(path[:len(p)]) != p {
+		return false
+	}
+	return len(path) == len(p) || path[len(p)] == '?'
 }

@@ -10,8 +10,11 @@ package proxy
 // Everything else (a chunked body, Expect: 100-continue, tetherd's own
 // endpoints, a queued or learned request, a malformed head, a refused
 // connect) is handed to a goroutine that runs the full data path
-// (conn.go) on a net.TCPConn lent for it, and that gives the connection
-// back once it is idle (Config.ParkAfter).
+// (gor_serve.go's conn.serve, the gor_*.go files) on a net.TCPConn lent
+// for it, and that gives the connection back once it is idle
+// (Config.ParkAfter). Both paths conclude an exchange the same way
+// (outcome.go) and share the batching (batch.go), the retry rule
+// (upstream.Attempt) and the idle-set rule (upstream.Idle).
 //
 // Order of work per wake-up (epoll_wait returns):
 //  1. client and upstream events, in the order the kernel gives them: a
@@ -62,7 +65,7 @@ type loop struct {
 
 	conns map[int32]*conn   // client sockets the loop holds, by descriptor
 	ups   map[int32]*upconn // upstream sockets, by descriptor
-	idle  map[*upstream.Pool][]*upconn
+	idle  map[*upstream.Pool]*upstream.Idle[*upconn]
 	addrs map[*upstream.Pool]unix.Sockaddr // nil value: not numeric (goroutine path)
 
 	mu     sync.Mutex
@@ -87,11 +90,11 @@ type loop struct {
 
 	// The batch of socket operations (loop_ring.go); ring nil: system calls.
 	ring  *uring.Ring
-	q     []ioOp   // queued since the last submit
-	batch []ioOp   // being completed
-	res   ioResult // the completion being replayed
-	pipes []*pipe  // free splice pipes (loop_splice.go)
-	xs    []*lx    // free exchange states (loop_lend.go)
+	q     []ioOp      // queued since the last submit
+	batch []ioOp      // being completed
+	res   ioResult    // the completion being replayed
+	pipes []*pipe     // free splice pipes (loop_splice.go)
+	xs    []*exchange // free exchange states (loop_lend.go)
 	// Free heads and head-assembly buffers, lent to busy connections
 	// (loop_lend.go).
 	reqs  []*httphead.Request
@@ -143,7 +146,7 @@ func newLoop(s *Server, ln *net.TCPListener, slot *stats.Slot) (*loop, error) {
 	}
 	l := &loop{s: s, slot: slot, epfd: epfd, evfd: evfd, lfd: lfd,
 		conns: map[int32]*conn{}, ups: map[int32]*upconn{},
-		idle: map[*upstream.Pool][]*upconn{}, addrs: map[*upstream.Pool]unix.Sockaddr{},
+		idle: map[*upstream.Pool]*upstream.Idle[*upconn]{}, addrs: map[*upstream.Pool]unix.Sockaddr{},
 		events: make([]unix.EpollEvent, 256)}
 	l.tick = int64(s.cfg.tick())
 	// Accepted sockets inherit the listener's TCP_NODELAY (checked on the
@@ -336,13 +339,13 @@ func (l *loop) stopAll() {
 // release closes the loop's own descriptors and idle upstream sockets.
 func (l *loop) release() {
 	l.stopAccepting()
-	for _, list := range l.idle {
-		for _, u := range list {
+	for _, set := range l.idle {
+		for _, u := range set.TakeAll() {
 			l.closeUp(u)
 			l.s.counters.UpstreamIdle.Add(-1)
 		}
 	}
-	l.idle = map[*upstream.Pool][]*upconn{}
+	l.idle = map[*upstream.Pool]*upstream.Idle[*upconn]{}
 	for _, u := range l.ups {
 		l.closeUp(u)
 	}
@@ -454,7 +457,7 @@ func (l *loop) drive(c *conn, st step) step {
 // ring is withdrawn, then c closes or goes to a goroutine.
 func (l *loop) leave(c *conn, why step) {
 	if why == leaveAborted {
-		l.s.counters.ClientAborted.Add(1)
+		l.s.count(countClientAborted)
 	}
 	l.abandon(c)
 	if why == leaveHandoff {
@@ -509,12 +512,10 @@ func (l *loop) clientEvent(c *conn, ev uint32) step {
 // ProcsForLoops raises GOMAXPROCS to one more than the event loops (unless
 // the GOMAXPROCS variable fixes it), and returns the value in force. A
 // loop blocks in epoll_wait on its own thread, its P held in a syscall;
-// with no P idle, the runtime's sysmon takes that P away after 20 µs, and
-// the loop must win one back each time it wakes: futex wake-ups and
-// context switches on every pass. One P more keeps one idle (measured on
-// 2 cores, 2 loops, keep-alive load: futex calls per request 0.16 → 0.02,
-// context switches 0.58 → 0.37, req/s +16%; bench/measurements.md, "The
-// event loop").
+// with no P idle, the runtime's sysmon takes that P away, and the loop
+// must win one back each time it wakes: futex wake-ups and context
+// switches on every pass. One P more keeps one idle (bench/measurements.md,
+// "The event loop").
 func ProcsForLoops(loops int) int {
 	n := runtime.GOMAXPROCS(0)
 	if os.Getenv("GOMAXPROCS") != "" || n > loops {
@@ -524,12 +525,11 @@ func ProcsForLoops(loops int) int {
 	return loops + 1
 }
 
-// yieldEvery: a busy loop goes through the scheduler this often. The
-// runtime's sysmon preempts a goroutine that has not been scheduled for
-// 10 ms, and takes the P of one in a system call with it; every such take
-// resets sysmon to waking each 20 µs. The loop goroutine, always running
-// or in epoll_wait, was taken from every 10 ms, so sysmon never slept
-// long. Yielding first (measured, 2 loops, keep-alive load, per 2 s):
-// nanosleep 5,500 → 200, futex 1,000 → 2,600, context switches 22,000 →
-// 14,800.
+// yieldEvery: a busy loop goes through the scheduler this often, a little
+// under the 10 ms after which the runtime's sysmon preempts a goroutine
+// that has not been scheduled (and takes the P of one in a system call
+// with it, each take setting sysmon back to waking at its shortest
+// period): a loop goroutine, always running or in epoll_wait, would
+// otherwise keep sysmon from ever sleeping long (bench/measurements.md,
+// "The event loop").
 const yieldEvery = int64(8 * time.Millisecond)

@@ -51,23 +51,24 @@ func (l *loop) sweep() {
 			l.setDue(c.deadline)
 		}
 	}
-	for p, list := range l.idle {
+	for p, set := range l.idle {
 		closed := p.Closed()
-		keep := list[:0]
-		for _, u := range list {
-			if closed || now-u.since > int64(p.Options().IdleTimeout) {
-				l.closeUp(u)
-				l.s.counters.UpstreamIdle.Add(-1)
-				continue
+		for {
+			u, ok := set.Oldest()
+			if !ok {
+				break
 			}
-			keep = append(keep, u)
+			if !closed && now-u.since <= int64(p.Options().IdleTimeout) {
+				l.setDue(u.since + int64(p.Options().IdleTimeout))
+				break
+			}
+			set.DropOldest()
+			l.closeUp(u)
+			l.s.counters.UpstreamIdle.Add(-1)
 		}
-		if len(keep) == 0 {
+		if closed {
 			delete(l.idle, p)
-			continue
 		}
-		l.idle[p] = keep
-		l.setDue(keep[0].since + int64(p.Options().IdleTimeout))
 	}
 	if closing && len(l.conns) > 0 {
 		l.setDue(now + int64(50*time.Millisecond))
@@ -98,7 +99,7 @@ func (l *loop) expire(c *conn) step {
 	case c.r < c.w:
 		// A slow client in the middle of a head: 408, answered (and
 		// lingered) the goroutine way.
-		l.s.counters.Rejected.Add(1)
+		l.s.count(countRejected)
 		return l.toGoroutine(c, handoff{reject: 408})
 	}
 	return leaveClose // idle timeout

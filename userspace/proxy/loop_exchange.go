@@ -27,8 +27,9 @@ package proxy
 //	stepLinger  lingerClose (drain)           loop_finish.go,   → close
 //	                                          linger.go
 //
-// A failure is decided by outcome.go's decide and carried out by conclude
-// (loop_finish.go: fail, bodyFailed, or the ending leaveAborted). The
+// A failure is concluded by outcome.go (a verdict) and applied to the
+// client's socket by loop_finish.go's apply (through conclude, fail,
+// bodyFailed), or is the ending leaveAborted (the client left). The
 // events: clientEvent (loop.go), exchangeEvent (loop_upstream.go),
 // sentClient (loop_ring.go), expire (loop_deadline.go) each return the
 // phase to drive.
@@ -92,12 +93,11 @@ const (
 	phaseBody   = stageRelay  // relaying the response body
 )
 
-// lx is the state of an exchange on the loop: what it holds (worker,
-// sockets, pipe, buffers, counts) and a few small states, each a group of
-// flags that change together.
+// lx is the loop's I/O state of an exchange (exchange.go): its sockets,
+// pipe, buffers and counts, and a few small states, each a group of flags
+// that change together.
 type lx struct {
-	id      uint32 // which exchange (lx structs are reused): loop_ring.go's deferred events
-	w       *route.Worker
+	id      uint32 // which exchange (exchanges are reused): loop_ring.go's deferred events
 	dec     route.Decision
 	up      *upconn
 	start   int64
@@ -111,21 +111,10 @@ type lx struct {
 	sc      httphead.Chunked
 	pipe    *pipe // a body spliced through (pumpSplice, upload); nil: copied through ubuf
 	inPipe  int   // bytes in pipe not yet written on
-	status  int   // for Config.Observe: relayed, or tetherd's own
-	failed  bool  // counts as a worker error
 	rt      routeNote
 
-	req  reqTraits
-	fr   respFraming // framing.go's frameResponse (keep: the request's, until the head)
 	sock readiness
-	prog progress
 	body bodyState
-}
-
-// reqTraits: what of the request shapes its response.
-type reqTraits struct {
-	head   bool // a HEAD request: no body follows the response head
-	http10 bool // the client speaks HTTP/1.0
 }
 
 // readiness: what the loop knows of its sockets between events
@@ -137,23 +126,14 @@ type readiness struct {
 	reparse bool // an interim head was written late: look at ubuf again
 }
 
-// progress: how far the exchange got (what a failure may still do).
-type progress struct {
-	connected bool // a connect of this exchange succeeded (no second try after)
-	redialed  bool // the one connect retry was made
-	sentUp    bool // a request byte went up (a failure is 502 sent, never retried)
-	sentHead  bool // the response head went to the client (a failure is a cut)
-	done      bool // the response ended at its framing
-}
-
 // bodyState: the bodies' states beyond their framing.
 type bodyState struct {
-	cut         bool // the worker answered before the whole request body: the client connection lingers, then closes
-	early       bool // waiting for such an answer after the body failed to go up (a timeout is 502, not 504)
-	clientLowat bool // SO_RCVLOWAT raised on the client socket (upload)
-	upLowat     bool // SO_RCVLOWAT raised on the upstream socket (pumpSplice)
-	upEOF       bool // the worker closed a close-delimited body (spliced: done once the pipe is empty)
-	lineNext    bool // a chunk's data was spliced: the next read takes its end and the next size line (chunkLineRead bytes), not the next chunk's data
+	cut         bool  // the worker answered before the whole request body: the client connection lingers, then closes
+	early       bool  // waiting for such an answer after the body failed to go up (a timeout is 502, not 504)
+	clientLowat lowat // SO_RCVLOWAT raised on the client socket (upload)
+	upLowat     lowat // SO_RCVLOWAT raised on the upstream socket (pumpSplice)
+	upEOF       bool  // the worker closed a close-delimited body (spliced: done once the pipe is empty)
+	lineNext    bool  // a chunk's data was spliced: the next read takes its end and the next size line (chunkLineRead bytes), not the next chunk's data
 }
 
 // begin routes c's request and sends it up.
@@ -220,8 +200,8 @@ func (l *loop) begin(c *conn) step {
 	w.Stats.Begin()
 	x := l.newX()
 	c.x = x
-	*x = lx{id: l.nextSeq(), w: w, dec: dec, up: u, start: l.now, bodyAt: c.r, reqLeft: left, pipe: up, rt: s.routeNote(dec),
-		req: reqTraits{head: req.IsMethod("HEAD"), http10: req.Minor == 0}, fr: respFraming{keep: req.KeepAlive}}
+	*x = exchange{w: w, req: reqTraits{head: req.IsMethod("HEAD"), http10: req.Minor == 0}, fr: respFraming{keep: req.KeepAlive},
+		lx: lx{id: l.nextSeq(), dec: dec, up: u, start: l.now, bodyAt: c.r, reqLeft: left, pipe: up, rt: s.routeNote(dec)}}
 	c.busy = true
 	if u == nil {
 		return l.noDescriptor(c, err)
@@ -253,12 +233,12 @@ func (l *loop) sockaddr(p *upstream.Pool) unix.Sockaddr {
 
 // noDescriptor ends an exchange whose connect, the first or a redial, or
 // whose upload's splice pipe found no descriptor (EMFILE, ENFILE), even
-// after idle sockets were given up (dial, getPipe): no other worker would fare better, and a goroutine
-// could not even be lent the client's socket. 502 not-sent here, as the
-// goroutine path answers upstream.ErrLocal (gor_outcome.go's
-// refusedOrFail), logged once per episode; then the client connection
-// lingers over a request body not all read (lingerClose), so that no
-// reset destroys the answer.
+// after idle sockets were given up (dial, getPipe): no other worker would
+// fare better, and a goroutine could not even be lent the client's
+// socket. 502 not-sent here (this host's shortage, upstream.ErrLocal),
+// logged once per episode; then the client connection lingers over a
+// request body not all read (lingerClose), so that no reset destroys the
+// answer.
 func (l *loop) noDescriptor(c *conn, err error) step {
 	upstream.LocalFailures.Add(1)
 	l.s.logLocalShortage(err)
@@ -266,30 +246,15 @@ func (l *loop) noDescriptor(c *conn, err error) step {
 }
 
 // connectFailed: the worker refused (or did not answer) the connect;
-// nothing was sent. It is tried once more (as upstream.Pool does); then a
-// goroutine places the request again (or answers 502 not-sent), as the
-// goroutine path does (conn.serveDecision). A redial without a descriptor
-// ends as a first connect's would (noDescriptor).
+// nothing was sent. It is tried once more if the retry rule allows
+// (upstream.Attempt.Retry); then a goroutine places the request again
+// (or answers 502 not-sent: conn.serveDecision). A redial without a
+// descriptor ends as a first connect's would (noDescriptor).
 func (l *loop) connectFailed(c *conn) step {
 	x := c.x
-	u := x.up
-	l.closeUp(u)
-	if !x.prog.redialed && !x.prog.connected {
-		x.prog.redialed = true
-		u.pool.Retried(upstream.RetryConnect)
-		nu, err := l.dial(u.pool, l.sockaddr(u.pool))
-		if err == nil {
-			nu.cl, x.up, x.sock.upReady, x.sock.upHup = c, nu, false, false
-			if nu.connecting {
-				l.setDeadline(c, u.pool.Options().DialTimeout)
-				return stepWait
-			}
-			x.prog.connected = true
-			return stepSend
-		}
-		if fdShortage(err) {
-			return l.noDescriptor(c, err)
-		}
+	l.closeUp(x.up)
+	if reason, ok := (upstream.Attempt{Connected: x.prog.connected, Retried: x.prog.redialed}).Retry(); ok {
+		return l.redial(c, reason)
 	}
 	x.w.Stats.End(true)
 	x.w.Leave()
@@ -301,6 +266,30 @@ func (l *loop) connectFailed(c *conn) step {
 	c.busy = false
 	l.freeX(c)
 	return l.toGoroutine(c, handoff{decided: true, dec: dec, refused: true})
+}
+
+// redial makes the request's one retry (upstream.Attempt.Retry) on a new
+// connection to its worker, its old one closed; a connect that fails at
+// once ends as connectFailed says (the retry made, never another).
+func (l *loop) redial(c *conn, reason int) step {
+	x := c.x
+	p := x.up.pool
+	p.Retried(reason)
+	x.prog.redialed = true
+	nu, err := l.dial(p, l.sockaddr(p))
+	if err != nil {
+		if fdShortage(err) {
+			return l.noDescriptor(c, err)
+		}
+		return l.connectFailed(c)
+	}
+	nu.cl, x.up, x.sock.upReady, x.sock.upHup = c, nu, false, false
+	if nu.connecting {
+		l.setDeadline(c, p.Options().DialTimeout)
+		return stepWait
+	}
+	x.prog.connected = true
+	return stepSend
 }
 
 // send writes the request up; then waits for the response head.
@@ -323,35 +312,18 @@ func (l *loop) send(c *conn) step {
 		case err == unix.EAGAIN:
 			l.setDeadline(c, cfg.IOTimeout)
 			return stepWait
-		case !x.prog.sentUp && !x.up.fresh:
-			// A pooled connection that died before it took a byte: the
-			// one retry allowed, on a new connection.
-			u := x.up
-			l.closeUp(u)
-			u.pool.Retried(upstream.RetryDeadPooled)
-			nu, err := l.dial(u.pool, l.sockaddr(u.pool))
-			if err != nil && fdShortage(err) {
-				return l.noDescriptor(c, err)
-			}
-			if err != nil {
-				return l.connectFailed(c)
-			}
-			nu.cl, x.up, x.sock.upReady, x.sock.upHup = c, nu, false, false
-			x.prog.redialed = true // a new connection that fails is not tried again
-			if nu.connecting {
-				l.setDeadline(c, u.pool.Options().DialTimeout)
-				return stepWait
-			}
-			x.prog.connected = true
-			continue
+		}
+		a := upstream.Attempt{Sent: x.prog.sentUp, Reused: !x.up.fresh, Connected: x.prog.connected, Retried: x.prog.redialed}
+		if reason, ok := a.Retry(); ok {
+			// A pooled connection that died before it took a byte.
+			l.closeUp(x.up)
+			return l.redial(c, reason)
 		}
 		return l.fail(c, 502)
 	}
 	if x.reqLeft > 0 {
 		x.phase = phaseUpload
-		if x.reqLeft >= batchMin {
-			x.body.clientLowat = unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, batchLowat) == nil
-		}
+		x.body.clientLowat.mark(c.fd, x.reqLeft)
 		c.readable = true // try: the body may be queued already
 		return stepUpload
 	}
@@ -365,9 +337,8 @@ func (l *loop) send(c *conn) step {
 
 // upload splices the rest of a Content-Length request body from the client
 // to the worker through the exchange's pipe (emptied up first, then filled
-// from the client: an EAGAIN on an empty pipe is the client's socket). A
-// body of at least batchMin raises the client socket's SO_RCVLOWAT, as
-// conn.move does. Then the response is awaited.
+// from the client: an EAGAIN on an empty pipe is the client's socket),
+// the client's socket batched (batch.go). Then the response is awaited.
 func (l *loop) upload(c *conn) step {
 	x := c.x
 	p := x.pipe
@@ -394,10 +365,7 @@ func (l *loop) upload(c *conn) step {
 			return l.earlyAnswer(c, cfg.Waits.EarlyAnswer)
 		}
 		if x.reqLeft == 0 {
-			if x.body.clientLowat {
-				unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, 1)
-				x.body.clientLowat = false
-			}
+			x.body.clientLowat.lower(c.fd)
 			l.putPipe(p, true)
 			x.pipe = nil
 			x.phase = phaseHead
@@ -411,10 +379,7 @@ func (l *loop) upload(c *conn) step {
 			l.setDeadline(c, cfg.IOTimeout)
 			return stepWait
 		}
-		if x.body.clientLowat && x.reqLeft <= batchLowat {
-			unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, 1)
-			x.body.clientLowat = false
-		}
+		x.body.clientLowat.mark(c.fd, x.reqLeft)
 		n, err := unix.Splice(c.fd, nil, p.w, nil, int(min(x.reqLeft, int64(p.size))), flags)
 		switch {
 		case n > 0:

@@ -1,10 +1,11 @@
 package proxy
 
 // How a loop's exchange ends: at its framing (end), failed before or after
-// the response head (fail, bodyFailed), abandoned (abandon: the client
-// left, leaveAborted), past its deadline (expireExchange), or with the
-// client lingering (lingerClose, drain). What becomes of the client
-// connection is returned (a step): the loop ends it in one place (leave).
+// the response head (outcome.go's verdict, applied here: apply, through
+// conclude, fail, bodyFailed), abandoned (abandon: the client left,
+// leaveAborted), past its deadline (expireExchange), or with the client
+// lingering (lingerClose, drain). What becomes of the client connection
+// is returned (a step): the loop ends it in one place (leave).
 
 import (
 	"time"
@@ -37,11 +38,9 @@ func (l *loop) finishExchange(c *conn) {
 	if x.pipe != nil {
 		l.putPipe(x.pipe, x.inPipe == 0)
 	}
-	if x.body.clientLowat {
-		unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, 1)
-	}
-	if x.body.upLowat && x.up != nil && x.up.fd >= 0 {
-		l.lowerLowat(x) // never back to the idle list with a raised mark
+	x.body.clientLowat.lower(c.fd)
+	if x.up != nil && x.up.fd >= 0 {
+		x.body.upLowat.lower(x.up.fd) // never back to the idle list with a raised mark
 	}
 	if u := x.up; u != nil {
 		u.cl = nil
@@ -59,42 +58,43 @@ func (l *loop) finishExchange(c *conn) {
 	l.freeX(c)
 }
 
-// fail answers status (502 or 504) if no response head went out, and
-// closes the client connection, lingering first over a request body not
-// all read, so that no reset destroys the answer.
+// fail ends c's exchange with a worker error: status (502 or 504) if no
+// response head went out, then the close (outcome.go's gatewayVerdict).
 func (l *loop) fail(c *conn, status int) step {
-	s := l.s
-	x := c.x
-	x.failed, x.fr.reuse = true, false
-	unread := !x.prog.sentHead && (x.reqLeft > 0 || x.body.cut) // (cut: the rest was given up for an early answer)
-	if !x.prog.sentHead {
-		x.status = status
-		switch status {
-		case 502:
-			s.counters.BadGateway.Add(1)
-		case 504:
-			s.counters.Timeouts.Add(1)
-		}
-		unix.Write(c.fd, upstreamError(status, x.prog.sentUp, true)) // best effort: the connection closes
-	}
-	l.finishExchange(c)
-	if unread {
-		return stepLinger
-	}
-	return leaveClose
+	return l.apply(c, l.s.gatewayVerdict(status, c.x.reached(l.unread(c.x))))
 }
 
 // bodyFailed: the response was cut after its head went out; the client
-// must see it, so its connection closes (a reset for a close-delimited
-// body, which a FIN would make look complete).
+// must see it (outcome.go's endCut).
 func (l *loop) bodyFailed(c *conn) step {
-	x := c.x
-	x.failed, x.fr.reuse = true, false
-	l.s.counters.Truncated.Add(1)
-	if x.fr.closeCut {
+	return l.conclude(c, fault{stage: stageRelay})
+}
+
+// unread: x's request body was not all read (cut: the rest was given up
+// for an early answer).
+func (l *loop) unread(x *exchange) bool { return x.reqLeft > 0 || x.body.cut }
+
+// apply carries out v on c's exchange: the answer written (best effort:
+// the connection closes), the exchange accounted, then the close, a
+// reset or the lingering close.
+func (l *loop) apply(c *conn, v verdict) step {
+	switch v.end {
+	case endAbort:
+		return leaveClose // (counted; leave abandons the exchange)
+	case endEarly:
+		return stepFinish // the loop relays an early answer as any response
+	}
+	c.x.take(v)
+	if v.answer != nil {
+		unix.Write(c.fd, v.answer)
+	}
+	if v.reset {
 		unix.SetsockoptLinger(c.fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
 	}
 	l.finishExchange(c)
+	if v.linger {
+		return stepLinger
+	}
 	return leaveClose
 }
 
@@ -125,34 +125,16 @@ func (l *loop) expireExchange(c *conn) step {
 	return l.conclude(c, f)
 }
 
-// conclude carries out decide's verdict on c's failed exchange (outcome.go).
+// conclude ends c's failed exchange as outcome.go decides.
 func (l *loop) conclude(c *conn, f fault) step {
-	e, status := decide(f)
-	switch e {
-	case endAbort:
-		return leaveAborted
-	case endReject:
-		// The client's fault (a body stalled for --io-timeout: 408); the
-		// half-sent request dies with its upstream.
-		x := c.x
-		l.s.counters.Rejected.Add(1)
-		x.failed, x.fr.reuse, x.status = false, false, status
-		unix.Write(c.fd, errorResponse(status, true))
-		l.finishExchange(c)
-		return stepLinger
-	case endGateway:
-		return l.fail(c, status)
-	case endCut:
-		return l.bodyFailed(c)
-	}
-	return stepFinish // endEarly: the loop relays an early answer as any response
+	return l.apply(c, l.s.conclude(f, c.x.reached(l.unread(c.x))))
 }
 
 // lingerClose half-closes the client connection and reads what it still
 // sends, for as long and as much as linger.go's lingering allows, before
 // the close: closing with unread bytes would send a reset that can destroy
-// the answer before the client reads it (gor_head.go's lingerClose, in the
-// loop). Its deadline is the connection's one deadline (expire closes).
+// the answer before the client reads it. Its deadline is the connection's
+// one deadline (expire closes).
 func (l *loop) lingerClose(c *conn) step {
 	unix.Shutdown(c.fd, unix.SHUT_WR)
 	c.readable = true

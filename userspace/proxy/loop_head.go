@@ -110,8 +110,8 @@ func (l *loop) next(c *conn) step {
 		}
 		if l.peekShort(c) {
 			// The router may read a key from the first body bytes
-			// (Config.PeekBody): wait for them as the goroutine path's
-			// peekBody does (past --io-timeout, a goroutine takes over).
+			// (Config.PeekBody, peekWant): wait for them (past
+			// --io-timeout, a goroutine takes over).
 			if c.readable {
 				if st := l.read(c); st != stepOn {
 					return st
@@ -148,21 +148,15 @@ func (l *loop) fast(c *conn) bool {
 	return true
 }
 
-// peekShort reports whether fewer body bytes than Config.PeekBody (or the
-// whole body, if shorter) are buffered behind c's parsed head, and the
-// buffer has room for more (as conn.peekBody counts them).
+// peekShort reports whether fewer body bytes than peekWant are buffered
+// behind c's parsed head.
 func (l *loop) peekShort(c *conn) bool {
 	req := c.req
-	want := l.s.cfg.PeekBody
-	if want == 0 || !req.HasBody() {
+	if l.s.cfg.PeekBody == 0 || !req.HasBody() {
 		return false
 	}
 	start := c.r + req.HeadLen
-	if req.ContentLength >= 0 && int64(want) > req.ContentLength {
-		want = int(req.ContentLength)
-	}
-	want = min(want, len(c.buf)-start)
-	return c.w-start < want
+	return c.w-start < l.s.peekWant(req, len(c.buf)-start)
 }
 
 // parse parses the head at the start of c's buffered bytes.

@@ -9,18 +9,18 @@ import (
 
 // newX returns a cleared exchange (the loop's free list: a connection
 // holds one only while busy).
-func (l *loop) newX() *lx {
+func (l *loop) newX() *exchange {
 	if n := len(l.xs); n > 0 {
 		x := l.xs[n-1]
 		l.xs = l.xs[:n-1]
 		return x
 	}
-	return new(lx)
+	return new(exchange)
 }
 
 // freeX clears c's exchange and keeps it for the next one.
 func (l *loop) freeX(c *conn) {
-	*c.x = lx{}
+	*c.x = exchange{}
 	if len(l.xs) < 1024 {
 		l.xs = append(l.xs, c.x)
 	}

@@ -174,9 +174,7 @@ func (l *loop) relayHead(c *conn) step {
 		x.fr.reuse = false
 	}
 	if err != nil {
-		x.fr.reuse = false
-		s.counters.Truncated.Add(1)
-		return l.fail(c, 502)
+		return l.apply(c, s.brokenVerdict(x.reached(l.unread(x))))
 	}
 	x.left = left
 	switch f.kind {
@@ -198,7 +196,7 @@ func (l *loop) relayHead(c *conn) step {
 	return stepOn
 }
 
-func (l *loop) bodyTimeout(x *lx) time.Duration { return l.s.cfg.bodyIdle(x.fr.kind) }
+func (l *loop) bodyTimeout(x *exchange) time.Duration { return l.s.cfg.bodyIdle(x.fr.kind) }
 
 // body relays response body bytes p by the framing.
 func (l *loop) body(c *conn, p []byte) step {

@@ -99,7 +99,7 @@ type ioResult struct {
 // openRing gives the loop its ring (on the loop's own thread: the ring is
 // single-issuer); without one the loop makes each system call itself.
 func (l *loop) openRing() {
-	if l.s.cfg.NoRing || noRing {
+	if !l.s.cfg.Ring.Or(true) || noRing {
 		return
 	}
 	r, err := uring.New(ringEntries)

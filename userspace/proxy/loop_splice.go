@@ -2,17 +2,15 @@ package proxy
 
 // Splicing a long response body (pumpSplice): the bytes go from the
 // worker's socket into a pipe and from the pipe to the client's socket
-// with splice(2), never through user space, as the goroutine path's
-// conn.move does. framing.go's spliceBody says which bytes may: a
+// with splice(2), never through user space. framing.go's spliceBody says which bytes may: a
 // Content-Length remainder of at least SpliceMin, a body that ends at the
 // close, and the rest of a chunked body's current chunk when at least
 // SpliceMin of it is left (its end and the next chunk's size line are
 // read and framed by the copy in pump, then the next chunk's data is
-// spliced again). A Content-Length rest or a chunk's data of at least
-// batchMin also raises the upstream socket's SO_RCVLOWAT to batchLowat, so
-// that one wake-up moves a big batch, and lowers it again for the last
-// batchLowat bytes (markLowat) or before the rest of a chunk is copied
-// (splicing): the copy never reads under a raised mark.
+// spliced again). The upstream socket is batched (batch.go) by what is
+// left of the Content-Length body or the chunk's data, and its mark
+// lowered before the rest of a chunk is copied (splicing): the copy never
+// reads under a raised mark.
 
 import (
 	"golang.org/x/sys/unix"
@@ -28,7 +26,7 @@ type pipe struct {
 
 // splicing reports whether x's next body bytes move by splice (and gives
 // it a pipe): while its pipe holds bytes, or spliceBody says so.
-func (l *loop) splicing(x *lx) bool {
+func (l *loop) splicing(x *exchange) bool {
 	if x.inPipe > 0 {
 		return true
 	}
@@ -36,12 +34,10 @@ func (l *loop) splicing(x *lx) bool {
 		if x.fr.kind != httphead.BodyChunked {
 			return x.pipe != nil
 		}
-		if x.body.upLowat {
-			// The rest of a chunk whose splice stopped short is copied:
-			// the copy reads with the default mark, or a rest (and the
-			// chunk's end) under the batch would never wake the loop.
-			l.lowerLowat(x)
-		}
+		// The rest of a chunk whose splice stopped short is copied: the
+		// copy reads with the default mark, or a rest (and the chunk's
+		// end) under the batch would never wake the loop.
+		x.body.upLowat.lower(x.up.fd)
 		return false
 	}
 	if x.pipe != nil {
@@ -89,7 +85,7 @@ func (l *loop) pumpSplice(c *conn) step {
 		if !x.sock.upReady {
 			return stepOn
 		}
-		l.markLowat(x, rest)
+		x.body.upLowat.mark(x.up.fd, rest)
 		want := p.size
 		if rest > 0 {
 			want = int(min(rest, int64(want)))
@@ -109,7 +105,7 @@ func (l *loop) pumpSplice(c *conn) step {
 			// to its end: the mark is lowered at once, or the next bytes
 			// the framing must read (a later body's on a reused socket,
 			// the chunk's end) would never wake the loop.
-			l.markLowat(x, spliceRest(x))
+			x.body.upLowat.mark(x.up.fd, spliceRest(x))
 			continue
 		case err == unix.EINTR:
 			continue
@@ -169,7 +165,7 @@ func (l *loop) putPipe(p *pipe, empty bool) {
 // spliceRest is how many body bytes the splice may still take before the
 // framing must read: a Content-Length body's rest, the rest of a chunk's
 // data (0 between chunks), or -1 for a body that ends at the close.
-func spliceRest(x *lx) int64 {
+func spliceRest(x *exchange) int64 {
 	switch x.fr.kind {
 	case httphead.BodyLength:
 		return x.left
@@ -177,23 +173,4 @@ func spliceRest(x *lx) int64 {
 		return x.sc.Data()
 	}
 	return -1
-}
-
-// markLowat raises the upstream socket's SO_RCVLOWAT to batchLowat for a
-// rest of at least batchMin, so that a wake-up brings a batch, and gives
-// it back its default for the last batchLowat bytes, so that the end
-// never waits for a batch that will not come.
-func (l *loop) markLowat(x *lx, rest int64) {
-	switch {
-	case x.body.upLowat && rest <= batchLowat:
-		l.lowerLowat(x)
-	case !x.body.upLowat && rest >= batchMin:
-		x.body.upLowat = unix.SetsockoptInt(x.up.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, batchLowat) == nil
-	}
-}
-
-// lowerLowat gives the upstream socket its default SO_RCVLOWAT back.
-func (l *loop) lowerLowat(x *lx) {
-	unix.SetsockoptInt(x.up.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, 1)
-	x.body.upLowat = false
 }

@@ -1,7 +1,7 @@
 package proxy
 
-// A loop's own upstream sockets: one LIFO list of idle ones per worker,
-// kept in the epoll set with EPOLLRDHUP, so that a worker's close is seen
+// A loop's own upstream sockets: one set of idle ones per worker
+// (upstream.Idle, the pool's rule), kept in the epoll set with EPOLLRDHUP, so that a worker's close is seen
 // when it happens instead of being peeked at each reuse; non-blocking
 // connects; the events of the sockets in use.
 
@@ -26,13 +26,12 @@ type upconn struct {
 // upstream returns the loop's most recently idle connection to p, or a new
 // one (its connect possibly in progress).
 func (l *loop) upstream(p *upstream.Pool, sa unix.Sockaddr) (*upconn, error) {
-	if list := l.idle[p]; len(list) > 0 {
-		u := list[len(list)-1]
-		list[len(list)-1] = nil
-		l.idle[p] = list[:len(list)-1]
-		l.s.counters.UpstreamIdle.Add(-1)
-		u.fresh = false
-		return u, nil
+	if set := l.idle[p]; set != nil {
+		if u, ok := set.Pop(); ok {
+			l.s.counters.UpstreamIdle.Add(-1)
+			u.fresh = false
+			return u, nil
+		}
 	}
 	return l.dial(p, sa)
 }
@@ -111,13 +110,15 @@ func (l *loop) putIdle(u *upconn) {
 		return
 	}
 	u.since = l.now
-	list := l.idle[p]
-	if len(list) >= l.maxIdle(p) {
-		l.closeUp(list[0])
-		l.s.counters.UpstreamIdle.Add(-1)
-		list = append(list[:0], list[1:]...)
+	set := l.idle[p]
+	if set == nil {
+		set = new(upstream.Idle[*upconn])
+		l.idle[p] = set
 	}
-	l.idle[p] = append(list, u)
+	if old, evicted := set.Push(u, l.maxIdle(p)); evicted {
+		l.closeUp(old)
+		l.s.counters.UpstreamIdle.Add(-1)
+	}
 	l.s.counters.UpstreamIdle.Add(1)
 	l.setDue(u.since + int64(p.Options().IdleTimeout))
 }
@@ -156,9 +157,9 @@ func (l *loop) fdRoomOf(n, poolIdle int64) bool {
 // longest (to any worker), for a descriptor; false if the loop has none.
 func (l *loop) dropOldestIdle() bool {
 	var oldest *upconn
-	for _, list := range l.idle {
-		if len(list) > 0 && (oldest == nil || list[0].since < oldest.since) {
-			oldest = list[0]
+	for _, set := range l.idle {
+		if u, ok := set.Oldest(); ok && (oldest == nil || u.since < oldest.since) {
+			oldest = u
 		}
 	}
 	if oldest == nil {
@@ -171,13 +172,8 @@ func (l *loop) dropOldestIdle() bool {
 // dropIdle closes an idle upstream socket the worker closed (or wrote to
 // unasked).
 func (l *loop) dropIdle(u *upconn) {
-	list := l.idle[u.pool]
-	for i, v := range list {
-		if v == u {
-			l.idle[u.pool] = append(list[:i], list[i+1:]...)
-			l.s.counters.UpstreamIdle.Add(-1)
-			break
-		}
+	if set := l.idle[u.pool]; set != nil && set.Remove(u) {
+		l.s.counters.UpstreamIdle.Add(-1)
 	}
 	l.closeUp(u)
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/upstream"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // A connect that finds no descriptor (EMFILE) is answered 502 not-sent at
@@ -198,7 +199,7 @@ func fullListener(t *testing.T) string {
 func TestNoDescriptorOnRedial(t *testing.T) {
 	p := startProxy(t, nil, nil)
 	addr := fullListener(t)
-	w := &route.Worker{Slot: 0, URL: "http://" + addr, Addr: addr, Stats: p.stats.Worker(0),
+	w := &worker.Worker{Slot: 0, URL: "http://" + addr, Addr: addr, Stats: p.stats.Worker(0),
 		Pool: upstream.New(addr, p.stats.Worker(0), upstream.Options{DialTimeout: 200 * time.Millisecond})}
 	p.table.Put(w)
 	c, br := p.dial()

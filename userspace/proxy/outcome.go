@@ -1,9 +1,10 @@
 package proxy
 
 import (
+	"sync/atomic"
 	"time"
 
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // Outcomes: every way an exchange can fail is decided here, in one order,
@@ -12,8 +13,11 @@ import (
 // client gets an answer; after, only a visible cut.
 //
 // decide is that order, a pure function of where the exchange was (its
-// stage) and what happened; the goroutine path (gor_outcome.go) and the
-// loop (loop_finish.go) each carry its verdict out on their sockets.
+// stage) and what happened; conclude turns its ending into a verdict
+// (every counter, the failure, the status, the answer, the close), which
+// each driver applies to its socket: the loop to a raw descriptor
+// (loop_finish.go's apply), the goroutine path to a net.TCPConn
+// (gor_outcome.go's apply).
 //
 // While the request goes up (stageHeadUp, stageBodyUp), in this order:
 //  1. the client's own framing or a limit (*httphead.Error: 400, 413, ...):
@@ -41,15 +45,60 @@ import (
 //
 // A 502/504 answered while the request body was not all read (the body
 // failing to go up, or no descriptor for the connect) is followed by the
-// lingering close (linger.go), on both paths (loop_finish.go's fail,
-// gor_outcome.go's conclude and refusedOrFail), so that no reset over
-// the unread bytes destroys the answer.
+// lingering close (linger.go) (verdict.linger), so that no reset over the
+// unread bytes destroys the answer.
+
+// counted is one of the error and abort counters (Counters): they are
+// incremented here, by count, and nowhere else.
+type counted uint8
+
+const (
+	countRejected      counted = iota // tetherd answered a 4xx of its own
+	countBadGateway                   // 502
+	countTimeout                      // 504
+	countTruncated                    // a response cut after its head
+	countClientAborted                // the client left before the response ended
+	countQueueFull                    // 503: the worker's queue was full
+	countQueueTimeout                 // 503: the wait in the queue timed out
+	countHoldFull                     // 503: the fleet's hold was full
+	countHoldTimeout                  // 503: the wait in the hold timed out
+	countLocalBusy                    // 503: LocalBodyBudget
+)
+
+// count increments the counter of what.
+func (s *Server) count(what counted) {
+	c := &s.counters
+	[...]*atomic.Uint64{
+		countRejected:      &c.Rejected,
+		countBadGateway:    &c.BadGateway,
+		countTimeout:       &c.Timeouts,
+		countTruncated:     &c.Truncated,
+		countClientAborted: &c.ClientAborted,
+		countQueueFull:     &c.QueueFull,
+		countQueueTimeout:  &c.QueueTimeouts,
+		countHoldFull:      &c.HoldFull,
+		countHoldTimeout:   &c.HoldTimeouts,
+		countLocalBusy:     &c.LocalBusy,
+	}[what].Add(1)
+}
+
+// gatewayAnswer counts tetherd's own 502 or 504 and returns it, closing
+// the connection (sent: a request byte reached the worker).
+func (s *Server) gatewayAnswer(status int, sent bool) []byte {
+	switch status {
+	case 502:
+		s.count(countBadGateway)
+	case 504:
+		s.count(countTimeout)
+	}
+	return upstreamError(status, sent, true)
+}
 
 // exchangeEnded is the accounting of every proxied exchange, on either
 // path, once it ended: its result on w (failed: a worker error), its place
 // given back, and (observe) Config.Observe told the status class and the
 // time it took.
-func (s *Server) exchangeEnded(w *route.Worker, failed, observe bool, status int, took time.Duration) {
+func (s *Server) exchangeEnded(w *worker.Worker, failed, observe bool, status int, took time.Duration) {
 	w.Stats.End(failed)
 	w.Leave()
 	if obs := s.cfg.Observe; obs != nil && observe {
@@ -108,4 +157,80 @@ func decide(f fault) (ending, int) {
 		return endGateway, 504
 	}
 	return endGateway, 502
+}
+
+// reached is how far a failed exchange got, what its verdict depends on
+// besides the fault.
+type reached struct {
+	sentUp   bool // a request byte went up: a 502/504 says "sent"
+	sentHead bool // the response head went to the client: nothing more to answer
+	unread   bool // the request body was not all read: the close lingers after an answer
+	closeCut bool // the client's copy of the body ends at the close: a cut is a reset
+}
+
+// verdict is how a failed exchange ends on its client connection; the
+// client connection always closes after it, and the upstream connection
+// is never reused.
+type verdict struct {
+	end    ending
+	status int    // tetherd's own answer, for Config.Observe (0: none)
+	answer []byte // written to the client before the close (nil: nothing)
+	failed bool   // counts as a worker error
+	linger bool   // the close lingers (linger.go) over a request body not all read
+	reset  bool   // the close is a reset (SO_LINGER 0): a cut must be visible
+}
+
+// conclude decides f (decide) and counts it: the verdict each driver
+// applies. endEarly's answer is the worker's, relayed by the driver.
+func (s *Server) conclude(f fault, r reached) verdict {
+	e, status := decide(f)
+	switch e {
+	case endAbort:
+		s.count(countClientAborted)
+	case endReject:
+		// The client's fault (a limit, its framing, a body stalled for
+		// --io-timeout: 408); a half-sent request dies with its upstream.
+		s.count(countRejected)
+		return verdict{end: e, status: status, answer: errorResponse(status, true), linger: true}
+	case endGateway:
+		return s.gatewayVerdict(status, r)
+	case endCut:
+		s.count(countTruncated)
+		return verdict{end: e, failed: true, reset: r.closeCut}
+	}
+	return verdict{end: e}
+}
+
+// gatewayVerdict is a worker error (502, 504): answered, and counted, if
+// no response head went out; then the close, lingering over a request
+// body not all read.
+func (s *Server) gatewayVerdict(status int, r reached) verdict {
+	v := verdict{end: endGateway, failed: true, linger: r.unread && !r.sentHead}
+	if !r.sentHead {
+		v.status = status
+		v.answer = s.gatewayAnswer(status, r.sentUp)
+	}
+	return v
+}
+
+// brokenVerdict is a response whose first body bytes break its framing
+// (docs/http-framing.md rule 22): counted as cut, answered 502 while no
+// head went out.
+func (s *Server) brokenVerdict(r reached) verdict {
+	s.count(countTruncated)
+	return s.gatewayVerdict(502, r)
+}
+
+// reached is how far x got; unread is the driver's to say (the loop
+// knows the body bytes left, a goroutine the stage it failed at).
+func (x *exchange) reached(unread bool) reached {
+	return reached{sentUp: x.prog.sentUp, sentHead: x.prog.sentHead, unread: unread, closeCut: x.fr.closeCut}
+}
+
+// take records v in x, before a driver applies it to its socket.
+func (x *exchange) take(v verdict) {
+	x.failed, x.fr.reuse = v.failed, false
+	if v.status != 0 {
+		x.status = v.status
+	}
 }

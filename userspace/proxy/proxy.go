@@ -16,7 +16,6 @@ package proxy
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -26,16 +25,18 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tether-rl/tether/userspace/config"
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/sysconn"
 	"github.com/tether-rl/tether/userspace/upstream"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // Config configures a Server. Zero durations take the defaults.
 type Config struct {
 	Router Router
-	Table  *route.Table // the workers, for /health
+	Table  *worker.Table // the workers, for /health
 	Limits httphead.Limits
 	// PeekBody: before routing a request with a body, wait until this many
 	// body bytes (or the whole body, if shorter) are buffered, so that the
@@ -91,11 +92,11 @@ type Config struct {
 	// listener's event loop once idle this long; 0: at once. Negative:
 	// never (it waits on its goroutine to the idle timeout).
 	ParkAfter time.Duration
-	// NoRing: the event loops make each socket read and write as its own
-	// system call instead of batching a wake-up's through an io_uring
-	// (loop_ring.go). Without io_uring (kernel.io_uring_disabled, a seccomp
-	// filter) they do so anyway.
-	NoRing bool
+	// Ring: the event loops batch a wake-up's socket reads and writes
+	// through an io_uring (loop_ring.go); unset: they do. Set to false, or
+	// without io_uring (kernel.io_uring_disabled, a seccomp filter), each
+	// read and write is its own system call.
+	Ring config.Optional[bool]
 	// Waits are the data plane's internal waits; tests shorten them to
 	// sequence events instead of sleeping past them.
 	Waits Waits
@@ -139,7 +140,7 @@ const (
 // Defaults returns a Config whose settings are all at their defaults, and
 // no wiring. Settings whose zero is a meaning of its own stay zero:
 // MaxBodyBytes (no limit), MaxConns (no cap), ParkAfter (park at once),
-// NoRing (batch through io_uring).
+// Ring (unset: batch through io_uring).
 func Defaults() Config {
 	var c Config
 	c.Provision()
@@ -175,6 +176,9 @@ func (c *Config) Provision() {
 	if c.SpliceMin <= 0 {
 		c.SpliceMin = DefaultSpliceMin
 	}
+	if !c.Ring.IsSet() {
+		c.Ring = config.Some(true)
+	}
 	for _, n := range []struct {
 		p   *int
 		def int
@@ -191,35 +195,8 @@ func (c *Config) Provision() {
 }
 
 // Validate refuses out-of-range settings (zero is the default), naming
-// tetherd's flag of each.
-func (c *Config) Validate() error {
-	for _, b := range []struct {
-		flag string
-		bad  bool
-		want string
-	}{
-		{"response-timeout", c.ResponseTimeout < 0, "a duration > 0"},
-		{"stream-idle-timeout", c.StreamIdleTimeout < 0, "a duration > 0"},
-		{"idle-timeout", c.IdleTimeout < 0, "a duration > 0"},
-		{"head-timeout", c.HeadTimeout < 0, "a duration > 0"},
-		{"io-timeout", c.IOTimeout < 0, "a duration > 0"},
-		{"queue-timeout", c.QueueTimeout < 0, "a duration > 0"},
-		{"splice-min", c.SpliceMin < 0, "a size > 0"},
-		{"max-body-bytes", c.MaxBodyBytes < 0, "a size >= 0 (0: no limit)"},
-		{"max-conns", c.MaxConns < 0, "a count >= 0 (0: from the descriptor limit)"},
-		{"max-queue", c.QueueSize < -1, "a count > 0, or -1: no queue"},
-		{"local-body-budget", c.LocalBodyBudget < 0, "a size > 0"},
-		{"max-request-line", c.Limits.RequestLine < 0, "a size > 0"},
-		{"max-head-bytes", c.Limits.Head < 0, "a size > 0"},
-		{"max-header-fields", c.Limits.Fields < 0, "a count > 0"},
-		{"max-chunk-ext-bytes", c.Limits.ChunkExt < 0, "a size > 0"},
-	} {
-		if b.bad {
-			return fmt.Errorf("--%s: negative; want %s", b.flag, b.want)
-		}
-	}
-	return nil
-}
+// tetherd's flag of each (settings, flags.go).
+func (c *Config) Validate() error { return config.Validate(c.settings()) }
 
 func (c *Config) setDefaults() {
 	c.Provision()
@@ -519,13 +496,10 @@ func isTimeout(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }
 // transfer may take as long as it keeps moving. It reports how many bytes
 // moved; errSrcEOF when src ended early.
 //
-// A large body is batched: the socket wakes us only once batchLowat bytes
-// are queued (SO_RCVLOWAT), so each splice moves a big batch instead of
-// every ~64 KiB segment costing a wakeup. The last batchLowat bytes move
-// with the default low-water mark, so the end of a body never waits for
-// bytes that will not come.
+// A large body is batched (batch.go): src's mark is raised for all but
+// the last batchLowat bytes, where batchMark lowers it.
 func (c *conn) move(dst, src *net.TCPConn, n int64, scratch []byte, timeout time.Duration) (int64, error) {
-	if n < batchMin || n >= 1<<62 || !sysconn.SetRcvLowat(src, batchLowat) {
+	if n >= 1<<62 || batchMark(false, n) != batchLowat || !sysconn.SetRcvLowat(src, batchLowat) {
 		return c.moveSteps(dst, src, n, scratch, timeout)
 	}
 	moved, err := c.moveSteps(dst, src, n-batchLowat, scratch, timeout)
@@ -588,10 +562,3 @@ func (c *conn) moveSteps(dst, src *net.TCPConn, n int64, scratch []byte, timeout
 }
 
 var errSrcEOF = errors.New("source ended early")
-
-// Batching of large bodies (see conn.move). Measured with 16 MiB
-// transfers on loopback: bench/measurements.md ("Copy or splice").
-const (
-	batchMin   = 1 << 20
-	batchLowat = 256 << 10
-)

@@ -21,7 +21,7 @@ func TestDeferredUpstreamEvents(t *testing.T) {
 	pool := upstream.New("127.0.0.1:1", st.Worker(0), upstream.Options{})
 	defer pool.Close()
 	l := &loop{s: New(Config{Log: slog.New(slog.NewTextHandler(io.Discard, nil))}),
-		ups: map[int32]*upconn{}, idle: map[*upstream.Pool][]*upconn{}}
+		ups: map[int32]*upconn{}, idle: map[*upstream.Pool]*upstream.Idle[*upconn]{}}
 	idle := func(t *testing.T) (*upconn, int) {
 		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK, 0)
 		if err != nil {
@@ -30,7 +30,10 @@ func TestDeferredUpstreamEvents(t *testing.T) {
 		t.Cleanup(func() { unix.Close(fds[1]) })
 		u := &upconn{fd: fds[0], pool: pool}
 		l.ups[int32(u.fd)] = u
-		l.idle[pool] = append(l.idle[pool], u)
+		if l.idle[pool] == nil {
+			l.idle[pool] = new(upstream.Idle[*upconn])
+		}
+		l.idle[pool].Push(u, 1<<20)
 		return u, fds[1]
 	}
 	open := func(u *upconn) bool { return u.fd >= 0 && l.ups[int32(u.fd)] == u }
@@ -60,7 +63,7 @@ func TestDeferredUpstreamEvents(t *testing.T) {
 	})
 	t.Run("another exchange: readiness dropped", func(t *testing.T) {
 		u, _ := idle(t)
-		c := &conn{x: &lx{id: 9, phase: phaseHead}}
+		c := &conn{x: &exchange{lx: lx{id: 9, phase: phaseHead}}}
 		u.cl = c
 		l.upDeferred(u, 7, unix.EPOLLIN)
 		if c.x.sock.upReady || !open(u) {

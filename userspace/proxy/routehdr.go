@@ -9,9 +9,10 @@ import (
 // routeNote is the routing decision of a connection's exchange, kept for
 // Config.RouteHeader.
 type routeNote struct {
-	slot   int32
-	reason route.Reason
-	set    bool
+	slot    int32
+	matched int32 // route.ReasonKVPrefix: the prompt tokens the engine held
+	reason  route.Reason
+	set     bool
 }
 
 // noteRoute records the decision the response head will name (the
@@ -25,7 +26,7 @@ func (s *Server) routeNote(d route.Decision) routeNote {
 	if s.cfg.RouteHeader == "" || d.Worker == nil {
 		return routeNote{}
 	}
-	return routeNote{slot: int32(d.Worker.Slot), reason: d.Reason, set: true}
+	return routeNote{slot: int32(d.Worker.Slot), matched: int32(d.Matched), reason: d.Reason, set: true}
 }
 
 // appendRouteHeader appends "<RouteHeader>: <slot> <reason>" (no
@@ -39,6 +40,12 @@ func (c *conn) appendRouteHeader(out []byte, rt routeNote) []byte {
 	out = append(out, ": "...)
 	out = strconv.AppendInt(out, int64(rt.slot), 10)
 	out = append(out, ' ')
+	if rt.reason == route.ReasonKVPrefix {
+		// "prefix <matched tokens>".
+		out = append(out, "prefix "...)
+		out = strconv.AppendInt(out, int64(rt.matched), 10)
+		return append(out, "\r\n"...)
+	}
 	out = append(out, rt.reason.String()...)
 	return append(out, "\r\n"...)
 }

@@ -13,10 +13,10 @@ func TestConfigValidate(t *testing.T) {
 		{Config{}, ""},
 		{DefaultConfig(), ""},
 		{Config{MaxInFlight: 8}, ""},
-		{Config{Failures: -1}, "--health-failures: negative"},
-		{Config{Successes: -1}, "--health-successes: negative"},
-		{Config{StartupTimeout: -time.Second}, "--worker-startup-timeout: negative"},
-		{Config{RemoveGrace: -1}, "--remove-grace: negative"},
+		{Config{Failures: -1}, "--health-failures: negative; want a value > 0"},
+		{Config{Successes: -1}, "--health-successes: negative; want a value > 0"},
+		{Config{StartupTimeout: -time.Second}, "--worker-startup-timeout: negative; want a duration > 0"},
+		{Config{RemoveGrace: -1}, "--remove-grace: negative; want a duration > 0"},
 	} {
 		err := tc.c.Validate()
 		if tc.want == "" && err != nil || tc.want != "" && (err == nil || err.Error() != tc.want) {

@@ -3,7 +3,7 @@ package registry
 import (
 	"time"
 
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // EngineInfo is a worker's engine as the load poller last read it
@@ -26,7 +26,7 @@ type EngineInfo struct {
 	LastPollError string     `json:"last_poll_error,omitempty"`
 }
 
-func engineInfo(w *route.Worker) *EngineInfo {
+func engineInfo(w *worker.Worker) *EngineInfo {
 	v, ok := w.EngineState()
 	if !ok {
 		return nil

@@ -7,7 +7,7 @@ package registry
 import (
 	"time"
 
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // Panic reports whether every routable worker is unhealthy (the router
@@ -75,7 +75,7 @@ func (r *Registry) Undrain(id string) (Info, error) {
 // Report feeds one health observation about w (an active check, or a
 // passive one: a failed connect). It is ignored if w no longer holds its
 // slot. ok=false with passive=true counts like a failed check.
-func (r *Registry) Report(w *route.Worker, ok bool, err error, passive bool) {
+func (r *Registry) Report(w *worker.Worker, ok bool, err error, passive bool) {
 	r.mu.Lock()
 	e := r.entries[w.Slot]
 	if e == nil || e.w != w {
@@ -144,12 +144,12 @@ func (r *Registry) applyLocked(e *entry) string {
 	if e.w == nil {
 		return was
 	}
-	s := route.Unhealthy
+	s := worker.Unhealthy
 	switch {
 	case e.draining:
-		s = route.Draining
+		s = worker.Draining
 	case e.healthy:
-		s = route.Healthy
+		s = worker.Healthy
 	}
 	if e.w.SetState(s) != s {
 		e.since = time.Now()

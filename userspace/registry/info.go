@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // Info describes one worker (the JSON of the admin API).
@@ -54,6 +55,9 @@ type Info struct {
 	// Decisions: the requests this process routed to the worker, by
 	// reason (session, hash, group, engine-least, veto, ...).
 	Decisions map[string]uint64 `json:"decisions,omitempty"`
+	// KVEvents: the worker's KV-event subscriptions, one per DP rank
+	// (daemon.KVEngineStatus), filled in by the admin API.
+	KVEvents any `json:"kv_events,omitempty"`
 
 	ConsecutiveFailures int        `json:"consecutive_failures"`
 	LastError           string     `json:"last_error,omitempty"`
@@ -101,7 +105,7 @@ func (r *Registry) infoLocked(e *entry) Info {
 		s := e.w.Stats.Load()
 		in.InFlight, in.Requests, in.Errors = s.InFlight, s.Requests, s.Errors
 		in.Engine = engineInfo(e.w)
-		in.Decisions = e.w.Decisions()
+		in.Decisions = route.Decisions(e.w)
 	}
 	return in
 }
@@ -195,10 +199,10 @@ func (r *Registry) lookupLocked(id string) (*entry, error) {
 }
 
 // Workers returns the workers in slots (the health checker's targets).
-func (r *Registry) Workers() []*route.Worker {
+func (r *Registry) Workers() []*worker.Worker {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make([]*route.Worker, 0, len(r.entries))
+	out := make([]*worker.Worker, 0, len(r.entries))
 	for _, e := range r.entries {
 		if e.w != nil {
 			out = append(out, e.w)

@@ -1,5 +1,5 @@
 // Package registry owns the life of tetherd's backend workers: it places
-// them in the stable slots of a route.Table, keeps their state (pending,
+// them in the stable slots of a worker.Table, keeps their state (pending,
 // healthy, unhealthy, draining, removed), turns health observations into
 // state changes with hysteresis, and retires removed workers without
 // cutting the requests they still serve.
@@ -17,15 +17,15 @@ package registry
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/config"
 	"github.com/tether-rl/tether/userspace/stats"
 	"github.com/tether-rl/tether/userspace/upstream"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // Origin says who manages a worker.
@@ -40,7 +40,7 @@ const (
 	OriginCluster Origin = "cluster"
 )
 
-// States reported by Info.State (route.State plus the registry's own).
+// States reported by Info.State (worker.State plus the registry's own).
 const (
 	StatePending   = "pending"   // added, waiting for its first successful health check
 	StateHealthy   = "healthy"   // routable
@@ -119,24 +119,9 @@ func (c *Config) Provision() {
 	}
 }
 
-// Validate refuses negative settings (zero is the default), naming
-// tetherd's flag.
-func (c Config) Validate() error {
-	for _, b := range []struct {
-		flag string
-		bad  bool
-	}{
-		{"health-failures", c.Failures < 0},
-		{"health-successes", c.Successes < 0},
-		{"worker-startup-timeout", c.StartupTimeout < 0},
-		{"remove-grace", c.RemoveGrace < 0},
-	} {
-		if b.bad {
-			return fmt.Errorf("--%s: negative", b.flag)
-		}
-	}
-	return nil
-}
+// Validate refuses out-of-range settings (zero is the default), naming
+// tetherd's flag (settings, flags.go).
+func (c Config) Validate() error { return config.Validate(c.settings()) }
 
 // Prober checks a worker's health (GET url/health); nil means healthy.
 type Prober func(ctx context.Context, url string) error
@@ -145,7 +130,7 @@ type Prober func(ctx context.Context, url string) error
 // values take the defaults.
 type Options struct {
 	Config
-	Table *route.Table
+	Table *worker.Table
 	Stats *stats.Table
 	Pool  upstream.Options
 	// MaxWorkers bounds the slots; default and maximum stats.MaxWorkers.
@@ -163,7 +148,7 @@ type Options struct {
 	MaxPending int
 	// OnPut is called (outside the registry's lock) when a worker takes a
 	// slot, e.g. to create its metric children.
-	OnPut func(w *route.Worker)
+	OnPut func(w *worker.Worker)
 	Log   *slog.Logger
 }
 
@@ -186,7 +171,7 @@ type entry struct {
 	url    string
 	addr   string
 	origin Origin
-	w      *route.Worker // nil while pending
+	w      *worker.Worker // nil while pending
 	// cancel ends a pending Add (remove while starting).
 	cancel context.CancelFunc
 
@@ -236,7 +221,7 @@ type Registry struct {
 func New(opts Options) *Registry {
 	opts.setDefaults()
 	if opts.Table == nil {
-		opts.Table = route.NewTable()
+		opts.Table = worker.NewTable()
 	}
 	if opts.Stats == nil {
 		opts.Stats = stats.NewHeap()
@@ -253,7 +238,7 @@ func New(opts Options) *Registry {
 }
 
 // Table returns the route table the registry fills.
-func (r *Registry) Table() *route.Table { return r.opts.Table }
+func (r *Registry) Table() *worker.Table { return r.opts.Table }
 
 // Changes returns the number of state changes so far.
 func (r *Registry) Changes() uint64 { return r.changes.Load() }

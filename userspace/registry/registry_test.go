@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/tether-rl/tether/testenv"
-	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/stats"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // fakeHealth answers probes from a per-url switch.
@@ -198,7 +198,7 @@ func TestAddWaitsForHealth(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if w := r.Table().Get(0); w == nil || w.State() != route.Healthy {
+	if w := r.Table().Get(0); w == nil || w.State() != worker.Healthy {
 		t.Fatal("worker not routable after add")
 	}
 	// Removing a pending worker cancels its Add.
@@ -237,17 +237,17 @@ func TestHealthHysteresisAndPanic(t *testing.T) {
 	fail := errors.New("boom")
 	r.Report(w0, false, fail, false)
 	r.Report(w0, false, fail, false)
-	if w0.State() != route.Healthy {
+	if w0.State() != worker.Healthy {
 		t.Fatal("unhealthy after 2 failures")
 	}
 	r.Report(w0, true, nil, false) // resets the count
 	r.Report(w0, false, fail, false)
 	r.Report(w0, false, fail, true)
-	if w0.State() != route.Healthy {
+	if w0.State() != worker.Healthy {
 		t.Fatal("a success did not reset the failures")
 	}
 	r.Report(w0, false, fail, false)
-	if w0.State() != route.Unhealthy {
+	if w0.State() != worker.Unhealthy {
 		t.Fatal("healthy after 3 failures")
 	}
 	in, _ := r.Get("0")
@@ -264,23 +264,23 @@ func TestHealthHysteresisAndPanic(t *testing.T) {
 		t.Fatal("no panic with every worker unhealthy")
 	}
 	r.Report(w1, true, nil, false)
-	if w1.State() != route.Unhealthy {
+	if w1.State() != worker.Unhealthy {
 		t.Fatal("healthy after 1 success")
 	}
 	r.Report(w1, true, nil, false)
-	if w1.State() != route.Healthy || r.Panic() {
+	if w1.State() != worker.Healthy || r.Panic() {
 		t.Fatal("not healthy after 2 successes")
 	}
 	// A stale observation (a worker no longer in its slot) is ignored.
-	stale := &route.Worker{Slot: 1}
+	stale := &worker.Worker{Slot: 1}
 	for i := 0; i < 5; i++ {
 		r.Report(stale, false, fail, false)
 	}
-	if w1.State() != route.Healthy {
+	if w1.State() != worker.Healthy {
 		t.Fatal("stale report applied")
 	}
 	r.ForceHealth(1, false, "process exited")
-	if w1.State() != route.Unhealthy {
+	if w1.State() != worker.Unhealthy {
 		t.Fatal("ForceHealth")
 	}
 }
@@ -295,14 +295,14 @@ func TestDrain(t *testing.T) {
 		t.Fatalf("drain: %+v %v", in, err)
 	}
 	w1 := r.Table().Get(1)
-	if w1 == nil || w1.State() != route.Draining {
+	if w1 == nil || w1.State() != worker.Draining {
 		t.Fatal("draining worker left its slot or kept routing")
 	}
 	// Health changes keep it draining, and its health is still tracked.
 	for i := 0; i < 3; i++ {
 		r.Report(w1, false, errors.New("x"), false)
 	}
-	if w1.State() != route.Draining {
+	if w1.State() != worker.Draining {
 		t.Fatal("health check undid the drain")
 	}
 	if in, _ := r.Get("1"); in.Healthy {
@@ -385,7 +385,7 @@ func TestRetireBound(t *testing.T) {
 func TestReserveActivateRetarget(t *testing.T) {
 	fh := &fakeHealth{}
 	var puts atomic.Int32
-	r := newReg(t, fh, func(o *Options) { o.OnPut = func(*route.Worker) { puts.Add(1) } })
+	r := newReg(t, fh, func(o *Options) { o.OnPut = func(*worker.Worker) { puts.Add(1) } })
 	if err := r.Reserve(0, wurl(0), OriginSpawn); err != nil {
 		t.Fatal(err)
 	}
@@ -403,7 +403,7 @@ func TestReserveActivateRetarget(t *testing.T) {
 	if err := r.Activate(0); err != nil {
 		t.Fatal(err)
 	}
-	if w := r.Table().Get(0); w == nil || w.State() != route.Healthy {
+	if w := r.Table().Get(0); w == nil || w.State() != worker.Healthy {
 		t.Fatal("not active")
 	}
 	if _, err := r.Remove("0"); !errors.Is(err, ErrManaged) {
@@ -411,7 +411,7 @@ func TestReserveActivateRetarget(t *testing.T) {
 	}
 	r.ForceHealth(0, false, "exited")
 	r.Activate(0) // ready again
-	if r.Table().Get(0).State() != route.Healthy {
+	if r.Table().Get(0).State() != worker.Healthy {
 		t.Fatal("re-activate")
 	}
 	old := r.Table().Get(0)
@@ -506,7 +506,7 @@ func TestDrainWhilePending(t *testing.T) {
 	}
 	in, _ = r.Get(wurl(3))
 	w := r.Table().Get(in.Slot)
-	if w == nil || w.State() != route.Draining {
+	if w == nil || w.State() != worker.Draining {
 		t.Fatalf("worker came up as %+v, want draining", w)
 	}
 	if in, _ := r.Get(wurl(3)); in.State != StateDraining {

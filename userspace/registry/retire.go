@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // retiree is a removed worker finishing its requests.
@@ -90,7 +90,7 @@ func (r *Registry) retire(rt *retiree) {
 // returns what is still in flight. A request routed just before the
 // worker left its slot may begin a moment later: idle must hold for a
 // short settle time.
-func (r *Registry) waitIdle(w *route.Worker, grace time.Duration) uint64 {
+func (r *Registry) waitIdle(w *worker.Worker, grace time.Duration) uint64 {
 	const settle = 20 * time.Millisecond
 	deadline := time.Now().Add(grace)
 	var idleSince time.Time

@@ -9,9 +9,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/stats"
 	"github.com/tether-rl/tether/userspace/upstream"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // freeSlotLocked returns the first slot with no worker, no pending add and
@@ -134,9 +134,9 @@ func (r *Registry) Retarget(slot int, rawURL string) error {
 	old, oldURL := e.w, e.url
 	e.url, e.addr = canon, addr
 	r.lastURL[slot] = canon
-	var w *route.Worker
+	var w *worker.Worker
 	if old != nil {
-		w = &route.Worker{Slot: slot, URL: canon, Addr: addr, ID: route.WorkerID(canon), Stats: old.Stats,
+		w = &worker.Worker{Slot: slot, URL: canon, Addr: addr, ID: worker.ID(canon), Stats: old.Stats,
 			Pool: upstream.New(addr, old.Stats, r.opts.Pool)}
 		w.SetMaxInFlight(r.capacityLocked(canon))
 		w.SetState(old.BaseState())
@@ -158,10 +158,10 @@ func (r *Registry) Retarget(slot int, rawURL string) error {
 	return nil
 }
 
-// activateLocked creates e's route.Worker, healthy, and puts it in the
+// activateLocked creates e's worker.Worker, healthy, and puts it in the
 // table. A slot taken by a worker other than its last one starts its
 // counters from zero.
-func (r *Registry) activateLocked(e *entry) *route.Worker {
+func (r *Registry) activateLocked(e *entry) *worker.Worker {
 	ws := r.opts.Stats.Worker(e.slot)
 	switch last, seen := r.lastURL[e.slot]; {
 	case !seen:
@@ -170,14 +170,14 @@ func (r *Registry) activateLocked(e *entry) *route.Worker {
 		resetCumulative(ws)
 	}
 	r.lastURL[e.slot] = e.url
-	w := &route.Worker{Slot: e.slot, URL: e.url, Addr: e.addr, ID: route.WorkerID(e.url), Stats: ws, Pool: upstream.New(e.addr, ws, r.opts.Pool)}
+	w := &worker.Worker{Slot: e.slot, URL: e.url, Addr: e.addr, ID: worker.ID(e.url), Stats: ws, Pool: upstream.New(e.addr, ws, r.opts.Pool)}
 	w.SetMaxInFlight(r.capacityLocked(e.url))
 	// A drain asked while the worker was pending holds from its first
 	// moment in the table: it takes no new sessions or keys.
 	if e.draining {
-		w.SetState(route.Draining)
+		w.SetState(worker.Draining)
 	} else {
-		w.SetState(route.Healthy)
+		w.SetState(worker.Healthy)
 	}
 	e.w, e.healthy, e.fails, e.succs, e.cancel = w, true, 0, 0, nil
 	e.since = time.Now()
@@ -225,7 +225,7 @@ func resetCumulative(w *stats.Worker) {
 	}
 }
 
-func (r *Registry) putHook(w *route.Worker) {
+func (r *Registry) putHook(w *worker.Worker) {
 	if r.opts.OnPut != nil && w != nil {
 		r.opts.OnPut(w)
 	}

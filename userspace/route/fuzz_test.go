@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/tether-rl/tether/testenv"
+	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/httphead"
 )
 
@@ -58,6 +59,35 @@ func FuzzSessionID(f *testing.F) {
 		prefix := "w" + strconv.Itoa(slot) + "-"
 		if slot < 0 || !bytes.HasPrefix(id, []byte(prefix)) || len(id) == len(prefix) {
 			t.Fatalf("slot %d from id %q", slot, id)
+		}
+	})
+}
+
+// Request ids come from the first bytes of client bodies, possibly cut
+// anywhere by the peek: never a panic, never a byte outside the body, and
+// an id found is the string value of a top-level request-id member.
+func FuzzRequestID(f *testing.F) {
+	for _, s := range []string{`{"rid":"abc","text":"x"}`, `{"text":"x","rid":"a\"b"}`, `{"rid":["a","b"]}`,
+		`{"a":{"rid":"inner"},"rid":"outer"}`, `{"rid":"cut`, `  {"rid" : "x\u0041"}`, `[{"rid":"x"}]`, "5\r\n{\"rid\":\"y\"}",
+		`{"request_id":"v1"}`, `{"r\u0069d":"esc"}`} {
+		f.Add([]byte(s), false)
+		f.Add([]byte(s), true)
+	}
+	f.Fuzz(func(t *testing.T, body []byte, chunked bool) {
+		req := &httphead.Request{Chunked: chunked, ContentLength: -1}
+		rid := RequestID(req, body)
+		if !testenv.Within(rid, body) {
+			t.Fatalf("rid %q is not within the body", rid)
+		}
+		if len(rid) > 0 {
+			keyed := bytes.Contains(body, []byte(`\u`)) // an escaped key
+			for _, k := range dialect.RequestIDKeys() {
+				keyed = keyed || bytes.Contains(body, []byte(k))
+			}
+			if !keyed {
+				t.Fatalf("rid %q from a body without a request-id key: %q", rid, body)
+			}
+			RequestIDString(rid) // unescapes without panicking
 		}
 	})
 }

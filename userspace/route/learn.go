@@ -24,7 +24,9 @@ import (
 	"time"
 
 	"github.com/tether-rl/tether/userspace/httphead"
+	"github.com/tether-rl/tether/userspace/keyhash"
 	"github.com/tether-rl/tether/userspace/sticky"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // Learning defaults.
@@ -141,7 +143,7 @@ func (l *Learning) Counts() LearnCounts {
 // hash domain, so that an id never collides with a routing key of the same
 // text (X-Session-ID).
 func SessionKeyHash(id []byte) uint64 {
-	return fmix64(fnv1a(fnv1aString(fnvOffset, "tether-session\x00"), id))
+	return keyhash.Mix(keyhash.FNV1a(keyhash.FNV1aString(keyhash.Offset, "tether-session\x00"), id))
 }
 
 // isCreate reports whether req creates a session: POST to the create path.
@@ -157,7 +159,7 @@ func pathIs(path []byte, p string) bool {
 // lookup returns the live worker that created id, or nil. It pushes the
 // entry's expiry back (at most every refresh) and follows a worker that
 // moved to another slot.
-func (l *Learning) lookup(ws []*Worker, id []byte) *Worker {
+func (l *Learning) lookup(ws []*worker.Worker, id []byte) *worker.Worker {
 	t := l.cfg.Table
 	h := SessionKeyHash(id)
 	e, ok := t.Lookup(h)
@@ -194,7 +196,7 @@ func (l *Learning) creating(d Decision) Decision {
 
 // retarget returns the Learner for the same request sent to w instead
 // (Router.Reroute); nil stays nil.
-func (x *Learner) retarget(w *Worker) *Learner {
+func (x *Learner) retarget(w *worker.Worker) *Learner {
 	if x == nil {
 		return nil
 	}
@@ -216,8 +218,8 @@ func (l *Learning) deleting(id []byte) *Learner {
 // the exchange is over. Not safe for concurrent use (one connection).
 type Learner struct {
 	l      *Learning
-	w      *Worker // create: the worker the request went to
-	key    uint64  // delete: the id's key
+	w      *worker.Worker // create: the worker the request went to
+	key    uint64         // delete: the id's key
 	delete bool
 	status int
 	seen   int    // body bytes shown so far

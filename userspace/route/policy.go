@@ -6,12 +6,14 @@ package route
 // engine so that its prefix cache stays warm; they name the trajectory in a
 // header (SkyRL: X-Session-ID, slime: X-SMG-Routing-Key).
 //
-// Order of the rules:
+// What the rules of a request that names no session do (their precedence
+// is the list in rules.go):
 //
-//  1. X-SMG-Target-Worker: <slot> (or the worker's URL) pins the request;
+//   - X-SMG-Target-Worker: <slot> (or the worker's URL) pins the request;
 //     400 when there is no such worker. The pin holds whatever the worker's
 //     state: the client asked for it.
-//  2. The routing key: the first non-empty value among KeyHeaders, in the
+//   - A request id already in flight goes to the worker serving it.
+//   - The routing key: the first non-empty value among KeyHeaders, in the
 //     order given, names matched case-insensitively.
 //     - hash (default): consistent hashing, bounded only under real
 //     overload. The key's ring position (KeyHash) picks an owner among
@@ -29,12 +31,13 @@ package route
 //     in-process LRU) for StickyTTL after the last refresh, or until
 //     POST /finish_session. An unhealthy or draining owner gets its keys
 //     reassigned.
-//  3. No key: by default the healthy worker with the fewest requests in
+//   - No key: by default the healthy worker with the fewest requests in
 //     flight, ties broken by rotation (the counts are exact and shared, so
-//     a full scan beats sampling for worker sets of this size); with
+//     a full scan beats sampling for worker sets of this size), or with
+//     engine signals by engine state (policy_engine.go); with
 //     Keyless = p2c the less loaded of two random healthy workers (power of
 //     two choices, O(1) for very large sets); with Keyless = prefix, the first PrefixBytes of the body
-//     (rid and request_id values left out) are hashed on the ring like a
+//     (request-id values left out) are hashed on the ring like a
 //     key, so that the samples of one GRPO group share a prefix cache.
 //
 // Routing is a pure function of (key, workers, loads): every tetherd
@@ -51,8 +54,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tether-rl/tether/userspace/config"
 	"github.com/tether-rl/tether/userspace/httphead"
+	"github.com/tether-rl/tether/userspace/jsonpeek"
+	"github.com/tether-rl/tether/userspace/keyhash"
 	"github.com/tether-rl/tether/userspace/sticky"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // PolicyKind selects how keyed requests are placed.
@@ -146,8 +153,8 @@ type PolicySettings struct {
 	KeyHeaders []string // routing key headers in order; nil: DefaultKeyHeaders
 	LoadFactor float64  // c of the bounded load, >= 1; 0: DefaultLoadFactor
 	// SpillMin: the absolute overload bound (in flight above the mean);
-	// 0: DefaultSpillMin, negative: none (the relative bound alone).
-	SpillMin int
+	// unset: DefaultSpillMin, 0: none (the relative bound alone).
+	SpillMin config.Optional[int]
 	// SpillTTL: a spilled key is remembered this long after its last
 	// request; 0: DefaultSpillTTL.
 	SpillTTL time.Duration
@@ -163,8 +170,7 @@ func DefaultPolicySettings() PolicySettings {
 	return s
 }
 
-// Provision fills s's zero fields with the defaults (a negative SpillMin,
-// none, is kept).
+// Provision fills s's zero (unset) fields with the defaults.
 func (s *PolicySettings) Provision() {
 	if s.KeyHeaders == nil {
 		s.KeyHeaders = DefaultKeyHeaders
@@ -172,8 +178,8 @@ func (s *PolicySettings) Provision() {
 	if s.LoadFactor == 0 {
 		s.LoadFactor = DefaultLoadFactor
 	}
-	if s.SpillMin == 0 {
-		s.SpillMin = DefaultSpillMin
+	if !s.SpillMin.IsSet() {
+		s.SpillMin = config.Some(DefaultSpillMin)
 	}
 	if s.SpillTTL == 0 {
 		s.SpillTTL = DefaultSpillTTL
@@ -232,9 +238,6 @@ func NewPolicy(cfg PolicyConfig) (*Policy, error) {
 	cfg.KeyHeaders = hs
 	if !(cfg.LoadFactor >= 1 && cfg.LoadFactor <= 100) {
 		return nil, fmt.Errorf("--hash-load-factor %v: want 1 <= c <= 100", cfg.LoadFactor)
-	}
-	if cfg.SpillMin < 0 {
-		cfg.SpillMin = 0 // none
 	}
 	if cfg.SpillTTL < time.Second {
 		return nil, fmt.Errorf("--hash-spill-ttl %v: want at least 1s", cfg.SpillTTL)
@@ -295,83 +298,32 @@ func (p *Policy) FinishSession(key string) bool {
 	return p.cfg.Sticky.Delete(KeyHashString(key))
 }
 
-// route places a request that names no session.
-func (p *Policy) route(rt *Router, req *httphead.Request, body []byte) Decision {
-	ws := rt.Table.Snapshot()
-	if v := fieldValue(req, TargetWorkerHeader); v != nil {
-		return routeTarget(rt, ws, v)
-	}
-	if key := p.RoutingKey(req); key != nil {
-		h := KeyHash(key)
-		if p.cfg.Kind == PolicySticky {
-			return p.routeSticky(rt, ws, h)
-		}
-		return p.routeKey(rt, ws, h)
-	}
-	if p.cfg.Keyless == KeylessPrefix && len(body) > 0 {
-		if body = PeekedBody(req, body); len(body) > 0 {
-			if len(body) > p.cfg.PrefixBytes {
-				body = body[:p.cfg.PrefixBytes]
-			}
-			return p.routeRing(rt, ws, PrefixHash(body))
-		}
-	}
-	if p.cfg.Keyless == KeylessP2C {
-		return p2c(rt, ws)
-	}
-	if e := rt.engineOn(); e != nil && p.cfg.Keyless == KeylessLeast {
-		if d, ok := e.keyless(rt, p, ws, req, body); ok {
-			return d // by engine state (policy_engine.go)
-		}
-	}
-	return rt.spread(ReasonSpread)
-}
-
 // PeekedBody returns the body data at the start of the peeked bytes: for a
 // chunked body, the data of the first chunk (as much as was peeked), without
-// the chunk framing; nil when the framing is cut or malformed.
+// the chunk framing; nil when the framing is cut or malformed (as
+// httphead.Chunked reads it).
 func PeekedBody(req *httphead.Request, body []byte) []byte {
 	if !req.Chunked {
 		return body
 	}
-	// The framing is not validated yet (that happens as the body streams):
-	// the size may be any 16 hex digits, so it is unsigned.
-	var n uint64
-	i := 0
-	for ; i < len(body) && i < 16; i++ {
-		c := body[i]
-		var d uint64
-		switch {
-		case c >= '0' && c <= '9':
-			d = uint64(c - '0')
-		case c|0x20 >= 'a' && c|0x20 <= 'f':
-			d = uint64(c|0x20-'a') + 10
-		default:
-			d = 16
-		}
-		if d == 16 {
-			break
-		}
-		n = n<<4 | d
-	}
-	if i == 0 {
-		return nil
-	}
-	// Skip chunk extensions up to the CRLF.
-	j := bytes.IndexByte(body[i:], '\n')
+	j := bytes.IndexByte(body, '\n')
 	if j < 0 {
 		return nil
 	}
-	data := body[i+j+1:]
-	if uint64(len(data)) > n {
+	var c httphead.Chunked
+	if n, err := c.Scan(body[:j+1]); err != nil || n != j+1 {
+		return nil
+	}
+	data := body[j+1:]
+	if n := c.Data(); int64(len(data)) > n {
 		data = data[:n]
 	}
 	return data
 }
 
 // routeTarget honours X-SMG-Target-Worker: a slot number or a worker URL.
-func routeTarget(rt *Router, ws []*Worker, v []byte) Decision {
-	var w *Worker
+func routeTarget(rt *Router, ws []*worker.Worker, v []byte) Decision {
+	var w *worker.Worker
 	if slot, ok := parseSlot(v); ok {
 		if slot < len(ws) {
 			w = ws[slot]
@@ -410,9 +362,9 @@ func parseSlot(b []byte) (int, bool) {
 // p2c routes a request without a key: of two distinct random slots, the
 // healthy one with fewer requests in flight. When the draw finds no healthy
 // worker it falls back to the scan of spread (panic rule, 503).
-func p2c(rt *Router, ws []*Worker) Decision {
+func p2c(rt *Router, ws []*worker.Worker) Decision {
 	n := len(ws)
-	var a, b *Worker
+	var a, b *worker.Worker
 	switch {
 	case n == 1:
 		a = ws[0]
@@ -424,10 +376,10 @@ func p2c(rt *Router, ws []*Worker) Decision {
 		}
 		a, b = ws[i], ws[j]
 	}
-	if a == nil || a.State() != Healthy {
+	if a == nil || a.State() != worker.Healthy {
 		a = nil
 	}
-	if b != nil && b.State() == Healthy && (a == nil || b.Stats.Pending() < a.Stats.Pending()) {
+	if b != nil && b.State() == worker.Healthy && (a == nil || b.Stats.Pending() < a.Stats.Pending()) {
 		a = b
 	}
 	if a == nil {
@@ -439,63 +391,34 @@ func p2c(rt *Router, ws []*Worker) Decision {
 
 // PrefixHash hashes the start of a request body for --keyless=prefix: the
 // samples of a GRPO group share their prompt but not their request id, so
-// the string values of the first "rid" and "request_id" keys are left out.
+// the string values of the top-level request-id members (the first of
+// each field, as far as they are within body) are left out.
 func PrefixHash(body []byte) uint64 {
-	h := uint64(fnvOffset)
-	var skip [2][2]int
+	var skip [maxIDFields][2]int
 	ns := 0
-	for _, k := range [...]string{`"rid"`, `"request_id"`} {
-		if s, e, ok := stringValueOf(body, k); ok {
-			skip[ns] = [2]int{s, e}
-			ns++
+	var seen [maxIDFields]bool
+	o := jsonpeek.Open(body)
+	for n := 0; n < len(requestIDFields); {
+		m, st := o.Next()
+		if st != jsonpeek.OK {
+			break
+		}
+		if k, ok := isRequestIDField(&m); ok && !seen[k] {
+			seen[k] = true
+			n++
+			if m.Value[0] == '"' {
+				skip[ns] = [2]int{m.Start, m.Start + len(m.Value)}
+				ns++
+			}
 		}
 	}
-	if ns == 2 && skip[1][0] < skip[0][0] {
-		skip[0], skip[1] = skip[1], skip[0]
-	}
+	h := uint64(keyhash.Offset)
 	at := 0
 	for i := 0; i < ns; i++ {
-		if skip[i][0] < at {
-			continue
-		}
-		h = fnv1a(h, body[at:skip[i][0]])
+		h = keyhash.FNV1a(h, body[at:skip[i][0]])
 		at = skip[i][1]
 	}
-	return fmix64(fnv1a(h, body[at:]))
-}
-
-// stringValueOf finds the first occurrence of the quoted key k followed by
-// a colon and a string, and returns the span of that string (quotes
-// included). A heuristic, not a JSON parser: good enough to ignore ids.
-func stringValueOf(b []byte, k string) (int, int, bool) {
-	i := bytes.Index(b, []byte(k))
-	if i < 0 {
-		return 0, 0, false
-	}
-	j := skipSpace(b, i+len(k))
-	if j >= len(b) || b[j] != ':' {
-		return 0, 0, false
-	}
-	j = skipSpace(b, j+1)
-	if j >= len(b) || b[j] != '"' {
-		return 0, 0, false
-	}
-	for e := j + 1; e < len(b); e++ {
-		switch b[e] {
-		case '\\':
-			e++
-		case '"':
-			return j, e + 1, true
-		}
-	}
-	return j, len(b), true // cut by the peek: skip to the end
-}
-
-func skipSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	return i
+	return keyhash.Mix(keyhash.FNV1a(h, body[at:]))
 }
 
 // SetPolicy replaces the policy of a router in use (a reload).
@@ -503,15 +426,3 @@ func (rt *Router) SetPolicy(p *Policy) { rt.policy.Store(p) }
 
 // CurrentPolicy returns the policy in effect (nil: spread).
 func (rt *Router) CurrentPolicy() *Policy { return rt.policy.Load() }
-
-// Pin routes to the worker in slot when it exists and is healthy, counting
-// reason (for callers that know better than the policy, such as the
-// request id owners of package engine).
-func (rt *Router) Pin(slot int, reason Reason) (Decision, bool) {
-	w := rt.Table.Get(slot)
-	if w == nil || w.State() != Healthy {
-		return Decision{}, false
-	}
-	rt.reasons[reason].Add(1)
-	return Decision{Worker: w, Reason: reason}, true
-}

@@ -6,7 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/tether-rl/tether/userspace/httphead"
+	"github.com/tether-rl/tether/userspace/config"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // Placement by engine state (docs/routing.md, "Engine-aware placement").
@@ -58,11 +59,11 @@ const (
 // --waiting-veto, --group-max). Zero values take the defaults
 // (Provision); NewEnginePlacement validates them.
 type EngineConfig struct {
-	KVVeto      float64 // veto at KV usage >= this; DefaultKVVeto; >= 1: never
-	WaitingVeto int     // veto above this many waiting; 0: DefaultWaitingVeto, negative: none
-	GroupMax    int     // a prompt's samples in flight per engine; 0: DefaultGroupMax, negative: no grouping
-	MoveMargin  float64 // 0: DefaultMoveMargin
-	MoveSlack   float64 // 0: DefaultMoveSlack
+	KVVeto      float64              // veto at KV usage >= this; DefaultKVVeto; >= 1: never
+	WaitingVeto config.Optional[int] // veto above this many waiting; unset: DefaultWaitingVeto, 0: none
+	GroupMax    config.Optional[int] // a prompt's samples in flight per engine; unset: DefaultGroupMax, 0: no grouping
+	MoveMargin  float64              // 0: DefaultMoveMargin
+	MoveSlack   float64              // 0: DefaultMoveSlack
 }
 
 // DefaultEngineConfig is EngineConfig with every field at its default.
@@ -77,11 +78,11 @@ func (c *EngineConfig) Provision() {
 	if c.KVVeto == 0 {
 		c.KVVeto = DefaultKVVeto
 	}
-	if c.WaitingVeto == 0 {
-		c.WaitingVeto = DefaultWaitingVeto
+	if !c.WaitingVeto.IsSet() {
+		c.WaitingVeto = config.Some(DefaultWaitingVeto)
 	}
-	if c.GroupMax == 0 {
-		c.GroupMax = DefaultGroupMax
+	if !c.GroupMax.IsSet() {
+		c.GroupMax = config.Some(DefaultGroupMax)
 	}
 	if c.MoveMargin == 0 {
 		c.MoveMargin = DefaultMoveMargin
@@ -121,25 +122,31 @@ func (e *EnginePlacement) SetKnown(n int) { e.known.Store(int32(n)) }
 // Veto decides an engine's veto from a reading, with hysteresis: on at KV
 // usage >= KVVeto or more than WaitingVeto waiting; once on, off only when
 // KV usage is below KVVeto-0.1 and at most WaitingVeto/2 wait.
-func (e *EnginePlacement) Veto(prev bool, s EngineSignals) bool {
-	kv, wait := e.cfg.KVVeto, e.cfg.WaitingVeto
+func (e *EnginePlacement) Veto(prev bool, s worker.EngineSignals) bool {
+	kv := e.cfg.KVVeto
+	wait, bound := e.waitingBound()
 	if prev {
 		kv -= vetoBand
-		if wait > 0 {
-			wait /= 2
-		}
+		wait /= 2
 	}
 	if s.KVUsage >= 0 && s.KVUsage >= kv && e.cfg.KVVeto < 1 {
 		return true
 	}
-	return wait >= 0 && s.Waiting > wait
+	return bound && s.Waiting > wait
+}
+
+// waitingBound is WaitingVeto, and whether it bounds at all (0, or a
+// negative value: no bound).
+func (e *EnginePlacement) waitingBound() (int, bool) {
+	w := e.cfg.WaitingVeto.Or(0)
+	return w, w > 0
 }
 
 // VetoLow is the KV low mark of a veto decided by Veto for s: the usage
 // below which the veto lifts between readings (Worker.SetEngineSignals),
 // or 0 when the waiting queue vetoes it too (that lifts at a reading).
-func (e *EnginePlacement) VetoLow(s EngineSignals) float64 {
-	if wait := e.cfg.WaitingVeto; wait >= 0 && s.Waiting > wait/2 {
+func (e *EnginePlacement) VetoLow(s worker.EngineSignals) float64 {
+	if wait, bound := e.waitingBound(); bound && s.Waiting > wait/2 {
 		return 0
 	}
 	return max(e.cfg.KVVeto-vetoBand, 0.01)
@@ -175,15 +182,15 @@ func (e *EnginePlacement) clearlyBetter(b, cur float64) bool {
 // (within tieSlack) broken by the ring from h (useRing) or by rotation
 // from h, skipping skip (may be nil); nil when every healthy worker is
 // vetoed or none is healthy. It also returns the best score.
-func (e *EnginePlacement) best(p *Policy, ws []*Worker, h uint64, useRing bool, skip *Worker) (*Worker, float64) {
+func (e *EnginePlacement) best(p *Policy, ws []*worker.Worker, h uint64, useRing bool, skip *worker.Worker) (*worker.Worker, float64) {
 	var scores [64]float64
 	bestScore := -1.0
 	n := 0
 	for i, w := range ws {
-		if w == nil || w == skip || w.State() != Healthy {
+		if w == nil || w == skip || w.State() != worker.Healthy {
 			continue
 		}
-		s, vetoed := w.engineScore()
+		s, vetoed := w.EngineScore()
 		if vetoed {
 			continue
 		}
@@ -200,7 +207,7 @@ func (e *EnginePlacement) best(p *Policy, ws []*Worker, h uint64, useRing bool, 
 	}
 	isTie := func(slot int) bool {
 		w := ws[slot]
-		if w == nil || w == skip || w.State() != Healthy {
+		if w == nil || w == skip || w.State() != worker.Healthy {
 			return false
 		}
 		var s float64
@@ -211,7 +218,7 @@ func (e *EnginePlacement) best(p *Policy, ws []*Worker, h uint64, useRing bool, 
 			}
 		} else {
 			var vetoed bool
-			if s, vetoed = w.engineScore(); vetoed {
+			if s, vetoed = w.EngineScore(); vetoed {
 				return false
 			}
 		}
@@ -244,42 +251,41 @@ func (e *EnginePlacement) best(p *Policy, ws []*Worker, h uint64, useRing bool, 
 // leastVetoed is the healthy worker with the lowest score, vetoed or not
 // (every engine is vetoed: the request waits in that worker's queue while
 // the poller holds admissions).
-func leastVetoed(ws []*Worker, start uint64) *Worker {
-	var best *Worker
+func leastVetoed(ws []*worker.Worker, start uint64) *worker.Worker {
+	var best *worker.Worker
 	var bs float64
 	n := len(ws)
 	for k := 0; k < n; k++ {
 		w := ws[(int(start%uint64(n))+k)%n]
-		if w == nil || w.State() != Healthy {
+		if w == nil || w.State() != worker.Healthy {
 			continue
 		}
-		if s, _ := w.engineScore(); best == nil || s < bs {
+		if s, _ := w.EngineScore(); best == nil || s < bs {
 			best, bs = w, s
 		}
 	}
 	return best
 }
 
-// keyless places a request without a key (--keyless=least). ok false:
-// no healthy worker; the caller's spread applies its panic rule.
-func (e *EnginePlacement) keyless(rt *Router, p *Policy, ws []*Worker, req *httphead.Request, body []byte) (Decision, bool) {
-	if gh, ok := GroupHash(req, body); ok && e.cfg.GroupMax > 0 {
-		return e.group(rt, p, ws, gh)
-	}
+// least places a request without a key (--keyless=least) on the best
+// engine, ties rotating; every engine vetoed: the least loaded vetoed one.
+// false: no healthy worker (d untouched); the least rule applies its panic
+// rule.
+func (e *EnginePlacement) least(rt *Router, p *Policy, ws []*worker.Worker, d *Decision) bool {
 	w, _ := e.best(p, ws, rt.rr.Add(1), false, nil)
 	if w == nil {
 		if w = leastVetoed(ws, rt.rr.Add(1)); w == nil {
-			return Decision{}, false
+			return false
 		}
 	}
-	rt.reasons[ReasonEngineLeast].Add(1)
-	return Decision{Worker: w, Reason: ReasonEngineLeast}, true
+	*d = rt.decide(w, ReasonEngineLeast)
+	return true
 }
 
 // newKey places a key seen for the first time (--policy=sticky): the best
 // engine, ties to the key's ring owner; nil when every engine is vetoed
 // (the caller uses its own rule).
-func (e *EnginePlacement) newKey(p *Policy, ws []*Worker, h uint64) *Worker {
+func (e *EnginePlacement) newKey(p *Policy, ws []*worker.Worker, h uint64) *worker.Worker {
 	w, _ := e.best(p, ws, h, true, nil)
 	return w
 }
@@ -289,8 +295,8 @@ func (e *EnginePlacement) newKey(p *Policy, ws []*Worker, h uint64) *Worker {
 // onlyVetoed false, when cur's KV cache is nearing full (usage at least
 // KVVeto-0.2: the load of one hot key alone never moves it)
 // (engine-least). ok false: the key stays.
-func (e *EnginePlacement) moveKey(p *Policy, ws []*Worker, h uint64, cur *Worker, onlyVetoed bool) (*Worker, Reason, bool) {
-	cs, vetoed, u := cur.engineState()
+func (e *EnginePlacement) moveKey(p *Policy, ws []*worker.Worker, h uint64, cur *worker.Worker, onlyVetoed bool) (*worker.Worker, Reason, bool) {
+	cs, vetoed, u := cur.EngineEstimate()
 	if !vetoed && (onlyVetoed || u < e.cfg.KVVeto-2*vetoBand) {
 		return nil, 0, false
 	}
@@ -305,7 +311,7 @@ func (e *EnginePlacement) moveKey(p *Policy, ws []*Worker, h uint64, cur *Worker
 }
 
 // group places a sample of the prompt gh.
-func (e *EnginePlacement) group(rt *Router, p *Policy, ws []*Worker, gh uint64) (Decision, bool) {
+func (e *EnginePlacement) group(rt *Router, p *Policy, ws []*worker.Worker, gh uint64, d *Decision) bool {
 	g := e.groups.entry(gh)
 	g.mu.Lock()
 	if g.hash != gh || !g.set {
@@ -315,31 +321,33 @@ func (e *EnginePlacement) group(rt *Router, p *Policy, ws []*Worker, gh uint64) 
 			w, _ := e.best(p, ws, gh, true, nil)
 			if w == nil {
 				if w = leastVetoed(ws, gh); w == nil {
-					return Decision{}, false
+					return false
 				}
 			}
 			rt.reasons[ReasonEngineLeast].Add(1)
-			return Decision{Worker: w, Reason: ReasonEngineLeast}, true
+			*d = Decision{Worker: w, Reason: ReasonEngineLeast}
+			return true
 		}
 		g.hash, g.set = gh, true
 		g.slot, g.n = [2]int32{-1, -1}, [2]int32{}
 	}
-	max := int32(e.cfg.GroupMax)
-	var skip *Worker
+	max := int32(e.cfg.GroupMax.Or(0))
+	var skip *worker.Worker
 	for k := 0; k < 2; k++ {
 		s := int(g.slot[k])
 		if s < 0 || s >= len(ws) || ws[s] == nil {
 			continue
 		}
 		w := ws[s]
-		if w.State() != Healthy || w.engineVetoedNow() {
+		if w.State() != worker.Healthy || w.EngineVetoedNow() {
 			continue
 		}
 		if g.n[k] < max {
 			g.n[k]++
 			g.mu.Unlock()
 			rt.reasons[ReasonGroup].Add(1)
-			return Decision{Worker: w, Reason: ReasonGroup, Done: g.rel[k]}, true
+			*d = Decision{Worker: w, Reason: ReasonGroup, Done: g.rel[k]}
+			return true
 		}
 		skip = w // full: the next best engine
 	}
@@ -349,7 +357,7 @@ func (e *EnginePlacement) group(rt *Router, p *Policy, ws []*Worker, gh uint64) 
 	}
 	if w == nil {
 		g.mu.Unlock()
-		return Decision{}, false
+		return false
 	}
 	// Record it where no sample is in flight (the later samples follow).
 	k := -1
@@ -379,7 +387,8 @@ func (e *EnginePlacement) group(rt *Router, p *Policy, ws []*Worker, gh uint64) 
 	}
 	g.mu.Unlock()
 	rt.reasons[reason].Add(1)
-	return Decision{Worker: w, Reason: reason, Done: done}, true
+	*d = Decision{Worker: w, Reason: reason, Done: done}
+	return true
 }
 
 // groupTable remembers where the samples of recent prompts went: a

@@ -7,13 +7,15 @@ import (
 	"time"
 
 	"github.com/tether-rl/tether/testenv"
+	"github.com/tether-rl/tether/userspace/config"
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/sticky"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // engineRouter returns a router over n workers whose engines all report
 // an idle load, with engine placement on.
-func engineRouter(t testing.TB, n int, kind PolicyKind, ec EngineConfig) (*Router, []*Worker) {
+func engineRouter(t testing.TB, n int, kind PolicyKind, ec EngineConfig) (*Router, []*worker.Worker) {
 	t.Helper()
 	tab, _ := testWorkers(t, n)
 	cfg := PolicyConfig{Kind: kind, Sticky: sticky.NewMemory(0)}
@@ -31,8 +33,8 @@ func engineRouter(t testing.TB, n int, kind PolicyKind, ec EngineConfig) (*Route
 	return rt, ws
 }
 
-func setLoad(w *Worker, running, waiting int, kv float64, vetoed bool) {
-	w.SetEngineSignals(EngineSignals{Running: running, Waiting: waiting, KVUsage: kv, HitRate: -1}, vetoed, 0, time.Now())
+func setLoad(w *worker.Worker, running, waiting int, kv float64, vetoed bool) {
+	w.SetEngineSignals(worker.EngineSignals{Running: running, Waiting: waiting, KVUsage: kv, HitRate: -1}, vetoed, 0, time.Now())
 }
 
 // genReq is a keyless /generate request with its body.
@@ -186,7 +188,7 @@ func TestGroupsTogether(t *testing.T) {
 // TestGroupMax: a prompt's samples beyond --group-max in flight on its
 // engine go to the next best engine, and the later ones follow them.
 func TestGroupMax(t *testing.T) {
-	rt, _ := engineRouter(t, 4, PolicyHash, EngineConfig{GroupMax: 4})
+	rt, _ := engineRouter(t, 4, PolicyHash, EngineConfig{GroupMax: config.Some(4)})
 	body := `{"text":"one prompt"}`
 	per := map[int]int{}
 	for i := 0; i < 8; i++ {
@@ -225,7 +227,7 @@ func TestVetoHysteresis(t *testing.T) {
 		{true, 0.1, 32, false},
 		{false, -1, 0, false}, // unknown usage
 	} {
-		if got := ep.Veto(tc.prev, EngineSignals{KVUsage: tc.kv, Waiting: tc.waiting}); got != tc.want {
+		if got := ep.Veto(tc.prev, worker.EngineSignals{KVUsage: tc.kv, Waiting: tc.waiting}); got != tc.want {
 			t.Errorf("Veto(prev %v, kv %v, waiting %d) = %v, want %v", tc.prev, tc.kv, tc.waiting, got, tc.want)
 		}
 	}
@@ -332,15 +334,15 @@ func TestNoSaturatedPins(t *testing.T) {
 func TestAllVetoedHold(t *testing.T) {
 	_, ws := engineRouter(t, 1, PolicyHash, EngineConfig{})
 	w := ws[0]
-	if w.Admit(8, time.Second, nil) != Admitted {
+	if w.Admit(8, time.Second, nil) != worker.Admitted {
 		t.Fatal("no place")
 	}
 	w.SetEngineHold(1)
-	got := make(chan Admission, 1)
+	got := make(chan worker.Admission, 1)
 	go func() { got <- w.Admit(8, time.Minute, nil) }()
 	testenv.WaitFor(t, "a queued request", func() bool { return w.Queued() == 1 })
 	w.SetEngineHold(0)
-	if a := <-got; a != Admitted {
+	if a := <-got; a != worker.Admitted {
 		t.Fatalf("after the hold: %v", a)
 	}
 }

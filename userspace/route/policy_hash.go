@@ -5,49 +5,17 @@ import (
 	"strconv"
 
 	"github.com/tether-rl/tether/userspace/httphead"
+	"github.com/tether-rl/tether/userspace/keyhash"
 	"github.com/tether-rl/tether/userspace/sticky"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
-// Hashing: FNV-1a 64 followed by the MurmurHash3 finalizer (fmix64), so
-// that short, similar inputs ("http://10.0.0.5:30001#17") still spread over
-// the whole ring. It is fixed (no per-process seed, unlike hash/maphash):
-// every tetherd process on every host maps a key to the same ring position.
-const (
-	fnvOffset = 14695981039346656037
-	fnvPrime  = 1099511628211
-)
-
-func fnv1a(h uint64, b []byte) uint64 {
-	for _, c := range b {
-		h ^= uint64(c)
-		h *= fnvPrime
-	}
-	return h
-}
-
-func fnv1aString(h uint64, s string) uint64 {
-	for i := 0; i < len(s); i++ {
-		h ^= uint64(s[i])
-		h *= fnvPrime
-	}
-	return h
-}
-
-func fmix64(h uint64) uint64 {
-	h ^= h >> 33
-	h *= 0xff51afd7ed558ccd
-	h ^= h >> 33
-	h *= 0xc4ceb9fe1a85ec53
-	h ^= h >> 33
-	return h
-}
-
-// KeyHash is the 64-bit hash of a routing key: its ring position and its
-// key in the sticky table.
-func KeyHash(key []byte) uint64 { return fmix64(fnv1a(fnvOffset, key)) }
+// KeyHash is the 64-bit hash of a routing key (keyhash: fixed, the same
+// in every process): its ring position and its key in the sticky table.
+func KeyHash(key []byte) uint64 { return keyhash.Sum(key) }
 
 // KeyHashString is KeyHash of a string.
-func KeyHashString(key string) uint64 { return fmix64(fnv1aString(fnvOffset, key)) }
+func KeyHashString(key string) uint64 { return keyhash.String(key) }
 
 // VirtualNodes is the number of ring positions per worker. With 160 the
 // share of keys a worker owns is within about ±10% of 1/N.
@@ -59,7 +27,7 @@ const VirtualNodes = 160
 // successors (each key to its own successor, not all to one worker) and
 // come back when it recovers, without a rebuild.
 type ring struct {
-	ws     []*Worker // the snapshot the ring was built from
+	ws     []*worker.Worker // the snapshot the ring was built from
 	points []ringPoint
 }
 
@@ -71,14 +39,14 @@ type ringPoint struct {
 // workerRingID names a worker on the ring: its URL, so that every process
 // configured with the same workers agrees even if slots differ; the slot
 // when there is no URL.
-func workerRingID(w *Worker) string {
+func workerRingID(w *worker.Worker) string {
 	if w.URL != "" {
 		return w.URL
 	}
 	return "slot:" + strconv.Itoa(w.Slot)
 }
 
-func buildRing(ws []*Worker) *ring {
+func buildRing(ws []*worker.Worker) *ring {
 	r := &ring{ws: ws}
 	n := 0
 	for _, w := range ws {
@@ -131,7 +99,7 @@ func (r *ring) search(h uint64) int {
 
 // Owner returns the slot owning h on the ring of ws, ignoring states and
 // loads (-1 without workers). For tests and tools.
-func (p *Policy) Owner(ws []*Worker, h uint64) int {
+func (p *Policy) Owner(ws []*worker.Worker, h uint64) int {
 	r := p.ringFor(ws)
 	if len(r.points) == 0 {
 		return -1
@@ -139,13 +107,13 @@ func (p *Policy) Owner(ws []*Worker, h uint64) int {
 	return int(r.points[r.search(h)].slot)
 }
 
-func sameSnapshot(a, b []*Worker) bool {
+func sameSnapshot(a, b []*worker.Worker) bool {
 	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }
 
 // ringFor returns the ring of snapshot ws, building it on the first request
 // after the table changed.
-func (p *Policy) ringFor(ws []*Worker) *ring {
+func (p *Policy) ringFor(ws []*worker.Worker) *ring {
 	if r := p.ring.Load(); r != nil && sameSnapshot(r.ws, ws) {
 		return r
 	}
@@ -177,10 +145,10 @@ type load struct {
 	total uint64
 }
 
-func loadOf(ws []*Worker) load {
+func loadOf(ws []*worker.Worker) load {
 	var l load
 	for _, w := range ws {
-		if w != nil && w.State() == Healthy {
+		if w != nil && w.State() == worker.Healthy {
 			l.n++
 			l.total += w.Stats.Pending()
 		}
@@ -201,15 +169,15 @@ func loadOf(ws []*Worker) load {
 // 1 + (c-1)/2, SpillMin/2, capacity minus an eighth. A spilled key returns
 // to its owner only once the owner is below them, so a load that hovers
 // at the bound does not make the key flap.
-func (p *Policy) overloaded(w *Worker, l load, low bool) bool {
-	c, abs, capacity := p.cfg.LoadFactor, float64(p.cfg.SpillMin), w.MaxInFlight()
+func (p *Policy) overloaded(w *worker.Worker, l load, low bool) bool {
+	c, abs, capacity := p.cfg.LoadFactor, float64(max(p.cfg.SpillMin.Or(0), 0)), w.MaxInFlight()
 	if low {
 		c, abs = 1+(c-1)/2, abs/2
 		if capacity > 1 {
 			capacity -= max(capacity/8, 1)
 		}
 	}
-	if w.full(capacity) {
+	if w.Full(capacity) {
 		return true
 	}
 	n := max(l.n, 1)
@@ -222,7 +190,7 @@ func (p *Policy) overloaded(w *Worker, l load, low bool) bool {
 // the request unless it is overloaded, then the next healthy one that is
 // not (consistent hashing with bounded loads, bounded only under real
 // overload). It also returns the owner.
-func (p *Policy) pick(ws []*Worker, h uint64, l load) (*Worker, *Worker, ringOutcome) {
+func (p *Policy) pick(ws []*worker.Worker, h uint64, l load) (*worker.Worker, *worker.Worker, ringOutcome) {
 	r := p.ringFor(ws)
 	np := len(r.points)
 	if np == 0 {
@@ -233,7 +201,7 @@ func (p *Policy) pick(ws []*Worker, h uint64, l load) (*Worker, *Worker, ringOut
 		// Every worker unhealthy: the owner among those not draining,
 		// load ignored (the panic rule of spread).
 		for k := 0; k < np; k++ {
-			if w := ws[r.points[i].slot]; w.State() != Draining {
+			if w := ws[r.points[i].slot]; w.State() != worker.Draining {
 				return w, w, ringPanic
 			}
 			if i++; i == np {
@@ -242,12 +210,12 @@ func (p *Policy) pick(ws []*Worker, h uint64, l load) (*Worker, *Worker, ringOut
 		}
 		return nil, nil, ringNone
 	}
-	var owner *Worker
+	var owner *worker.Worker
 	out := ringOwner
 	for k := 0; k < np; k++ {
 		w := ws[r.points[i].slot]
 		switch {
-		case w.State() != Healthy:
+		case w.State() != worker.Healthy:
 			if owner == nil {
 				out = ringFailover
 			}
@@ -271,10 +239,10 @@ func (p *Policy) pick(ws []*Worker, h uint64, l load) (*Worker, *Worker, ringOut
 	return nil, nil, ringNone
 }
 
-func isHealthy(w *Worker) bool { return w.State() == Healthy }
+func isHealthy(w *worker.Worker) bool { return w.State() == worker.Healthy }
 
 // routeRing routes by ring position h without memory (--keyless=prefix).
-func (p *Policy) routeRing(rt *Router, ws []*Worker, h uint64) Decision {
+func (p *Policy) routeRing(rt *Router, ws []*worker.Worker, h uint64) Decision {
 	w, _, out := p.pick(ws, h, loadOf(ws))
 	reason := ReasonPrefix
 	switch out {
@@ -296,7 +264,7 @@ func (p *Policy) routeRing(rt *Router, ws []*Worker, h uint64) Decision {
 // successors as loads move; once the owner is below them, the entry is
 // dropped and the key returns (hash_return). Until some key spilled, no
 // request pays for a table lookup (Router.spillUntil).
-func (p *Policy) routeKey(rt *Router, ws []*Worker, h uint64) Decision {
+func (p *Policy) routeKey(rt *Router, ws []*worker.Worker, h uint64) Decision {
 	l := loadOf(ws)
 	w, owner, out := p.pick(ws, h, l)
 	t := p.cfg.Sticky
@@ -354,7 +322,7 @@ func (p *Policy) routeKey(rt *Router, ws []*Worker, h uint64) Decision {
 // back to the owner (entry dropped) once the owner is not. ok false: no
 // spill to apply, route as usual (a spill that moves to another target is
 // stored again by the caller).
-func (p *Policy) remembered(rt *Router, ws []*Worker, h uint64, l load, owner *Worker, now int64) (Decision, bool) {
+func (p *Policy) remembered(rt *Router, ws []*worker.Worker, h uint64, l load, owner *worker.Worker, now int64) (Decision, bool) {
 	t := p.cfg.Sticky
 	e, found := t.Lookup(h)
 	if !found || !e.Live(now) {
@@ -365,7 +333,7 @@ func (p *Policy) remembered(rt *Router, ws []*Worker, h uint64, l load, owner *W
 		return Decision{}, false
 	}
 	e2 := rt.engineOn()
-	if e2 != nil && sw.State() == Healthy && !p.overloaded(sw, l, false) {
+	if e2 != nil && sw.State() == worker.Healthy && !p.overloaded(sw, l, false) {
 		// With engine signals a moved key stays moved (its cache is
 		// there now) until its entry expires: off its target only when
 		// that is vetoed and another engine is clearly better.
@@ -385,7 +353,7 @@ func (p *Policy) remembered(rt *Router, ws []*Worker, h uint64, l load, owner *W
 		rt.reasons[ReasonHashReturn].Add(1)
 		return Decision{Worker: owner, Reason: ReasonHashReturn}, true
 	}
-	if sw.State() != Healthy || p.overloaded(sw, l, false) {
+	if sw.State() != worker.Healthy || p.overloaded(sw, l, false) {
 		return Decision{}, false
 	}
 	if uint32(sw.Slot) != e.Worker || now-(e.Expires-p.spillTTL) >= p.refresh {
@@ -409,8 +377,8 @@ func (rt *Router) Reroute(req *httphead.Request, body []byte, d Decision) Decisi
 		return Decision{}
 	}
 	ws := rt.Table.Snapshot()
-	ok := func(w *Worker) bool { return w != failed && w.State() == Healthy }
-	var w *Worker
+	ok := func(w *worker.Worker) bool { return w != failed && w.State() == worker.Healthy }
+	var w *worker.Worker
 	switch d.Reason {
 	case ReasonHash, ReasonHashSpill, ReasonHashSpilled, ReasonHashReturn, ReasonHashFailover:
 		p := rt.CurrentPolicy()
@@ -440,6 +408,9 @@ func (rt *Router) Reroute(req *httphead.Request, body []byte, d Decision) Decisi
 		return Decision{}
 	}
 	rt.reasons[ReasonReroute].Add(1)
-	w.decided[ReasonReroute].Add(1)
-	return Decision{Worker: w, Reason: ReasonReroute, Learn: d.Learn.retarget(w)}
+	w.CountDecision(int(ReasonReroute))
+	q := request{req: req, body: body}
+	nd := Decision{Worker: w, Reason: ReasonReroute, Learn: d.Learn.retarget(w)}
+	rt.trackRequestID(&q, &nd)
+	return nd
 }

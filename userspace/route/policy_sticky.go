@@ -1,6 +1,9 @@
 package route
 
-import "github.com/tether-rl/tether/userspace/sticky"
+import (
+	"github.com/tether-rl/tether/userspace/sticky"
+	"github.com/tether-rl/tether/userspace/worker"
+)
 
 // routeSticky implements --policy=sticky for key hash h: one table lookup
 // per request; a table write only on a first assignment, a reassignment,
@@ -10,13 +13,13 @@ import "github.com/tether-rl/tether/userspace/sticky"
 // sticky_failover) and stays with its new worker when the old one
 // recovers: the new worker holds the session's cache by then, and moving
 // it back would cost a second miss.
-func (p *Policy) routeSticky(rt *Router, ws []*Worker, h uint64) Decision {
+func (p *Policy) routeSticky(rt *Router, ws []*worker.Worker, h uint64) Decision {
 	t := p.cfg.Sticky
 	now := p.cfg.Now()
 	e, found := t.Lookup(h)
 	lost := false
 	if found && e.Live(now) {
-		if w := entryWorker(ws, e); w != nil && w.State() == Healthy {
+		if w := entryWorker(ws, e); w != nil && w.State() == worker.Healthy {
 			if eng := rt.engineOn(); eng != nil {
 				if nw, r, ok := eng.moveKey(p, ws, h, w, true); ok {
 					// Off a vetoed engine, to one clearly better: it stays there.
@@ -35,7 +38,7 @@ func (p *Policy) routeSticky(rt *Router, ws []*Worker, h uint64) Decision {
 	}
 	// A new key: the least loaded healthy worker with room (capacity);
 	// with engine signals, the best engine (ties to the ring owner).
-	var w *Worker
+	var w *worker.Worker
 	newReason := ReasonStickyNew
 	if eng := rt.engineOn(); eng != nil {
 		if w = eng.newKey(p, ws, h); w != nil && !hasRoom(w) {
@@ -61,7 +64,7 @@ func (p *Policy) routeSticky(rt *Router, ws []*Worker, h uint64) Decision {
 	} else if cur, ok := t.Insert(h, ne); !ok {
 		// Another request or tetherd process assigned the key first.
 		if cur.Live(now) {
-			if cw := entryWorker(ws, cur); cw != nil && cw.State() == Healthy {
+			if cw := entryWorker(ws, cur); cw != nil && cw.State() == worker.Healthy {
 				rt.reasons[ReasonSticky].Add(1)
 				return Decision{Worker: cw, Reason: ReasonSticky}
 			}
@@ -81,7 +84,7 @@ func (p *Policy) routeSticky(rt *Router, ws []*Worker, h uint64) Decision {
 // worker with that identity in another slot (the same engine after a
 // restart with the workers in another order), else nil (the worker is
 // gone, or the entry predates identities).
-func entryWorker(ws []*Worker, e sticky.Entry) *Worker {
+func entryWorker(ws []*worker.Worker, e sticky.Entry) *worker.Worker {
 	if e.ID == 0 {
 		return nil
 	}
@@ -99,4 +102,4 @@ func entryWorker(ws []*Worker, e sticky.Entry) *Worker {
 }
 
 // hasRoom: healthy and below its capacity (max_in_flight).
-func hasRoom(w *Worker) bool { return w.State() == Healthy && !w.full(w.MaxInFlight()) }
+func hasRoom(w *worker.Worker) bool { return w.State() == worker.Healthy && !w.Full(w.MaxInFlight()) }

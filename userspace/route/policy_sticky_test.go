@@ -10,6 +10,7 @@ import (
 
 	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/userspace/sticky"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // countingTable counts the writes that reach a table.
@@ -154,12 +155,12 @@ func TestStickyPolicy(t *testing.T) {
 			// An unhealthy owner loses its keys to the least loaded healthy
 			// worker; they stay there after it recovers.
 			lost := d.Worker
-			lost.SetState(Unhealthy)
+			lost.SetState(worker.Unhealthy)
 			d2 := route("traj-1")
 			if d2.Worker == lost || d2.Reason != ReasonStickyFailover {
 				t.Fatalf("unhealthy owner: %+v", d2)
 			}
-			lost.SetState(Healthy)
+			lost.SetState(worker.Healthy)
 			if d3 := route("traj-1"); d3.Worker != d2.Worker {
 				t.Fatalf("after recovery: %d, want %d", d3.Worker.Slot, d2.Worker.Slot)
 			}

@@ -6,27 +6,29 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tether-rl/tether/userspace/config"
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/stats"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // testWorkers returns a table of n workers with heap counters; URLs are
 // http://10.0.0.<i>:30000 (distinct, as on a real cluster).
-func testWorkers(t testing.TB, n int) (*Table, *stats.Table) {
+func testWorkers(t testing.TB, n int) (*worker.Table, *stats.Table) {
 	t.Helper()
 	st := stats.NewHeap()
-	tab := NewTable()
+	tab := worker.NewTable()
 	for i := 0; i < n; i++ {
 		tab.Put(testWorker(st, i))
 	}
 	return tab, st
 }
 
-func testWorker(st *stats.Table, slot int) *Worker {
-	return &Worker{Slot: slot, URL: fmt.Sprintf("http://10.0.%d.%d:30000", slot/250, slot%250+1), Stats: st.Worker(slot)}
+func testWorker(st *stats.Table, slot int) *worker.Worker {
+	return &worker.Worker{Slot: slot, URL: fmt.Sprintf("http://10.0.%d.%d:30000", slot/250, slot%250+1), Stats: st.Worker(slot)}
 }
 
-func testRouter(t testing.TB, tab *Table, cfg PolicyConfig) *Router {
+func testRouter(t testing.TB, tab *worker.Table, cfg PolicyConfig) *Router {
 	t.Helper()
 	p, err := NewPolicy(cfg)
 	if err != nil {
@@ -246,11 +248,11 @@ func TestHashRemapOnAddRemove(t *testing.T) {
 func TestHashSameAcrossProcesses(t *testing.T) {
 	keys := sessionKeys(2000)
 	tabA, stA := testWorkers(t, 6)
-	tabB := NewTable()
+	tabB := worker.NewTable()
 	for i := 0; i < 6; i++ {
 		w := testWorker(stA, i)
 		w.Slot = 5 - i // reversed slots, same URLs
-		tabB.Put(&Worker{Slot: w.Slot, URL: w.URL, Stats: stats.NewHeap().Worker(w.Slot)})
+		tabB.Put(&worker.Worker{Slot: w.Slot, URL: w.URL, Stats: stats.NewHeap().Worker(w.Slot)})
 	}
 	a := owners(t, testRouter(t, tabA, PolicyConfig{}), keys)
 	b := owners(t, testRouter(t, tabB, PolicyConfig{}), keys)
@@ -273,7 +275,7 @@ func TestBoundedLoadHotKey(t *testing.T) {
 		t.Run(fmt.Sprintf("c=%v,spill-min=%v", c, abs), func(t *testing.T) {
 			const n = 8
 			tab, _ := testWorkers(t, n)
-			rt := testRouter(t, tab, PolicyConfig{PolicySettings: PolicySettings{LoadFactor: c, SpillMin: tc.abs}})
+			rt := testRouter(t, tab, PolicyConfig{PolicySettings: PolicySettings{LoadFactor: c, SpillMin: config.Some(max(tc.abs, 0))}})
 			ws := tab.Snapshot()
 			hot := keyReq(t, "hot-trajectory")
 			owner := rt.CurrentPolicy().Owner(ws, KeyHashString("hot-trajectory"))
@@ -337,7 +339,7 @@ func TestHashFailoverAndReturn(t *testing.T) {
 	tab, _ := testWorkers(t, n)
 	rt := testRouter(t, tab, PolicyConfig{})
 	before := owners(t, rt, keys)
-	for _, st := range []State{Unhealthy, Draining} {
+	for _, st := range []worker.State{worker.Unhealthy, worker.Draining} {
 		victim := tab.Get(2)
 		victim.SetState(st)
 		during := owners(t, rt, keys)
@@ -370,7 +372,7 @@ func TestHashFailoverAndReturn(t *testing.T) {
 				t.Fatalf("%v: key %q went to %d, ring successor is %d", st, keys[i], during[i], want[i])
 			}
 		}
-		victim.SetState(Healthy)
+		victim.SetState(worker.Healthy)
 		after := owners(t, rt, keys)
 		for i := range keys {
 			if after[i] != before[i] {
@@ -380,13 +382,13 @@ func TestHashFailoverAndReturn(t *testing.T) {
 	}
 	// Everyone unhealthy: panic rule, the ring owner.
 	for _, w := range tab.Snapshot() {
-		w.SetState(Unhealthy)
+		w.SetState(worker.Unhealthy)
 	}
 	if d := rt.Route(keyReq(t, keys[0]), nil); d.Worker == nil || d.Worker.Slot != before[0] || d.Reason != ReasonPanic {
 		t.Errorf("all unhealthy: %+v", d)
 	}
 	for _, w := range tab.Snapshot() {
-		w.SetState(Draining)
+		w.SetState(worker.Draining)
 	}
 	if d := rt.Route(keyReq(t, keys[0]), nil); d.Status != 503 {
 		t.Errorf("all draining: %+v", d)
@@ -428,7 +430,7 @@ func TestTargetWorkerAndSessionPrecedence(t *testing.T) {
 		}
 	}
 	// A draining target is still honoured (an explicit pin).
-	tab.Get(1).SetState(Draining)
+	tab.Get(1).SetState(worker.Draining)
 	if d := rt.Route(parseReq(t, "/generate", "X-SMG-Target-Worker: 1"), nil); d.Worker == nil || d.Worker.Slot != 1 {
 		t.Errorf("draining target: %+v", d)
 	}
@@ -465,8 +467,8 @@ func TestKeylessPowerOfTwo(t *testing.T) {
 		}
 	}
 	// Unhealthy workers are never picked while others are healthy.
-	ws[1].SetState(Unhealthy)
-	ws[2].SetState(Draining)
+	ws[1].SetState(worker.Unhealthy)
+	ws[2].SetState(worker.Draining)
 	for i := 0; i < 200; i++ {
 		if d := rt.Route(req, nil); d.Worker.Slot == 1 || d.Worker.Slot == 2 {
 			t.Fatalf("picked %v worker %d", d.Worker.State(), d.Worker.Slot)

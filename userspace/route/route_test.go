@@ -5,6 +5,7 @@ import (
 
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/stats"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 func TestSessionSlot(t *testing.T) {
@@ -55,33 +56,13 @@ func TestSessionID(t *testing.T) {
 	}
 }
 
-func newTable(n int) (*Table, *stats.Table) {
+func newTable(n int) (*worker.Table, *stats.Table) {
 	st := stats.NewHeap()
-	tab := NewTable()
+	tab := worker.NewTable()
 	for i := 0; i < n; i++ {
-		tab.Put(&Worker{Slot: i, Stats: st.Worker(i)})
+		tab.Put(&worker.Worker{Slot: i, Stats: st.Worker(i)})
 	}
 	return tab, st
-}
-
-func TestTableSlotsStable(t *testing.T) {
-	tab, _ := newTable(4)
-	if w := tab.Remove(1); w == nil || w.Slot != 1 {
-		t.Fatal("remove slot 1")
-	}
-	if tab.Get(2).Slot != 2 || tab.Get(1) != nil {
-		t.Fatal("removing a slot shifted the others")
-	}
-	if got := tab.FreeSlot(10); got != 1 {
-		t.Fatalf("first free slot %d, want 1", got)
-	}
-	tab.Remove(3)
-	if n := len(tab.Snapshot()); n != 3 {
-		t.Fatalf("trailing empty slots kept: len %d", n)
-	}
-	if tab.Remove(7) != nil || tab.Remove(-1) != nil {
-		t.Fatal("removing a missing slot returned a worker")
-	}
 }
 
 func TestSpreadRotatesAndPrefersIdle(t *testing.T) {
@@ -115,12 +96,12 @@ func TestPanicAndDraining(t *testing.T) {
 	tab, _ := newTable(3)
 	rt := &Router{Table: tab}
 	req := &httphead.Request{Path: []byte("/x")}
-	tab.Get(0).SetState(Draining)
-	tab.Get(1).SetState(Unhealthy)
+	tab.Get(0).SetState(worker.Draining)
+	tab.Get(1).SetState(worker.Unhealthy)
 	if d := rt.Route(req, nil); d.Worker.Slot != 2 {
 		t.Fatalf("routed to slot %d, want the only healthy one", d.Worker.Slot)
 	}
-	tab.Get(2).SetState(Unhealthy)
+	tab.Get(2).SetState(worker.Unhealthy)
 	d := rt.Route(req, nil)
 	if d.Worker == nil || d.Reason != ReasonPanic || d.Worker.Slot == 0 {
 		t.Fatalf("all unhealthy: %+v, want panic routing among the unhealthy, never the draining", d)
@@ -129,8 +110,8 @@ func TestPanicAndDraining(t *testing.T) {
 	if d := rt.Route(&httphead.Request{Path: []byte("/sessions/w0-abc")}, nil); d.Worker == nil || d.Worker.Slot != 0 {
 		t.Fatalf("session of a draining worker: %+v", d)
 	}
-	tab.Get(1).SetState(Draining)
-	tab.Get(2).SetState(Draining)
+	tab.Get(1).SetState(worker.Draining)
+	tab.Get(2).SetState(worker.Draining)
 	if d := rt.Route(req, nil); d.Status != 503 {
 		t.Fatalf("every worker draining: %+v, want 503", d)
 	}
@@ -201,17 +182,17 @@ func TestDecisionsPerWorker(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		rt.Route(parseReq(t, "/generate"), nil)
 	}
-	if got := tab.Get(1).Decisions()["session"]; got != 4 {
-		t.Fatalf("worker 1: %d session decisions, want 4 (%v)", got, tab.Get(1).Decisions())
+	if got := Decisions(tab.Get(1))["session"]; got != 4 {
+		t.Fatalf("worker 1: %d session decisions, want 4 (%v)", got, Decisions(tab.Get(1)))
 	}
 	var spread uint64
 	for i := 0; i < 3; i++ {
-		spread += tab.Get(i).Decisions()["spread"]
+		spread += Decisions(tab.Get(i))["spread"]
 	}
 	if spread != 3 || rt.Count(ReasonSpread) != 3 {
 		t.Fatalf("spread decisions per worker sum to %d, router counted %d; want 3", spread, rt.Count(ReasonSpread))
 	}
-	if tab.Get(0).Decisions()["session"] != 0 {
+	if Decisions(tab.Get(0))["session"] != 0 {
 		t.Fatal("a session decision counted for a worker it did not choose")
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"reflect"
 	"testing"
 	"time"
+
+	"github.com/tether-rl/tether/userspace/config"
 )
 
 // TestSettingsProvision: the settings structs' defaults are the Default*
@@ -11,22 +13,22 @@ import (
 // the same function (what they report is the provisioned settings).
 func TestSettingsProvision(t *testing.T) {
 	p := DefaultPolicySettings()
-	if !reflect.DeepEqual(p, PolicySettings{KeyHeaders: DefaultKeyHeaders, LoadFactor: DefaultLoadFactor, SpillMin: DefaultSpillMin, SpillTTL: DefaultSpillTTL, StickyTTL: DefaultStickyTTL}) {
+	if !reflect.DeepEqual(p, PolicySettings{KeyHeaders: DefaultKeyHeaders, LoadFactor: DefaultLoadFactor, SpillMin: config.Some(DefaultSpillMin), SpillTTL: DefaultSpillTTL, StickyTTL: DefaultStickyTTL}) {
 		t.Fatalf("DefaultPolicySettings: %+v", p)
 	}
-	s := PolicySettings{SpillMin: -1, StickyTTL: time.Minute}
+	s := PolicySettings{SpillMin: config.Some(0), StickyTTL: time.Minute}
 	s.Provision()
-	if s.SpillMin != -1 || s.StickyTTL != time.Minute || s.LoadFactor != DefaultLoadFactor {
+	if s.SpillMin != config.Some(0) || s.StickyTTL != time.Minute || s.LoadFactor != DefaultLoadFactor {
 		t.Fatalf("provisioned over settings: %+v", s)
 	}
 	if l := DefaultLearnSettings(); l != (LearnSettings{CreatePath: DefaultCreatePath, IDField: DefaultIDField, TTL: DefaultLearnTTL, MaxScan: DefaultLearnScan}) {
 		t.Fatalf("DefaultLearnSettings: %+v", l)
 	}
-	if e := DefaultEngineConfig(); e != (EngineConfig{KVVeto: DefaultKVVeto, WaitingVeto: DefaultWaitingVeto, GroupMax: DefaultGroupMax, MoveMargin: DefaultMoveMargin, MoveSlack: DefaultMoveSlack}) {
+	if e := DefaultEngineConfig(); e != (EngineConfig{KVVeto: DefaultKVVeto, WaitingVeto: config.Some(DefaultWaitingVeto), GroupMax: config.Some(DefaultGroupMax), MoveMargin: DefaultMoveMargin, MoveSlack: DefaultMoveSlack}) {
 		t.Fatalf("DefaultEngineConfig: %+v", e)
 	}
-	ep, err := NewEnginePlacement(EngineConfig{GroupMax: -1})
-	if err != nil || ep.Config() != (EngineConfig{KVVeto: DefaultKVVeto, WaitingVeto: DefaultWaitingVeto, GroupMax: -1, MoveMargin: DefaultMoveMargin, MoveSlack: DefaultMoveSlack}) {
+	ep, err := NewEnginePlacement(EngineConfig{GroupMax: config.Some(0)})
+	if err != nil || ep.Config() != (EngineConfig{KVVeto: DefaultKVVeto, WaitingVeto: config.Some(DefaultWaitingVeto), GroupMax: config.Some(0), MoveMargin: DefaultMoveMargin, MoveSlack: DefaultMoveSlack}) {
 		t.Fatalf("NewEnginePlacement: %+v %v", ep, err)
 	}
 	pol, err := NewPolicy(PolicyConfig{})

@@ -5,19 +5,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-rl/tether/userspace/config"
 	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/sticky"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // putLoad puts n requests in flight on w (test counters).
-func putLoad(w *Worker, n int) {
+func putLoad(w *worker.Worker, n int) {
 	for i := 0; i < n; i++ {
 		w.Stats.Begin()
 	}
 }
 
 // unload ends all of w's requests in flight.
-func unload(w *Worker) {
+func unload(w *worker.Worker) {
 	for w.Stats.Pending() > 0 {
 		w.Stats.End(false)
 	}
@@ -31,17 +33,17 @@ func unload(w *Worker) {
 // bound is for.
 func TestNoSpillBelowAbsoluteBound(t *testing.T) {
 	for _, tc := range []struct {
-		spillMin   int
+		spillMin   config.Optional[int]
 		wantSpills bool
-	}{{0, false}, {-1, true}} {
+	}{{config.Optional[int]{}, false}, {config.Some(0), true}} {
 		t.Run(fmt.Sprint("spill-min=", tc.spillMin), func(t *testing.T) {
 			const n, keys, turns = 8, 256, 5
 			tab, _ := testWorkers(t, n)
 			rt := testRouter(t, tab, PolicyConfig{PolicySettings: PolicySettings{SpillMin: tc.spillMin}, Sticky: sticky.NewMemory(0)})
-			first := make([]*Worker, keys)
+			first := make([]*worker.Worker, keys)
 			moved := 0
 			for turn := 0; turn < turns; turn++ {
-				var inflight []*Worker
+				var inflight []*worker.Worker
 				for k := 0; k < keys; k++ {
 					d := rt.Route(keyReq(t, fmt.Sprintf("traj-%d", k)), nil)
 					d.Worker.Stats.Begin() // every key has its turn in flight at once
@@ -57,7 +59,7 @@ func TestNoSpillBelowAbsoluteBound(t *testing.T) {
 				}
 			}
 			spills := rt.Count(ReasonHashSpill)
-			t.Logf("spill-min %d: %d of %d later turns moved; spills %d, kept on their spill target %d", tc.spillMin, moved, keys*(turns-1), spills, rt.Count(ReasonHashSpilled))
+			t.Logf("spill-min %v: %d of %d later turns moved; spills %d, kept on their spill target %d", tc.spillMin, moved, keys*(turns-1), spills, rt.Count(ReasonHashSpilled))
 			if got := spills > 0; got != tc.wantSpills {
 				t.Errorf("%d spills, want spills: %v", spills, tc.wantSpills)
 			}
@@ -79,7 +81,7 @@ func TestSpillRememberedThenReturns(t *testing.T) {
 			tab, _ := testWorkers(t, n)
 			ws := tab.Snapshot()
 			clock := sticky.Now()
-			rt := testRouter(t, tab, PolicyConfig{PolicySettings: PolicySettings{SpillMin: 8}, Sticky: newTable(), Now: func() int64 { return clock }})
+			rt := testRouter(t, tab, PolicyConfig{PolicySettings: PolicySettings{SpillMin: config.Some(8)}, Sticky: newTable(), Now: func() int64 { return clock }})
 			const key = "traj-hot"
 			p := rt.CurrentPolicy()
 			owner := ws[p.Owner(ws, KeyHashString(key))]
@@ -202,9 +204,9 @@ func TestEntriesNameTheirWorker(t *testing.T) {
 			}
 			// Restart with the same workers in reverse order: every key
 			// finds its worker.
-			rev := NewTable()
+			rev := worker.NewTable()
 			for i, w := range tab.Snapshot() {
-				rev.Put(&Worker{Slot: 3 - i, URL: w.URL, Stats: stats.Worker(3 - i)})
+				rev.Put(&worker.Worker{Slot: 3 - i, URL: w.URL, Stats: stats.Worker(3 - i)})
 			}
 			rt2 := testRouter(t, rev, PolicyConfig{Kind: PolicySticky, Sticky: st})
 			for k, u := range keys {
@@ -213,7 +215,7 @@ func TestEntriesNameTheirWorker(t *testing.T) {
 				}
 			}
 			// Slot 0 now holds a new worker: slot 0's keys are placed anew.
-			tab.Put(&Worker{Slot: 0, URL: "http://10.9.9.9:1", Stats: stats.Worker(0)})
+			tab.Put(&worker.Worker{Slot: 0, URL: "http://10.9.9.9:1", Stats: stats.Worker(0)})
 			old := tab.Get(0)
 			for k, u := range keys {
 				d := rt.Route(keyReq(t, k), nil)
@@ -270,7 +272,7 @@ func TestLearnedSessions(t *testing.T) {
 			create := func() Decision { return rt.Route(parseReq(t, "/sessions"), nil) }
 			turn := func(id string) Decision { return rt.Route(parseReq(t, "/sessions/"+id+"/v1/chat/completions"), nil) }
 
-			ids := map[string]*Worker{}
+			ids := map[string]*worker.Worker{}
 			for i := 0; i < 16; i++ {
 				d := create()
 				id := fmt.Sprintf("3f2a9c1e-4b7d-4e21-9a0b-%012d", i)
@@ -300,8 +302,8 @@ func TestLearnedSessions(t *testing.T) {
 				}
 			}
 			if id0 != "" {
-				moved := &Worker{Slot: 7, URL: tab.Get(0).URL, Stats: stats.Worker(7)}
-				tab.Put(&Worker{Slot: 0, URL: "http://10.9.9.9:1", Stats: stats.Worker(0)})
+				moved := &worker.Worker{Slot: 7, URL: tab.Get(0).URL, Stats: stats.Worker(7)}
+				tab.Put(&worker.Worker{Slot: 0, URL: "http://10.9.9.9:1", Stats: stats.Worker(0)})
 				if d := turn(id0); d.Worker == tab.Get(0) {
 					t.Fatalf("new worker in slot 0 inherited %s", id0)
 				}

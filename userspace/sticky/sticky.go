@@ -30,7 +30,7 @@ const MaxEntries = 65536
 // Entry is one key's owner.
 type Entry struct {
 	Worker uint32 // worker slot (where the worker was when stored)
-	// ID is the worker's identity (route.WorkerID of its URL): the entry
+	// ID is the worker's identity (worker.ID of its URL): the entry
 	// names the worker, not its slot, so it is stale once another worker
 	// holds the slot and follows its worker to another slot. 0: an entry of
 	// a tetherd that stored no identity, which matches no worker.

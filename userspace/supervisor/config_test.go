@@ -14,7 +14,7 @@ func TestConfigValidate(t *testing.T) {
 		{Config{}, ""},
 		{DefaultConfig(), ""},
 		{Config{N: 2, Command: []string{"tether-demo"}, Grace: time.Second}, ""},
-		{Config{N: -1}, "--spawn -1: want 0 or more"},
+		{Config{N: -1}, "--spawn: negative; want a value >= 0"},
 		{Config{Grace: -time.Second}, "--spawn-grace: negative"},
 		{Config{N: 1}, "--spawn: give the worker command after --"},
 		{Config{N: 1, Command: []string{" "}}, "--spawn: give the worker command after --"},

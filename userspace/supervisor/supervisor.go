@@ -39,6 +39,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tether-rl/tether/userspace/config"
 	"github.com/tether-rl/tether/userspace/registry"
 )
 
@@ -73,14 +74,12 @@ func (c *Config) Provision() {
 var errNoCommand = errors.New("--spawn: give the worker command after --, e.g. tetherd --spawn 2 -- tether-demo --listen 127.0.0.1:{port} --index {index}")
 
 // Validate refuses out-of-range settings (zero is the default), naming
-// tetherd's flag.
+// tetherd's flag (settings, flags.go), and N processes of no command.
 func (c Config) Validate() error {
-	switch {
-	case c.N < 0:
-		return fmt.Errorf("--spawn %d: want 0 or more", c.N)
-	case c.Grace < 0:
-		return errors.New("--spawn-grace: negative")
-	case c.N > 0 && (len(c.Command) == 0 || strings.TrimSpace(c.Command[0]) == ""):
+	if err := config.Validate(c.settings()); err != nil {
+		return err
+	}
+	if c.N > 0 && (len(c.Command) == 0 || strings.TrimSpace(c.Command[0]) == "") {
 		return errNoCommand
 	}
 	return nil

@@ -21,8 +21,8 @@ import (
 	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/userspace/health"
 	"github.com/tether-rl/tether/userspace/registry"
-	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/stats"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // The test binary doubles as the worker process (TETHER_SUP_HELPER=worker)
@@ -204,7 +204,7 @@ func TestSpawnCrashRestartStop(t *testing.T) {
 	}()
 	testenv.WaitForWithin(t, "3 workers routable", 20*time.Second, func() bool {
 		for i := 0; i < 3; i++ {
-			if w := reg.Table().Get(i); w == nil || w.State() != route.Healthy {
+			if w := reg.Table().Get(i); w == nil || w.State() != worker.Healthy {
 				return false
 			}
 		}
@@ -233,8 +233,8 @@ func TestSpawnCrashRestartStop(t *testing.T) {
 	// Crash worker 1: unhealthy at once, then back in slot 1 on its port.
 	pid1, _ := getPIDs(t, urls[1])
 	syscall.Kill(pid1, syscall.SIGKILL)
-	testenv.WaitForWithin(t, "slot 1 unhealthy", 20*time.Second, func() bool { return reg.Table().Get(1).State() == route.Unhealthy })
-	testenv.WaitForWithin(t, "slot 1 back", 20*time.Second, func() bool { return reg.Table().Get(1).State() == route.Healthy })
+	testenv.WaitForWithin(t, "slot 1 unhealthy", 20*time.Second, func() bool { return reg.Table().Get(1).State() == worker.Unhealthy })
+	testenv.WaitForWithin(t, "slot 1 back", 20*time.Second, func() bool { return reg.Table().Get(1).State() == worker.Healthy })
 	if got := reg.Table().Get(1).URL; got != urls[1] {
 		t.Fatalf("restarted on %s, want %s", got, urls[1])
 	}
@@ -302,7 +302,7 @@ func TestFDHandover(t *testing.T) {
 	reg.Reserve(0, s.URLs()[0], registry.OriginSpawn)
 	s.Start()
 	defer s.Stop(context.Background())
-	testenv.WaitForWithin(t, "ready", 20*time.Second, func() bool { w := reg.Table().Get(0); return w != nil && w.State() == route.Healthy })
+	testenv.WaitForWithin(t, "ready", 20*time.Second, func() bool { w := reg.Table().Get(0); return w != nil && w.State() == worker.Healthy })
 	pid, _ := getPIDs(t, s.URLs()[0])
 	syscall.Kill(pid, syscall.SIGKILL)
 	testenv.WaitForWithin(t, "restart", 20*time.Second, func() bool { p := s.Procs()[0]; return p.Ready && p.PID != pid })

@@ -110,8 +110,8 @@ func SocketError(fd int) error {
 // poller registers every socket the net package opens and has no call to
 // let one go: a listening socket that an event loop (userspace/proxy)
 // accepts on, through its own copy, would otherwise wake the runtime's
-// poller thread on every new connection for nothing (measured: one context
-// switch per connection). The sets are found in /proc/self/fd, the
+// poller thread on every new connection for nothing (bench/measurements.md,
+// "The event loop"). The sets are found in /proc/self/fd, the
 // watched descriptors in their fdinfo ("tfd:" lines).
 func Unpoll(fd int, keep ...int) (int, error) {
 	ents, err := os.ReadDir("/proc/self/fd")

@@ -76,7 +76,7 @@ type Pool struct {
 	dialer net.Dialer
 
 	mu     sync.Mutex
-	idle   []*Conn // LIFO: the most recently used on top
+	idle   Idle[*Conn]
 	closed bool
 
 	retries [RetryReasons]atomic.Uint64
@@ -148,19 +148,19 @@ func (p *Pool) Get(ctx context.Context) (*Conn, error) {
 	if err == nil {
 		return c, nil
 	}
-	if ctx.Err() != nil || errors.Is(err, ErrLocal) {
+	reason, ok := Attempt{Local: ctx.Err() != nil || errors.Is(err, ErrLocal)}.Retry()
+	if !ok {
 		return nil, err // tetherd's own shortage: not the worker's failure
 	}
-	p.retries[RetryConnect].Add(1)
-	p.stats.Retried()
+	p.Retried(reason)
 	return p.dial(ctx)
 }
 
-// Dial returns a new connection, for the one retry the proxy may make when
-// a reused connection took no byte of the request.
-func (p *Pool) Dial(ctx context.Context) (*Conn, error) {
-	p.retries[RetryDeadPooled].Add(1)
-	p.stats.Retried()
+// Redial returns a new connection, for the one retry (Attempt.Retry) of a
+// request whose connection failed before its first byte went up; reason
+// is the one Retry gave.
+func (p *Pool) Redial(ctx context.Context, reason int) (*Conn, error) {
+	p.Retried(reason)
 	return p.dial(ctx)
 }
 
@@ -188,13 +188,10 @@ func (p *Pool) dial(ctx context.Context) (*Conn, error) {
 func (p *Pool) pop() *Conn {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	n := len(p.idle)
-	if n == 0 {
+	c, ok := p.idle.Pop()
+	if !ok {
 		return nil
 	}
-	c := p.idle[n-1]
-	p.idle[n-1] = nil
-	p.idle = p.idle[:n-1]
 	IdleConns.Add(-1)
 	return c
 }
@@ -213,18 +210,12 @@ func (p *Pool) Put(c *Conn) {
 		c.discard()
 		return
 	}
-	var evict *Conn
-	if len(p.idle) >= p.opts.MaxIdle {
-		evict = p.idle[0]
-		copy(p.idle, p.idle[1:])
-		p.idle = p.idle[:len(p.idle)-1]
-	}
-	p.idle = append(p.idle, c)
-	if evict == nil {
+	evict, evicted := p.idle.Push(c, p.opts.MaxIdle)
+	if !evicted {
 		IdleConns.Add(1)
 	}
 	p.mu.Unlock()
-	if evict != nil {
+	if evicted {
 		evict.discard()
 	}
 }
@@ -241,8 +232,8 @@ func (c *Conn) discard() {
 // closed the connection (EOF), reset it, or sent unsolicited bytes.
 //
 // The check is made on every reuse, however recent the connection's
-// return: skipping it for connections back in the pool under 2 ms
-// (measured: one recvfrom less per request) made requests that met a
+// return: skipping it for connections back in the pool a moment ago
+// (bench/measurements.md, "The event loop") made requests that met a
 // worker killed a moment before fail with 502 "sent" instead of being
 // placed again (TestRefusedConnectRerouted). An event loop that keeps idle
 // upstream sockets in epoll with EPOLLRDHUP can drop it safely.
@@ -261,8 +252,8 @@ func (c *Conn) peek(fd uintptr) bool {
 	return true
 }
 
-// Retried counts a retry made outside the pool (an event loop's own
-// connections, userspace/proxy/loop_upstream.go).
+// Retried counts a retry (Attempt.Retry), the pool's own or one made on an
+// event loop's own connections (userspace/proxy).
 func (p *Pool) Retried(reason int) {
 	p.retries[reason].Add(1)
 	p.stats.Retried()
@@ -286,7 +277,7 @@ func (p *Pool) Stats() *stats.Worker { return p.stats }
 func (p *Pool) Idle() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.idle)
+	return p.idle.Len()
 }
 
 // Close closes the idle connections; connections in use are closed by
@@ -298,8 +289,7 @@ func (p *Pool) Close() {
 		return
 	}
 	p.closed = true
-	idle := p.idle
-	p.idle = nil
+	idle := p.idle.TakeAll()
 	IdleConns.Add(-int64(len(idle)))
 	p.mu.Unlock()
 	close(p.stop)
@@ -320,15 +310,15 @@ func (p *Pool) janitor() {
 		case now := <-t.C:
 			var stale []*Conn
 			p.mu.Lock()
-			i := 0
-			for i < len(p.idle) && now.Sub(p.idle[i].idle) > p.opts.IdleTimeout {
-				i++
+			for {
+				c, ok := p.idle.Oldest()
+				if !ok || now.Sub(c.idle) <= p.opts.IdleTimeout {
+					break
+				}
+				p.idle.DropOldest()
+				stale = append(stale, c)
 			}
-			if i > 0 {
-				stale = append(stale, p.idle[:i]...)
-				p.idle = append(p.idle[:0], p.idle[i:]...)
-				IdleConns.Add(-int64(i))
-			}
+			IdleConns.Add(-int64(len(stale)))
 			p.mu.Unlock()
 			for _, c := range stale {
 				c.discard()

@@ -194,7 +194,8 @@ func TestPeek(t *testing.T) {
 // A connect that fails because this process is out of descriptors is not
 // the worker's failure: no connect retry is counted (passive health checks
 // read that count), it is not tried again, and the error says ErrLocal.
-// (Issue 12: under ulimit -n 256 every worker went unhealthy in 0.5 s.)
+// (Counted, a descriptor shortage would make every worker look unhealthy
+// at once.)
 func TestOutOfDescriptorsNotTheWorkers(t *testing.T) {
 	addr, _ := backend(t, func(c net.Conn) { c.Close() })
 	p := New(addr, stats.NewHeap().Worker(0), Options{})

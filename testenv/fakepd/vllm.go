@@ -1,0 +1,292 @@
+package fakepd
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/tether-rl/tether/testenv/fakeengine"
+)
+
+// lease is a prefill's pinned blocks for one handoff.
+type lease struct {
+	blocks []int
+	timer  *time.Timer
+}
+
+// VLLMPrefill is a fake vLLM prefill engine (NIXL producer).
+type VLLMPrefill struct {
+	server
+	leaseMu    sync.Mutex
+	leases     map[string]*lease
+	nextBlock  int
+	omitParams atomic32
+}
+
+// StartVLLMPrefill starts a prefill on 127.0.0.1.
+func StartVLLMPrefill(opts Options) (*VLLMPrefill, error) {
+	opts.defaults()
+	p := &VLLMPrefill{leases: map[string]*lease{}}
+	p.opts = opts
+	mux := http.NewServeMux()
+	for _, path := range []string{"/v1/completions", "/v1/chat/completions"} {
+		mux.HandleFunc("POST "+path, p.generate)
+	}
+	mux.HandleFunc("POST /_nixl/pull", p.pull)
+	mux.HandleFunc("POST /_nixl/release", p.release)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {})
+	if err := p.start(mux); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// OmitParams makes it answer without kv_transfer_params (an engine not
+// configured as a producer), pinning nothing.
+func (p *VLLMPrefill) OmitParams(on bool) {
+	v := int32(0)
+	if on {
+		v = 1
+	}
+	p.omitParams.Store(v)
+}
+
+// Held is the number of blocks it keeps pinned.
+func (p *VLLMPrefill) Held() int {
+	p.leaseMu.Lock()
+	defer p.leaseMu.Unlock()
+	n := 0
+	for _, l := range p.leases {
+		n += len(l.blocks)
+	}
+	return n
+}
+
+// Kill closes it and drops its leases (a crash).
+func (p *VLLMPrefill) Kill() {
+	p.kill()
+	p.leaseMu.Lock()
+	for id, l := range p.leases {
+		l.timer.Stop()
+		delete(p.leases, id)
+	}
+	p.leaseMu.Unlock()
+}
+
+// Close is Kill.
+func (p *VLLMPrefill) Close() { p.Kill() }
+
+type kvParams struct {
+	DoRemoteDecode  bool    `json:"do_remote_decode"`
+	DoRemotePrefill bool    `json:"do_remote_prefill"`
+	RemoteEngineID  *string `json:"remote_engine_id"`
+	RemoteBlockIDs  [][]int `json:"remote_block_ids"`
+	RemoteRequestID string  `json:"remote_request_id,omitempty"`
+	RemoteHost      *string `json:"remote_host"`
+	RemotePort      *int    `json:"remote_port"`
+	TPSize          int     `json:"tp_size,omitempty"`
+}
+
+// badPrefill reports a prefill leg's body against the protocol.
+func badPrefill(g *genRequest) bool {
+	if string(g.raw["stream"]) == "true" || string(g.raw["max_tokens"]) != "1" {
+		return true
+	}
+	if v, ok := g.raw["max_completion_tokens"]; ok && string(v) != "1" {
+		return true
+	}
+	if v, ok := g.raw["n"]; ok && string(v) != "1" {
+		return true
+	}
+	for _, k := range []string{"stream_options", "min_tokens", "min_completion_tokens"} {
+		if _, ok := g.raw[k]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+func (p *VLLMPrefill) generate(w http.ResponseWriter, r *http.Request) {
+	g, ok := p.read(w, r, fakeengine.VLLM)
+	if !ok || p.failed(w) {
+		return
+	}
+	g.rid = r.Header.Get("X-Request-Id")
+	var kv kvParams
+	if raw, ok := g.raw["kv_transfer_params"]; !ok || json.Unmarshal(raw, &kv) != nil || !kv.DoRemoteDecode {
+		// An ordinary request: served whole.
+		if answer(r.Context(), w, g, g.maxNew, func() bool { return true }, nil) {
+			p.Stats.Served.Add(1)
+		}
+		return
+	}
+	if badPrefill(g) {
+		p.Stats.BadPrefill.Add(1)
+	}
+	if !sleep(r.Context(), p.opts.PrefillDelay) {
+		p.Stats.Aborted.Add(1)
+		return
+	}
+	g.stream = false
+	if p.omitParams.Load() != 0 {
+		answer(r.Context(), w, g, 1, func() bool { return true }, nil)
+		p.Stats.Served.Add(1)
+		return
+	}
+	id := g.rid + "-" + strconv.Itoa(p.Port())
+	p.leaseMu.Lock()
+	if old := p.leases[id]; old != nil {
+		old.timer.Stop()
+	}
+	nb := (len(g.prompt) + p.opts.BlockTokens - 1) / p.opts.BlockTokens
+	l := &lease{}
+	for i := 0; i < nb; i++ {
+		p.nextBlock++
+		l.blocks = append(l.blocks, p.nextBlock)
+	}
+	l.timer = time.AfterFunc(p.opts.Lease, func() {
+		p.leaseMu.Lock()
+		defer p.leaseMu.Unlock()
+		if p.leases[id] == l {
+			delete(p.leases, id)
+			p.Stats.LeaseExpiry.Add(1)
+		}
+	})
+	p.leases[id] = l
+	p.leaseMu.Unlock()
+	engine, host, port := fmt.Sprintf("fake-%d", p.Port()), "127.0.0.1", p.Port()
+	params := kvParams{DoRemotePrefill: true, RemoteEngineID: &engine, RemoteBlockIDs: [][]int{l.blocks},
+		RemoteRequestID: id, RemoteHost: &host, RemotePort: &port, TPSize: 1}
+	if answer(r.Context(), w, g, 1, func() bool { return true }, map[string]any{"kv_transfer_params": params}) {
+		p.Stats.Served.Add(1)
+	}
+}
+
+type handoff struct {
+	RemoteRequestID string  `json:"remote_request_id"`
+	RemoteBlockIDs  [][]int `json:"remote_block_ids"`
+}
+
+// take frees a lease; false if it is gone or its blocks differ.
+func (p *VLLMPrefill) take(h *handoff) bool {
+	p.leaseMu.Lock()
+	defer p.leaseMu.Unlock()
+	l := p.leases[h.RemoteRequestID]
+	if l == nil || len(h.RemoteBlockIDs) != 1 || fmt.Sprint(h.RemoteBlockIDs[0]) != fmt.Sprint(l.blocks) {
+		return false
+	}
+	l.timer.Stop()
+	delete(p.leases, h.RemoteRequestID)
+	return true
+}
+
+// pull serves a decode's read of the blocks: the first frees them.
+func (p *VLLMPrefill) pull(w http.ResponseWriter, r *http.Request) {
+	var h handoff
+	if json.NewDecoder(r.Body).Decode(&h) != nil || !p.take(&h) {
+		http.Error(w, "no such blocks", http.StatusGone)
+		return
+	}
+	p.Stats.Pulls.Add(1)
+	w.WriteHeader(http.StatusOK)
+}
+
+// release serves a decode's notification that it will not pull.
+func (p *VLLMPrefill) release(w http.ResponseWriter, r *http.Request) {
+	var h handoff
+	if json.NewDecoder(r.Body).Decode(&h) == nil && p.take(&h) {
+		p.Stats.Notified.Add(1)
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+// VLLMDecode is a fake vLLM decode engine (NIXL consumer).
+type VLLMDecode struct {
+	server
+	running atomic32
+	client  *http.Client
+}
+
+// StartVLLMDecode starts a decode on 127.0.0.1.
+func StartVLLMDecode(opts Options) (*VLLMDecode, error) {
+	opts.defaults()
+	d := &VLLMDecode{client: &http.Client{Transport: &http.Transport{}, Timeout: 5 * time.Second}}
+	d.opts = opts
+	mux := http.NewServeMux()
+	for _, path := range []string{"/v1/completions", "/v1/chat/completions"} {
+		mux.HandleFunc("POST "+path, d.generate)
+	}
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {})
+	if err := d.start(mux); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// Held is the number of requests it is decoding.
+func (d *VLLMDecode) Held() int { return int(d.running.Load()) }
+
+// Kill closes it (a crash).
+func (d *VLLMDecode) Kill() {
+	d.kill()
+	d.client.CloseIdleConnections()
+}
+
+// Close is Kill.
+func (d *VLLMDecode) Close() { d.Kill() }
+
+// call posts a handoff to the prefill's side channel.
+func (d *VLLMDecode) call(kv *kvParams, what string) bool {
+	b, _ := json.Marshal(handoff{RemoteRequestID: kv.RemoteRequestID, RemoteBlockIDs: kv.RemoteBlockIDs})
+	url := fmt.Sprintf("http://%s:%d/_nixl/%s", *kv.RemoteHost, *kv.RemotePort, what)
+	resp, err := d.client.Post(url, "application/json", bytesReader(b))
+	if err != nil {
+		return false
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+func (d *VLLMDecode) generate(w http.ResponseWriter, r *http.Request) {
+	var kv kvParams
+	var complete bool
+	release := func() {
+		if complete && d.opts.Notify {
+			d.call(&kv, "release")
+		}
+	}
+	g, ok := d.read(w, r, fakeengine.VLLM)
+	if !ok {
+		return
+	}
+	g.rid = r.Header.Get("X-Request-Id")
+	if raw, ok := g.raw["kv_transfer_params"]; ok && json.Unmarshal(raw, &kv) == nil {
+		complete = kv.DoRemotePrefill && kv.RemoteEngineID != nil && kv.RemoteHost != nil && kv.RemotePort != nil &&
+			len(kv.RemoteBlockIDs) > 0 && kv.RemoteRequestID != ""
+	}
+	if d.failed(w) {
+		release()
+		return
+	}
+	d.running.Add(1)
+	defer d.running.Add(-1)
+	if ctx := r.Context(); ctx.Err() != nil {
+		d.Stats.Aborted.Add(1)
+		release()
+		return
+	}
+	if !complete || !d.call(&kv, "pull") {
+		d.Stats.Recomputes.Add(1) // vLLM logs a warning and recomputes the prompt
+	}
+	delay := func() bool { return sleep(r.Context(), d.opts.TokenDelay) }
+	if answer(r.Context(), w, g, g.maxNew, delay, nil) {
+		d.Stats.Served.Add(1)
+	} else {
+		d.Stats.Aborted.Add(1)
+	}
+}

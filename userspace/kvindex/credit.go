@@ -1,0 +1,90 @@
+package kvindex
+
+import (
+	"sync"
+	"time"
+)
+
+// Credits: right after a decision the chosen engine is credited with the
+// request's blocks for CreditTTL, so that requests with the same start
+// arriving before the engine's events (a GRPO group's samples, n samples)
+// follow it. A credit is keyed by the last block the request's scan
+// hashed: the first block no engine held, or its last full block.
+
+// CreditTTL is how long a credit lasts.
+const CreditTTL = 3 * time.Second
+
+const creditEntries = 4096
+
+type credit struct {
+	mu     sync.Mutex
+	key    uint64
+	engine EngineID
+	blocks uint16
+	n      int32 // requests placed under this credit within its TTL
+	until  int64
+}
+
+type creditTable struct {
+	e []credit
+}
+
+func (t *creditTable) init() { t.e = make([]credit, creditEntries) }
+
+func (t *creditTable) slot(k uint64) *credit { return &t.e[(k^k>>29)%creditEntries] }
+
+// Credit credits engine id with the request of m (Scan) placed on it. It
+// returns the engine the request should go to: id, or the engine a
+// request with the same start claimed since m was scanned (samples of one
+// prompt arriving together), which the caller should follow.
+func (x *Index) Credit(m *Match, id EngineID) EngineID {
+	if m.NBlocks == 0 || m.BlockSize == 0 {
+		return id
+	}
+	blocks := max(m.Prompt/m.BlockSize, m.NBlocks)
+	c := x.credits.slot(m.Last)
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.key == m.Last && c.until > now.UnixNano() && !m.Credited && c.engine != id {
+		// Claimed by a sibling between this request's scan and now.
+		c.n++
+		return c.engine
+	}
+	if c.key == m.Last && c.engine == id && c.until > now.UnixNano() {
+		c.n++
+	} else {
+		c.n = 1
+	}
+	c.key, c.engine, c.blocks = m.Last, id, uint16(min(blocks, 1<<16-1))
+	c.until = now.Add(CreditTTL).UnixNano()
+	return id
+}
+
+func (t *creditTable) apply(m *Match, now int64) {
+	c := t.slot(m.Last)
+	c.mu.Lock()
+	if c.key == m.Last && c.until > now {
+		b := c.blocks
+		if limit := max(m.Prompt/m.BlockSize, m.NBlocks); int(b) > limit {
+			b = uint16(min(limit, 1<<16-1))
+		}
+		if b > m.Blocks[c.engine] {
+			m.Blocks[c.engine] = b
+		}
+		m.Credited, m.CreditEngine, m.Siblings = true, c.engine, int(c.n)
+	}
+	c.mu.Unlock()
+}
+
+// forget drops the credits of an engine (cleared, or its events arrived).
+func (t *creditTable) forget(id EngineID) {
+	for i := range t.e {
+		c := &t.e[i]
+		c.mu.Lock()
+		if c.engine == id {
+			c.until = 0
+		}
+		c.mu.Unlock()
+	}
+}

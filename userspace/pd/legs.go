@@ -1,0 +1,316 @@
+package pd
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tether-rl/tether/userspace/jsonedit"
+)
+
+// legResult is a leg's answer: its head and either its first body bytes
+// (first) or its whole body (whole), or the error that ended it first.
+type legResult struct {
+	resp *http.Response // body open only for a 2xx from first
+	body []byte         // whole: the body kept (up to the limit); first: a non-2xx body
+	err  error          // no head, or the body failed before its end (whole) / first bytes (first)
+	buf  *[]byte        // first: the pooled buffer body lies in
+}
+
+// bufs are the 32 KiB buffers of a decode's first bytes and of the relay.
+var bufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func getBuf() *[]byte  { return bufs.Get().(*[]byte) }
+func putBuf(b *[]byte) { bufs.Put(b) }
+
+// done closes a first leg's answer and gives its buffer back.
+func (l *legResult) done() {
+	if l.resp != nil {
+		l.resp.Body.Close()
+	}
+	if l.buf != nil {
+		putBuf(l.buf)
+		l.buf, l.body = nil, nil
+	}
+}
+
+func (l *legResult) status() int {
+	if l.resp == nil {
+		return 0
+	}
+	return l.resp.StatusCode
+}
+
+// failed reports a leg that failed or answered 5xx.
+func (l *legResult) failed() bool { return l.err != nil || l.status() >= 500 }
+
+// hopByHop are the fields not passed between a client and an engine.
+var hopByHop = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length", "Host",
+	"Accept-Encoding"}
+
+func (s *Server) legRequest(ctx context.Context, w Worker, req *Request, body []byte, id string) (*http.Request, error) {
+	method := req.Method
+	if method == "" {
+		method = http.MethodPost
+	}
+	hr, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(w.URL, "/")+req.Path, bytes.NewReader(body))
+	if err != nil {
+		return nil, fmt.Errorf("pd: %w", err)
+	}
+	for k, v := range req.Header {
+		hr.Header[k] = v
+	}
+	for _, k := range hopByHop {
+		hr.Header.Del(k)
+	}
+	if c := req.Header.Get("Connection"); c != "" {
+		for _, f := range strings.Split(c, ",") {
+			hr.Header.Del(strings.TrimSpace(f))
+		}
+	}
+	if hr.Header.Get("Content-Type") == "" {
+		hr.Header.Set("Content-Type", "application/json")
+	}
+	if id != "" {
+		hr.Header.Set("X-Request-Id", id)
+	}
+	return hr, nil
+}
+
+// whole sends a leg and reads its whole answer, keeping up to keep bytes
+// (the rest is read and dropped).
+func (s *Server) whole(ctx context.Context, w Worker, req *Request, body []byte, id string, keep int64) <-chan legResult {
+	ch := make(chan legResult, 1)
+	hr, err := s.legRequest(ctx, w, req, body, id)
+	if err != nil {
+		ch <- legResult{err: err}
+		return ch
+	}
+	go func() {
+		resp, err := s.client.Do(hr)
+		if err != nil {
+			ch <- legResult{err: err}
+			return
+		}
+		b, err := io.ReadAll(io.LimitReader(resp.Body, keep))
+		if err == nil {
+			_, err = io.Copy(io.Discard, resp.Body)
+		}
+		resp.Body.Close()
+		ch <- legResult{resp: resp, body: b, err: err}
+	}()
+	return ch
+}
+
+// first sends a leg and waits for its head and, for a 2xx, its first body
+// bytes (body, or nothing at an empty body's end); another status's body
+// is read whole.
+func (s *Server) first(ctx context.Context, w Worker, req *Request, body []byte, id string) <-chan legResult {
+	ch := make(chan legResult, 1)
+	hr, err := s.legRequest(ctx, w, req, body, id)
+	if err != nil {
+		ch <- legResult{err: err}
+		return ch
+	}
+	go func() {
+		resp, err := s.client.Do(hr)
+		if err != nil {
+			ch <- legResult{err: err}
+			return
+		}
+		if resp.StatusCode < 200 || resp.StatusCode > 299 {
+			b, err := io.ReadAll(io.LimitReader(resp.Body, s.cfg.MaxPrefillAnswer))
+			resp.Body.Close()
+			ch <- legResult{resp: resp, body: b, err: err}
+			return
+		}
+		buf := getBuf()
+		for {
+			n, err := resp.Body.Read(*buf)
+			if n > 0 || err != nil {
+				if err == io.EOF {
+					err = nil
+				} else if err != nil {
+					putBuf(buf)
+					resp.Body.Close()
+					ch <- legResult{resp: resp, err: err}
+					return
+				}
+				ch <- legResult{resp: resp, body: (*buf)[:n], buf: buf}
+				return
+			}
+		}
+	}()
+	return ch
+}
+
+// drop closes whatever a cancelled leg still brings (in the background).
+func (s *Server) drop(ch <-chan legResult) {
+	if ch == nil {
+		return
+	}
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		l := <-ch
+		l.done()
+	}()
+}
+
+// abort asks an SGLang engine to abort rids (POST /abort_request {"rid"}),
+// all at once, each bounded by AbortTimeout, and waits for them.
+func (s *Server) abort(w Worker, rids []string) {
+	var wg sync.WaitGroup
+	for _, rid := range rids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), s.cfg.AbortTimeout)
+			defer cancel()
+			body := append(jsonedit.AppendString([]byte(`{"rid":`), rid), '}')
+			hr, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(w.URL, "/")+"/abort_request", bytes.NewReader(body))
+			if err == nil {
+				hr.Header.Set("Content-Type", "application/json")
+				var resp *http.Response
+				if resp, err = s.client.Do(hr); err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode > 299 {
+						err = fmt.Errorf("status %d", resp.StatusCode)
+					}
+				}
+			}
+			if err != nil {
+				s.Counters.AbortsFailed.Add(1)
+				s.cfg.Log.Debug("pd: abort", "worker", w.URL, "rid", rid, "err", err)
+				return
+			}
+			s.Counters.AbortsSent.Add(1)
+		}()
+	}
+	wg.Wait()
+}
+
+// abortCall is an abort of rids at a worker (none: nothing to do).
+type abortCall struct {
+	w    Worker
+	rids []string
+}
+
+func ridsIf(cond bool, rids []string) []string {
+	if cond {
+		return rids
+	}
+	return nil
+}
+
+// abortAll makes SGLang abort calls at once and waits for them (each
+// bounded by AbortTimeout).
+func (s *Server) abortAll(calls ...abortCall) {
+	if s.cfg.Protocol != SGLang {
+		return
+	}
+	var wg sync.WaitGroup
+	for _, c := range calls {
+		if len(c.rids) == 0 {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.abort(c.w, c.rids)
+		}()
+	}
+	wg.Wait()
+}
+
+// closeLeg closes a leg's connection (vLLM aborts it so).
+func (s *Server) closeLeg(cancel context.CancelFunc, ch <-chan legResult) {
+	cancel()
+	s.Counters.LegsCancelled.Add(1)
+	s.drop(ch)
+}
+
+// cancelLeg closes a leg's connection and, for SGLang, aborts its rids.
+func (s *Server) cancelLeg(cancel context.CancelFunc, ch <-chan legResult, w Worker, rids []string) {
+	s.closeLeg(cancel, ch)
+	s.abortAll(abortCall{w, rids})
+}
+
+// lateLeg lets a prefill still running when its decode ended answer for
+// PrefillGrace, then cancels and aborts it; in the background.
+func (s *Server) lateLeg(cancel context.CancelFunc, ch <-chan legResult, w Worker, rids []string) {
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		t := time.NewTimer(s.cfg.PrefillGrace)
+		defer t.Stop()
+		select {
+		case <-ch:
+			cancel()
+		case <-t.C:
+			s.Counters.LateCancels.Add(1)
+			s.cancelLeg(cancel, nil, w, rids)
+		}
+	}()
+}
+
+// writeError answers an error of tether's own, in OpenAI's shape.
+func writeError(w ResponseWriter, status int, typ, msg string) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(errorJSON(status, typ, msg))))
+	w.WriteHeader(status)
+	w.Write(errorJSON(status, typ, msg))
+}
+
+func errorJSON(status int, typ, msg string) []byte {
+	b := []byte(`{"error":{"message":`)
+	b = jsonedit.AppendString(b, msg)
+	b = append(b, `,"type":`...)
+	b = jsonedit.AppendString(b, typ)
+	b = append(b, `,"code":`...)
+	b = strconv.AppendInt(b, int64(status), 10)
+	return append(b, "}}"...)
+}
+
+// copyHead copies an engine's header fields to the client's answer.
+func copyHead(dst, src http.Header, keepLength bool) {
+	for k, v := range src {
+		dst[k] = v
+	}
+	for _, k := range hopByHop {
+		if k == "Content-Length" && keepLength {
+			continue
+		}
+		dst.Del(k)
+	}
+}
+
+// forward answers the client with a leg's whole non-2xx answer as it is.
+func forward(w ResponseWriter, l *legResult, route string, routeHeader string) {
+	copyHead(w.Header(), l.resp.Header, false)
+	w.Header().Set("Content-Length", strconv.Itoa(len(l.body)))
+	if routeHeader != "" {
+		w.Header().Set(routeHeader, route)
+	}
+	w.WriteHeader(l.resp.StatusCode)
+	w.Write(l.body)
+}
+
+// errClient is a client that could not be written to.
+var errClient = errors.New("pd: the client is gone")
+
+func flush(w ResponseWriter) {
+	if f, ok := w.(interface{ Flush() }); ok {
+		f.Flush()
+	}
+}

@@ -1,0 +1,264 @@
+// Package pd serves one client request over a prefill/decode (P/D) pair of
+// engines, in SGLang's bootstrap protocol or vLLM's NIXL protocol, as a
+// blocking driver over HTTP/1.1: the proxy reads the request's head and
+// body, picks nothing itself, and calls
+//
+//	err := srv.Serve(ctx, w, &pd.Request{Method, Path, Header, Body}, chooser)
+//
+// from a goroutine (its goroutine path). Serve asks chooser for a pair
+// ([PairChooser]: placement and load stay with the router), speaks to both
+// engines, writes the answer to w (an http.ResponseWriter or anything with
+// its three methods; Flush is called when w has one) and returns once the
+// client's answer is over. ctx ends when the client leaves: both legs are
+// then cancelled and aborted. The error says why an answer failed, for the
+// log; the client has had its answer either way.
+//
+// Only generation requests go to Serve (SGLang's /generate,
+// /v1/completions, /v1/chat/completions; vLLM's two OpenAI paths), with a
+// JSON object body; a body that is not one is a 400. Control calls (abort,
+// pause, weight updates, flush) are the engine package's to fan out to
+// every prefill and decode engine.
+//
+// # SGLang (Protocol SGLang)
+//
+// bootstrap_host (the prefill's host), bootstrap_port (the prefill's, null
+// for the engine's default) and bootstrap_room (uniform in 0..2^63-1, new
+// for every attempt) are set at the top level of the body, replacing any
+// the client sent; a batch (text a list, input_ids a list of lists, prompt
+// a list) gets lists, one room per item. A rid is added where the client
+// sent none (one per item for a batch), the same on both legs, so both
+// sides can be aborted by it (POST /abort_request {"rid"}). The same body
+// goes to P and D at once; the client gets D's status, headers and stream.
+// P's answer is read and discarded, except with return_logprob: P's
+// meta_info.input_token_logprobs are put in front of D's, in the whole
+// answer or in each SSE event ([DONE] passes untouched). Only the top
+// level of the body and of the merged objects is touched ([jsonedit]).
+//
+// # vLLM NIXL (Protocol VLLM)
+//
+// One X-Request-Id (the client's, or a new one) on both legs. P gets the
+// body with kv_transfer_params {do_remote_decode: true, the rest null},
+// stream false, no stream_options, max_tokens 1 (and max_completion_tokens
+// 1 where present), no min_tokens or min_completion_tokens, n 1 where
+// present. D then gets the client's body with the kv_transfer_params
+// object P returned, and D's answer goes to the client. P answering
+// without kv_transfer_params is counted (MissingKVParams) and answered 502
+// unless Config.LetMissingKVParamsThrough (D then recomputes the prompt:
+// PassedWithoutKVParams). Closing a leg's connection aborts it in vLLM.
+//
+// # n > 1
+//
+// A request for several samples (n, or sampling_params.n, above 1) is
+// refused with a 400 that says why: every sample needs its own room or
+// handoff (one NIXL handoff has one consumer), and sharing one hangs.
+//
+// # Failures
+//
+// Before the client has a byte (D's answer is held until its first body
+// bytes, or its end), a leg that fails or answers 5xx cancels the other at
+// once (its connection closed, and for SGLang an abort by rid), then the
+// request is tried once more on a new pair ([PairChooser.Choose] is told
+// the pair that failed) with new rooms. P's 4xx goes to the client as it
+// is; so does D's 4xx, and the last attempt's 5xx. After the first byte a
+// failed decode ends the answer visibly: an SSE stream with one
+// `data: {"error": ...}` event (valid JSON), any other body cut short
+// (chunked, without its last chunk); the prefill, if still running, is
+// cancelled and aborted. A prefill still answering when D is done is left
+// Config.PrefillGrace, then cancelled and aborted, in the background
+// ([Server.Close] waits for those). Every outcome is counted in [Counters].
+//
+// # Transport
+//
+// The legs use net/http's client on a transport of their own (keep-alive
+// per engine, no proxy from the environment, no compression, HTTP/1.1
+// only): cancelling a leg's context closes its connection, which is how
+// vLLM aborts a request; chunked and length-framed answers are decoded for
+// the logprob merge and the first-byte hold. Raw HTTP/1.1 on a net.Conn
+// would save the client's allocations (see BenchmarkServe) but repeat the
+// framing code the proxy already has; the proxy's own splice path is not
+// used because an answer must be held and may be rewritten.
+package pd
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+)
+
+// Protocol is how a pair is driven.
+type Protocol int
+
+const (
+	// SGLang: bootstrap rooms, both legs at once.
+	SGLang Protocol = iota
+	// VLLM: NIXL, prefill first, then decode with the prefill's
+	// kv_transfer_params.
+	VLLM
+)
+
+func (p Protocol) String() string {
+	switch p {
+	case SGLang:
+		return "sglang"
+	case VLLM:
+		return "vllm"
+	}
+	return fmt.Sprintf("protocol(%d)", int(p))
+}
+
+// Request is a client's request as the proxy read it: the end-to-end
+// header fields (hop-by-hop ones, Host and Content-Length are dropped by
+// Serve) and the whole body (jsonedit.ReadBody reads one under a limit).
+type Request struct {
+	Method string
+	Path   string // path and query, as sent to the engines
+	Header http.Header
+	Body   []byte
+}
+
+// ResponseWriter is what Serve writes the answer to: http.ResponseWriter's
+// methods. A writer that also has Flush() is flushed after every piece of
+// a streamed answer.
+type ResponseWriter interface {
+	Header() http.Header
+	WriteHeader(status int)
+	Write(p []byte) (int, error)
+}
+
+// Worker is one engine of a pair.
+type Worker struct {
+	URL           string // base URL, "http://host:port"
+	Slot          int    // the router's slot, for the route header
+	BootstrapPort int    // SGLang prefill's bootstrap port; 0: null (the engine's default)
+}
+
+// Pair is a prefill and a decode chosen for one attempt.
+type Pair struct {
+	Prefill, Decode Worker
+	Reason          string // why the chooser picked them, for the route header
+}
+
+func (p Pair) String() string { return fmt.Sprintf("p%d+d%d", p.Prefill.Slot, p.Decode.Slot) }
+
+// PairChooser places requests: the router's policies and loads.
+type PairChooser interface {
+	// Choose picks a pair for attempt (0, then 1 after a failure before
+	// the client had a byte; failed is the pair that failed, nil on
+	// attempt 0). The pair's loads count the request from here.
+	Choose(ctx context.Context, req *Request, attempt int, failed *Pair) (Pair, error)
+	// Release ends the request's count on the pair; failed says the
+	// attempt failed on it.
+	Release(p Pair, failed bool)
+}
+
+// Config holds a Server's settings.
+type Config struct {
+	Protocol Protocol
+	// Transport for both legs; nil: NewTransport().
+	Transport http.RoundTripper
+	// LetMissingKVParamsThrough sends D the client's body when a vLLM
+	// prefill answers without kv_transfer_params (D recomputes the
+	// prompt), instead of a 502.
+	LetMissingKVParamsThrough bool
+	// RouteHeader, if set, names a response field that shows the pair
+	// ("p<slot>+d<slot>" and the chooser's reason).
+	RouteHeader string
+	// AbortTimeout bounds an abort call (default 1 s).
+	AbortTimeout time.Duration
+	// PrefillGrace is how long a prefill may still answer once the decode
+	// is done (default 5 s).
+	PrefillGrace time.Duration
+	// MaxPrefillAnswer bounds how much of P's answer is kept for a
+	// logprob merge, and of D's for a whole-answer merge (default 64 MiB).
+	MaxPrefillAnswer int64
+	Log              *slog.Logger
+}
+
+// NewTransport is the legs' default transport.
+func NewTransport() *http.Transport {
+	return &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        1024,
+		MaxIdleConnsPerHost: 256,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+		ForceAttemptHTTP2:   false,
+		TLSNextProto:        map[string]func(string, *tls.Conn) http.RoundTripper{},
+	}
+}
+
+// Server drives pairs. Its methods are safe for concurrent use.
+type Server struct {
+	cfg      Config
+	client   *http.Client
+	Counters Counters
+	bg       sync.WaitGroup
+	own      *http.Transport
+}
+
+// New returns a Server with cfg's defaults filled in.
+func New(cfg Config) *Server {
+	if cfg.AbortTimeout <= 0 {
+		cfg.AbortTimeout = time.Second
+	}
+	if cfg.PrefillGrace <= 0 {
+		cfg.PrefillGrace = 5 * time.Second
+	}
+	if cfg.MaxPrefillAnswer <= 0 {
+		cfg.MaxPrefillAnswer = 64 << 20
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{cfg: cfg}
+	rt := cfg.Transport
+	if rt == nil {
+		s.own = NewTransport()
+		rt = s.own
+	}
+	s.client = &http.Client{Transport: rt, CheckRedirect: func(*http.Request, []*http.Request) error {
+		return http.ErrUseLastResponse
+	}}
+	return s
+}
+
+// Close waits for the background cancellations and aborts, and closes the
+// idle connections of its own transport.
+func (s *Server) Close() {
+	s.bg.Wait()
+	if s.own != nil {
+		s.own.CloseIdleConnections()
+	}
+}
+
+// ErrNoPair is Choose's answer when no pair can take the request (a 503).
+var ErrNoPair = errors.New("pd: no prefill/decode pair available")
+
+// Serve answers req over a pair from chooser: see the package comment.
+func (s *Server) Serve(ctx context.Context, w ResponseWriter, req *Request, chooser PairChooser) error {
+	s.Counters.Requests.Add(1)
+	if s.cfg.Protocol == VLLM {
+		return s.serveVLLM(ctx, w, req, chooser)
+	}
+	return s.serveSGLang(ctx, w, req, chooser)
+}
+
+// hostOf returns the host of a base URL (bracketed for IPv6).
+func hostOf(base string) (string, error) {
+	u, err := url.Parse(base)
+	if err != nil || u.Host == "" {
+		return "", fmt.Errorf("pd: bad worker URL %q", base)
+	}
+	h := u.Hostname()
+	if ip := net.ParseIP(h); ip != nil && ip.To4() == nil {
+		h = "[" + h + "]"
+	}
+	return h, nil
+}

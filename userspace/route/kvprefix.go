@@ -1,0 +1,280 @@
+package route
+
+import (
+	"errors"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tether-rl/tether/userspace/httphead"
+	"github.com/tether-rl/tether/userspace/kvindex"
+	"github.com/tether-rl/tether/userspace/worker"
+)
+
+// Placement from what each engine holds: once the engines'
+// KV-cache events fill a kvindex.Index (daemon/kvevents.go subscribes),
+// a request whose body carries token ids (SGLang input_ids, vLLM prompt
+// ids) is placed on the engine with the least expected work, in tokens:
+//
+//	cost(e) = prompt tokens - tokens e holds of the prompt
+//	        + TokensPerRequest × e's engine score (work reported + routed since, KV penalty: engine_load.go)
+//	        + the prefill tetherd sent e lately (uncached tokens, decaying over Backlog)
+//
+// Keyless requests, new keys and new sessions go to the cheapest engine;
+// a key already placed here stays on its engine unless another one is
+// clearly cheaper (cost × MoveMargin + MoveSlack × TokensPerRequest); a
+// vetoed engine takes nothing new. Right after a decision the chosen
+// engine is credited with the request's blocks (kvindex credits) so that
+// siblings (GRPO samples) follow it before its events arrive. Requests
+// without token ids, and requests whose scan finds no block size yet (no
+// events), are placed as before: the seam returns false and the policy
+// goes on.
+
+// Defaults of PrefixConfig.
+const (
+	DefaultTokensPerRequest = 64
+	DefaultPrefixBacklog    = time.Second
+	prefixKeyEntries        = 1 << 14
+)
+
+// PrefixConfig configures prefix placement.
+type PrefixConfig struct {
+	Index *kvindex.Index
+	// TokensPerRequest: the work one request in flight on an engine
+	// counts for, in prompt tokens. Default 64.
+	TokensPerRequest float64
+	// Backlog: how long the prefill sent to an engine counts (decaying).
+	Backlog    time.Duration
+	MoveMargin float64 // default DefaultMoveMargin
+	MoveSlack  float64 // in requests; default DefaultMoveSlack
+	KeyTTL     time.Duration
+}
+
+// PrefixPlacement is the placement of a Router by its engines' caches.
+type PrefixPlacement struct {
+	cfg     PrefixConfig
+	x       *kvindex.Index
+	engines atomic.Pointer[map[int][]kvindex.EngineID] // worker slot -> engine per DP rank
+	backlog [kvindex.MaxEngines]backlog
+	keys    []prefixKey
+
+	decisions, matched, scanned, moved atomic.Uint64
+}
+
+type backlog struct {
+	mu sync.Mutex
+	v  float64
+	at int64
+	_  [40]byte
+}
+
+type prefixKey struct {
+	mu    sync.Mutex
+	hash  uint64
+	slot  int32
+	rank  int32
+	until int64
+}
+
+// NewPrefixPlacement validates cfg.
+func NewPrefixPlacement(cfg PrefixConfig) (*PrefixPlacement, error) {
+	if cfg.Index == nil {
+		return nil, errors.New("prefix placement: no index")
+	}
+	if cfg.TokensPerRequest <= 0 {
+		cfg.TokensPerRequest = DefaultTokensPerRequest
+	}
+	if cfg.Backlog <= 0 {
+		cfg.Backlog = DefaultPrefixBacklog
+	}
+	if cfg.MoveMargin < 1 {
+		cfg.MoveMargin = DefaultMoveMargin
+	}
+	if cfg.MoveSlack <= 0 {
+		cfg.MoveSlack = DefaultMoveSlack
+	}
+	if cfg.KeyTTL <= 0 {
+		cfg.KeyTTL = 10 * time.Minute
+	}
+	p := &PrefixPlacement{cfg: cfg, x: cfg.Index, keys: make([]prefixKey, prefixKeyEntries)}
+	m := map[int][]kvindex.EngineID{}
+	p.engines.Store(&m)
+	return p, nil
+}
+
+// Index returns the index placement reads.
+func (p *PrefixPlacement) Index() *kvindex.Index { return p.x }
+
+// SetEngines names the index engines of the worker in slot, one per DP
+// rank (nil: none; the worker is then placed with nothing matched).
+func (p *PrefixPlacement) SetEngines(slot int, ids []kvindex.EngineID) {
+	old := *p.engines.Load()
+	m := make(map[int][]kvindex.EngineID, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	if ids == nil {
+		delete(m, slot)
+	} else {
+		m[slot] = append([]kvindex.EngineID(nil), ids...)
+	}
+	p.engines.Store(&m)
+}
+
+// PrefixCounts are prefix placement's counters.
+type PrefixCounts struct {
+	Decisions     uint64 // requests placed by the index
+	MatchedTokens uint64 // prompt tokens the chosen engine held, summed
+	ScannedTokens uint64 // prompt tokens of those requests, summed (estimated past the peek)
+	Moved         uint64 // keys moved to a clearly cheaper engine
+}
+
+// Counts returns the counters.
+func (p *PrefixPlacement) Counts() PrefixCounts {
+	return PrefixCounts{Decisions: p.decisions.Load(), MatchedTokens: p.matched.Load(),
+		ScannedTokens: p.scanned.Load(), Moved: p.moved.Load()}
+}
+
+// SetPrefixPlacement turns placement by the engines' caches on (nil: off).
+func (rt *Router) SetPrefixPlacement(p *PrefixPlacement) { rt.prefix.Store(p) }
+
+// PrefixPlacement returns it (nil: off).
+func (rt *Router) PrefixPlacement() *PrefixPlacement { return rt.prefix.Load() }
+
+func (b *backlog) add(v float64, now int64, tau float64) {
+	b.mu.Lock()
+	b.v = b.v*math.Exp(-float64(now-b.at)/tau) + v
+	b.at = now
+	b.mu.Unlock()
+}
+
+func (b *backlog) get(now int64, tau float64) float64 {
+	b.mu.Lock()
+	v := b.v * math.Exp(-float64(now-b.at)/tau)
+	b.mu.Unlock()
+	return v
+}
+
+// placeByPrefix is the seam in Policy.route: ok false leaves the request
+// to the policy.
+func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body []byte, key []byte) (Decision, bool) {
+	p := rt.prefix.Load()
+	if p == nil || len(body) == 0 {
+		return Decision{}, false
+	}
+	var m kvindex.Match
+	if !p.x.Scan(PeekedBody(req, body), req.ContentLength, &m) {
+		return Decision{}, false
+	}
+	now := time.Now().UnixNano()
+	tau := float64(p.cfg.Backlog.Nanoseconds())
+	engines := *p.engines.Load()
+	cost := func(w *worker.Worker) (float64, int, int, bool) {
+		score, vetoed := w.EngineScore()
+		ids := engines[w.Slot]
+		if m.Credited && containsID(ids, m.CreditEngine) {
+			// The siblings placed here moments ago are this request's
+			// group, not work in its way (GRPO samples share the prefill).
+			score = max(score-float64(m.Siblings), 1)
+		}
+		base := p.cfg.TokensPerRequest * score
+		if v, ok := w.EngineState(); ok && v.MaxRunning > 0 && score >= float64(v.MaxRunning) {
+			// Past the running batch's bound a request waits a whole
+			// request's time: worth far more than any prefill.
+			base += (score - float64(v.MaxRunning) + 1) * 16 * p.cfg.TokensPerRequest
+		}
+		if len(ids) == 0 {
+			return float64(m.Prompt) + base, -1, 0, vetoed
+		}
+		best, rank, held := math.Inf(1), 0, 0
+		for r, id := range ids {
+			h := m.Matched(id)
+			bl := p.backlog[id].get(now, tau)
+			if m.Credited && id == m.CreditEngine {
+				bl = max(bl-float64(m.Prompt), 0) // its group's own prefill
+			}
+			c := float64(m.Prompt-h) + base + bl
+			if c < best {
+				best, rank, held = c, r, h
+			}
+		}
+		return best, rank, held, vetoed
+	}
+	var bw *worker.Worker
+	var bc float64
+	var brank, bheld int
+	n := len(ws)
+	start := int(rt.rr.Add(1) % uint64(max(n, 1)))
+	for k := 0; k < n; k++ {
+		w := ws[(start+k)%n]
+		if w == nil || w.State() != worker.Healthy {
+			continue
+		}
+		c, r, h, vetoed := cost(w)
+		if vetoed {
+			continue
+		}
+		if bw == nil || c < bc {
+			bw, bc, brank, bheld = w, c, r, h
+		}
+	}
+	if bw == nil {
+		return Decision{}, false // every engine vetoed or none healthy: the policy's rules
+	}
+	var ke *prefixKey
+	if key != nil {
+		h := KeyHash(key)
+		ke = &p.keys[(h^h>>29)%prefixKeyEntries]
+		ke.mu.Lock()
+		if ke.hash == h && ke.until > now && int(ke.slot) < n {
+			if cur := ws[ke.slot]; cur != nil && cur != bw && cur.State() == worker.Healthy {
+				c, r, hd, vetoed := cost(cur)
+				if !vetoed && !(c > bc*p.cfg.MoveMargin+p.cfg.MoveSlack*p.cfg.TokensPerRequest) {
+					bw, bc, brank, bheld = cur, c, r, hd
+				} else {
+					p.moved.Add(1)
+				}
+			}
+		}
+		ke.hash, ke.slot, ke.rank = h, int32(bw.Slot), int32(brank)
+		ke.until = now + p.cfg.KeyTTL.Nanoseconds()
+		ke.mu.Unlock()
+	}
+	if ids := engines[bw.Slot]; brank >= 0 && brank < len(ids) {
+		id := ids[brank]
+		if got := p.x.Credit(&m, id); got != id {
+			// A sibling arriving together claimed another engine: follow.
+			if w, r, ok := workerOf(ws, engines, got); ok && w.State() == worker.Healthy {
+				bw, brank, bheld, id = w, r, 0, got
+			}
+		}
+		p.backlog[id].add(float64(max(m.Prompt-bheld, 0)), now, tau)
+	}
+	p.decisions.Add(1)
+	p.matched.Add(uint64(bheld))
+	p.scanned.Add(uint64(m.Prompt))
+	rt.reasons[ReasonKVPrefix].Add(1)
+	return Decision{Worker: bw, Reason: ReasonKVPrefix, Matched: bheld, Rank: brank}, true
+}
+
+func containsID(ids []kvindex.EngineID, id kvindex.EngineID) bool {
+	for _, x := range ids {
+		if x == id {
+			return true
+		}
+	}
+	return false
+}
+
+// workerOf finds the worker and rank of an index engine.
+func workerOf(ws []*worker.Worker, engines map[int][]kvindex.EngineID, id kvindex.EngineID) (*worker.Worker, int, bool) {
+	for slot, ids := range engines {
+		for r, x := range ids {
+			if x == id && slot < len(ws) && ws[slot] != nil {
+				return ws[slot], r, true
+			}
+		}
+	}
+	return nil, 0, false
+}
