@@ -25,6 +25,9 @@ func TestBoundedForms(t *testing.T) {
 			if err := bpf.Probe().Takes(f); err != nil {
 				t.Skipf("this kernel cannot take form %s: %v", f, err)
 			}
+			if best, _ := bpf.Probe().Best(); best == f {
+				t.Skipf("form %s is this kernel's best: the tests above ran with it", f)
+			}
 			cmd := exec.Command(os.Args[0], "-test.run", tests, "-test.count=1", "-test.v")
 			cmd.Env = append(os.Environ(), bpf.FormEnv+"="+string(f))
 			out, err := cmd.CombinedOutput()
