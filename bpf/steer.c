@@ -55,6 +55,24 @@
  * twice): array lookups are cheap, the walk runs once per new connection
  * (not per packet), and there is no second, derived "active list" for
  * userspace to keep consistent with slot_table.
+ *
+ * Two forms are built from this file (bpf/gen.go), and tetherd loads the
+ * best one the kernel takes (bpf/probe.go):
+ *   - steer (5.17+): the walks and the attempts are bpf_loop callbacks,
+ *     attached as BPF_SK_REUSEPORT_SELECT_OR_MIGRATE.
+ *   - steerBounded (TETHER_BOUNDED, 5.10+): the same walks as bounded
+ *     loops over the TETHER_MAX_SLOTS slots (the most listeners tetherd
+ *     opens), the branching in global functions (5.10's verifier knows no
+ *     bpf_loop callbacks). A constant set at load, tether_migrate, says
+ *     whether the kernel has SK_REUSEPORT_SELECT_OR_MIGRATE and
+ *     ctx->migrating_sk (5.14): the verifier reads it from the frozen
+ *     .rodata and never visits the branch it turns off. Without it the
+ *     program is attached as BPF_SK_REUSEPORT_SELECT: a retired listener's
+ *     queue is drained first (userspace/listener) or moves with
+ *     net.ipv4.tcp_migrate_req=1. A choice is counted with an atomic add,
+ *     not a compare-and-swap (5.12, and 5.10 refuses the instruction even
+ *     in dead code): two CPUs deciding in the same microsecond may both
+ *     take one slot.
  */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
@@ -62,6 +80,32 @@
 #include "../headers/tether.h"
 
 char _license[] SEC("license") = "Dual BSD/GPL";
+
+#ifdef TETHER_BOUNDED
+/* Set by tetherd at load from its probe of the kernel (bpf/probe.go). */
+const volatile __u32 tether_migrate = 0; /* SELECT_OR_MIGRATE, migrating_sk: 5.14 */
+#define HAVE_MIGRATE (tether_migrate != 0)
+/*
+ * No compare-and-swap (5.12): 5.10 refuses an atomic other than add
+ * anywhere in the object, even in a branch the verifier never visits.
+ */
+#define HAVE_CAS 0
+/* A walk's step, inlined into its bounded loop. */
+#define STEP static __always_inline long
+#else
+#define HAVE_MIGRATE 1
+#define HAVE_CAS 1
+/* A walk's step, a bpf_loop callback. */
+#define STEP static long
+#endif
+
+/* Whether this run migrates a queued connection of a closing listener. */
+static __always_inline int migrating(struct sk_reuseport_md *ctx)
+{
+	if (!HAVE_MIGRATE)
+		return 0;
+	return ctx->migrating_sk != 0;
+}
 
 /* The listening sockets, by slot. Value: socket fd on update, cookie on read. */
 struct {
@@ -162,16 +206,40 @@ static __always_inline const struct tether_slot *active_slot(__u32 i)
 	return s;
 }
 
-/* The two candidate slots; b is NO_SLOT when only one slot qualified. */
+/*
+ * The two candidate slots: a, and b when found_b. What was found is told
+ * by flags, never by comparing a or b with a sentinel (the bounded form's
+ * verifier would keep every slot number they can hold as a state of its
+ * own).
+ */
 #define NO_SLOT ((__u32)-1)
 struct choice {
 	__u64 total_load, total_weight; /* over the active slots */
 	__u32 seen;                     /* slots at or below the average so far */
+	__u32 found_b;                  /* a second candidate in b */
 	__u32 a, b;
 	__u64 load_a, load_b; /* active + pending, as read */
 	__u64 w_a, w_b;       /* weights */
 };
 
+/* What choose found. */
+enum { CHOSEN, NO_ACTIVE_SLOT, RACED };
+
+/* The less loaded first: load_b/w_b < load_a/w_a, or a coin flip on a tie. */
+static __always_inline void order(struct choice *c)
+{
+	__u64 la = c->load_a * c->w_b, lb = c->load_b * c->w_a;
+
+	if (lb < la || (lb == la && (bpf_get_prandom_u32() & 1))) {
+		__u32 t = c->a;
+		__u64 tl = c->load_a, tw = c->w_a;
+
+		c->a = c->b, c->load_a = c->load_b, c->w_a = c->w_b;
+		c->b = t, c->load_b = tl, c->w_b = tw;
+	}
+}
+
+#ifndef TETHER_BOUNDED
 /* bpf_loop callback, pass 1: totals over the active slots. */
 static long add_slot(__u32 i, void *arg)
 {
@@ -205,7 +273,7 @@ static long sample_slot(__u32 i, void *arg)
 	if (c->seen == 1) {
 		c->a = i, c->load_a = load, c->w_a = w;
 	} else if (c->seen == 2) {
-		c->b = i, c->load_b = load, c->w_b = w;
+		c->b = i, c->load_b = load, c->w_b = w, c->found_b = 1;
 	} else {
 		__u32 r = bpf_get_prandom_u32() % c->seen;
 
@@ -216,9 +284,6 @@ static long sample_slot(__u32 i, void *arg)
 	}
 	return 0;
 }
-
-/* What choose found. */
-enum { CHOSEN, NO_ACTIVE_SLOT, RACED };
 
 /*
  * Fills c, the better candidate in c->a. The walks use bpf_loop so that the
@@ -239,22 +304,110 @@ static __always_inline int choose(struct choice *c)
 	 * slot_load or slot_table changed between the passes: other CPUs
 	 * steering a burst raised loads after pass 1 read them. Try again.
 	 */
-	if (c->a == NO_SLOT)
+	if (c->seen == 0)
 		return RACED;
-	if (c->b == NO_SLOT)
-		return CHOSEN;
-
-	/* The less loaded first: load_b/w_b < load_a/w_a, or a coin flip on a tie. */
-	__u64 la = c->load_a * c->w_b, lb = c->load_b * c->w_a;
-	if (lb < la || (lb == la && (bpf_get_prandom_u32() & 1))) {
-		__u32 t = c->a;
-		__u64 tl = c->load_a, tw = c->w_a;
-
-		c->a = c->b, c->load_a = c->load_b, c->w_a = c->w_b;
-		c->b = t, c->load_b = tl, c->w_b = tw;
-	}
+	if (c->found_b)
+		order(c);
 	return CHOSEN;
 }
+#else /* TETHER_BOUNDED */
+/*
+ * The bounded form: the same choice (two distinct slots drawn uniformly
+ * among the active ones at or below the weighted average, the less loaded
+ * first), in three walks of plain loops whose bodies do not branch. A 5.10
+ * verifier follows a bounded loop iteration by iteration, and branches in
+ * the body multiply its states (reservoir sampling as above: over a million
+ * instructions at 16 slots). So what branches is in global functions, which
+ * the verifier checks once, on their own, and whose results it takes for
+ * any value: the walks only add them up.
+ */
+
+/* Slot i's weight if it is active, else 0. */
+__attribute__((noinline)) __u64 tether_active_weight(__u32 i)
+{
+	const struct tether_slot *s = active_slot(i);
+
+	return s ? slot_weight(s) : 0;
+}
+
+/* Slot i's load (active + pending). */
+__attribute__((noinline)) __u64 tether_load(__u32 i)
+{
+	return slot_load_of(i);
+}
+
+/* Slot i's load if it is active, else 0. */
+__attribute__((noinline)) __u64 tether_active_load(__u32 i)
+{
+	return active_slot(i) ? slot_load_of(i) : 0;
+}
+
+/* 1 if slot i is active and at or below the weighted average, else 0. */
+__attribute__((noinline)) __u64 tether_below(__u32 i, __u64 total_load, __u64 total_weight)
+{
+	const struct tether_slot *s = active_slot(i);
+
+	if (!s)
+		return 0;
+	return slot_load_of(i) * total_weight <= total_load * slot_weight(s);
+}
+
+/* 1 if x == y, else 0. */
+__attribute__((noinline)) __u64 tether_eq(__u64 x, __u64 y)
+{
+	return x == y;
+}
+
+static __always_inline int choose(struct choice *c)
+{
+	__u64 below = 0, k = 0, ra, rb, a1 = 0, b1 = 0;
+
+	__builtin_memset(c, 0, sizeof(*c));
+	_Pragma("clang loop unroll(disable)")
+	for (__u32 i = 0; i < TETHER_MAX_SLOTS; i++) {
+		c->total_weight += tether_active_weight(i);
+		c->total_load += tether_active_load(i);
+	}
+	if (c->total_weight == 0)
+		return NO_ACTIVE_SLOT;
+	_Pragma("clang loop unroll(disable)")
+	for (__u32 i = 0; i < TETHER_MAX_SLOTS; i++)
+		below += tether_below(i, c->total_load, c->total_weight);
+	/* Loads changed between the walks (see above): try again. */
+	if (below == 0)
+		return RACED;
+	/* The ra-th and rb-th (from 0) of them, distinct. */
+	ra = bpf_get_prandom_u32() % below;
+	rb = below; /* none: only one qualifies */
+	if (below > 1) {
+		rb = bpf_get_prandom_u32() % (below - 1);
+		if (rb >= ra)
+			rb++;
+	}
+	/* a1, b1: the slot numbers + 1, found; 0, not. */
+	_Pragma("clang loop unroll(disable)")
+	for (__u32 i = 0; i < TETHER_MAX_SLOTS; i++) {
+		__u64 q = tether_below(i, c->total_load, c->total_weight);
+
+		a1 += q * tether_eq(k, ra) * (i + 1);
+		b1 += q * tether_eq(k, rb) * (i + 1);
+		k += q;
+	}
+	if (a1 == 0 || a1 > TETHER_MAX_SLOTS)
+		return RACED; /* loads changed between the walks */
+	c->a = a1 - 1;
+	c->load_a = tether_load(c->a);
+	c->w_a = tether_active_weight(c->a);
+	if (b1 == 0 || b1 > TETHER_MAX_SLOTS)
+		return CHOSEN; /* a only */
+	c->b = b1 - 1;
+	c->load_b = tether_load(c->b);
+	c->w_b = tether_active_weight(c->b);
+	c->found_b = 1;
+	order(c);
+	return CHOSEN;
+}
+#endif
 
 /*
  * Whether this run places a connection that tetherd will accept from the
@@ -270,7 +423,7 @@ static __always_inline int counts(struct sk_reuseport_md *ctx)
 {
 	__u8 *data = ctx->data, *end = ctx->data_end;
 
-	if (ctx->migrating_sk)
+	if (migrating(ctx))
 		return 1;
 	if (ctx->ip_protocol != 6 /* IPPROTO_TCP */ || data + 14 > end)
 		return 1;
@@ -292,6 +445,12 @@ static __always_inline int reserve(__u32 i, __u64 seen)
 
 	if (!l)
 		return 1;
+	if (!HAVE_CAS) {
+		__sync_fetch_and_add(&l->steered, 1);
+		__sync_fetch_and_add(&l->steer_load, 1);
+		__sync_fetch_and_add(&l->pending, 1);
+		return 1;
+	}
 	__sync_fetch_and_add(&l->steered, 1);
 	if (__sync_val_compare_and_swap(&l->steer_load, seen, seen + 1) != seen) {
 		__sync_fetch_and_add(&l->steered, -1);
@@ -325,27 +484,31 @@ static __always_inline long select_slot(struct sk_reuseport_md *ctx, __u32 i)
  * read and the compare-and-swap, or when loads grew between the two passes
  * of choose: windows of a microsecond or two.
  */
+#ifndef STEER_TRIES
 #define STEER_TRIES 4
+#endif
 
 /* One run of the program, across its attempts. */
 struct steer {
 	struct sk_reuseport_md *ctx;
 	struct choice c;
-	__u32 key;      /* the slot the kernel will use, NO_SLOT until selected */
+	__u32 key;      /* the slot the kernel will use, once selected */
+	__u32 selected; /* key is set */
 	__u32 counted;  /* a SYN or a migration: count it on the slot */
 	__u32 reserved; /* counted with a successful compare-and-swap */
 	__u32 fallback; /* why nothing was selected: enum tether_decision */
 };
 
 /*
- * bpf_loop callback: one attempt; returns 1 when done. A callback rather
- * than a plain loop so that the verifier checks the attempt once.
+ * One attempt; returns 1 when done. A bpf_loop callback (the verifier
+ * checks the attempt once), or inlined into a bounded loop.
  */
-static long steer_try(__u32 i, void *arg)
+STEP steer_try(__u32 i, void *arg)
 {
 	struct steer *st = arg;
 	__u32 pick = NO_SLOT;
 	__u64 seen = 0; /* the load the pick was made on */
+	int picked = 0;
 
 	switch (choose(&st->c)) {
 	case NO_ACTIVE_SLOT:
@@ -355,16 +518,16 @@ static long steer_try(__u32 i, void *arg)
 		return 0;
 	}
 	if (select_slot(st->ctx, st->c.a) == 0) {
-		pick = st->c.a, seen = st->c.load_a;
-	} else if (st->c.b != NO_SLOT && select_slot(st->ctx, st->c.b) == 0) {
+		pick = st->c.a, seen = st->c.load_a, picked = 1;
+	} else if (st->c.found_b && select_slot(st->ctx, st->c.b) == 0) {
 		/*
 		 * The preferred slot has no usable socket (closed a moment ago
 		 * and not yet marked in slot_table, or not in this group): the
 		 * other one.
 		 */
-		pick = st->c.b, seen = st->c.load_b;
+		pick = st->c.b, seen = st->c.load_b, picked = 1;
 	}
-	if (pick == NO_SLOT) {
+	if (!picked) {
 		st->fallback = TETHER_DECISION_FALLBACK_SELECT_ERR;
 		return 1;
 	}
@@ -373,6 +536,7 @@ static long steer_try(__u32 i, void *arg)
 	 * successful one replaces it: key is what the kernel will use.
 	 */
 	st->key = pick;
+	st->selected = 1;
 	if (!st->counted || reserve(pick, seen)) {
 		st->reserved = 1;
 		return 1;
@@ -386,10 +550,16 @@ static long steer_try(__u32 i, void *arg)
  * second later), for a migration it would reset a connection the client
  * already completed.
  */
+#ifdef TETHER_BOUNDED
+/* Attached as SELECT_OR_MIGRATE when tether_migrate is set (bpf/probe.go). */
+SEC("sk_reuseport")
+#else
 SEC("sk_reuseport/migrate")
+#endif
 int tether_steer(struct sk_reuseport_md *ctx)
 {
-	__u32 base = ctx->migrating_sk ? TETHER_DECISION_MIGRATED_TO : TETHER_DECISION_SELECTED;
+	int moving = migrating(ctx);
+	__u32 base = moving ? TETHER_DECISION_MIGRATED_TO : TETHER_DECISION_SELECTED;
 	struct steer st = {
 		.ctx = ctx,
 		.key = NO_SLOT,
@@ -399,9 +569,16 @@ int tether_steer(struct sk_reuseport_md *ctx)
 	};
 	__u32 key;
 
+#ifdef TETHER_BOUNDED
+	_Pragma("clang loop unroll(disable)")
+	for (__u32 t = 0; t < STEER_TRIES; t++)
+		if (steer_try(t, &st))
+			break;
+#else
 	bpf_loop(STEER_TRIES, steer_try, &st, 0);
+#endif
 	key = st.key;
-	if (key == NO_SLOT) {
+	if (!st.selected) {
 		/*
 		 * SK_PASS without a selection, the kernel's hash over the group
 		 * decides. No active slot: tetherd is starting, stopping, or
@@ -418,9 +595,9 @@ int tether_steer(struct sk_reuseport_md *ctx)
 	if (st.counted && !st.reserved)
 		add_pending(key);
 
-	if (key < TETHER_MAX_SLOTS)
-		count(base + key);
-	if (ctx->migrating_sk)
+	/* key < TETHER_MAX_SLOTS, a power of two; masked, not compared (choice) */
+	count(base + (key & (TETHER_MAX_SLOTS - 1)));
+	if (moving)
 		count(TETHER_DECISION_MIGRATED);
 	/* SK_PASS with a selection: the kernel uses the selected socket. */
 	return SK_PASS;

@@ -125,6 +125,8 @@ var ErrPinDirBusy = errors.New("in use by another running tetherd (give each ins
 
 // Steering is the loaded program (nil from OpenPinned) and its maps.
 type Steering struct {
+	form     Form   // the program's build (Open), "" from OpenPinned
+	why      string // why that form
 	pinDir   string
 	readOnly bool
 
@@ -144,7 +146,8 @@ type Steering struct {
 	inherited bool
 }
 
-// Open loads the steering program and its maps. Maps already pinned in
+// Open loads the steering program, in the best form the kernel takes
+// (Probe, Form), and its maps. Maps already pinned in
 // pinDir (by an earlier tetherd) are reused, so the counters carry on;
 // missing ones are created and pinned. pinDir must be on a bpffs mount; it
 // is created if needed.
@@ -193,7 +196,12 @@ func OpenInherited(pinDir string, lock *os.File) (*Steering, error) {
 }
 
 func open(pinDir string, lock *os.File, inherited bool) (*Steering, error) {
-	spec, err := loadSteer()
+	form, why, err := chooseForm()
+	if err != nil {
+		lock.Close()
+		return nil, err
+	}
+	spec, err := specFor(form)
 	if err != nil {
 		lock.Close()
 		return nil, err
@@ -207,9 +215,11 @@ func open(pinDir string, lock *os.File, inherited bool) (*Steering, error) {
 		if errors.Is(err, ebpf.ErrMapIncompatible) {
 			return nil, fmt.Errorf("load steering: maps pinned in %s have another layout (an older tetherd? remove the directory): %w", pinDir, err)
 		}
-		return nil, fmt.Errorf("load steering program: %w", err)
+		return nil, fmt.Errorf("load steering program (form %s: %s): %w", form, why, err)
 	}
 	s := &Steering{
+		form:    form,
+		why:     why,
 		pinDir:  pinDir,
 		prog:    objs.TetherSteer,
 		sockets: objs.ListenerSockets,
@@ -378,6 +388,10 @@ func copyArray(m *ebpf.Map) ([]byte, error) {
 	}
 	return mem, nil
 }
+
+// Form is the build of the program loaded ("" from OpenPinned), and why
+// tetherd chose it: what the kernel has (Probe), or TETHER_BPF_FORM.
+func (s *Steering) Form() (Form, string) { return s.form, s.why }
 
 // PinDir is the directory the maps are pinned in.
 func (s *Steering) PinDir() string { return s.pinDir }

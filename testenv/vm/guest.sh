@@ -101,8 +101,9 @@ if [[ $MODE == *tests* ]]; then
   [ "$r" = "0/40" ] || FAILED=1
   if grep -q 'BPF steering unavailable' "$OUT/smoke-default.log"; then
     put assist.bpf_steering "off: $(grep -o 'BPF steering unavailable.*' "$OUT/smoke-default.log" | head -n1 | grep -o 'err=.*' | cut -c1-200)"
+    FAILED=1 # every kernel of the matrix (5.10 on) must steer
   else
-    put assist.bpf_steering on
+    put assist.bpf_steering "on: $(grep -o 'msg="BPF steering on".*' "$OUT/smoke-default.log" | head -n1 | cut -c1-300)"
   fi
   if grep -q 'socket calls one by one' "$OUT/smoke-default.log"; then
     put assist.io_uring "off: $(grep -o 'socket calls one by one.*' "$OUT/smoke-default.log" | head -n1 | grep -o 'err=.*' | cut -c1-200)"
@@ -121,8 +122,8 @@ if [[ $MODE == *tests* ]]; then
   say "smoke (--bpf=required): $r"
   if [ "$r" = not-serving ]; then
     put smoke.bpf_required.error "$(tail -n1 "$OUT/smoke-required.log" | cut -c1-300)"
-    # Only acceptable where the default run said steering is unavailable.
-    grep -q '^assist.bpf_steering=on' "$SUM" && FAILED=1
+    # Every kernel of the matrix steers (5.10 on): refusing is a failure.
+    FAILED=1
   elif [ "$r" != 0/40 ]; then
     FAILED=1
   fi
@@ -132,27 +133,13 @@ if [[ $MODE == *tests* ]]; then
 
   run_test uring 300 userspace/uring/uring.test
   run_test sysconn 300 userspace/sysconn/sysconn.test
-  # BPF steering needs 5.17 (bpf_loop): below, the kernel refuses the
-  # program, tetherd says so once and serves on the kernel hash (checked
-  # above), and the steering tests have nothing to test. Their failure
-  # there is recorded, not counted; above 5.17 it counts.
-  below_steering_min=0
-  if grep -q '^assist.bpf_steering=off' "$SUM" && ! printf '%s\n%s\n' 5.17 "$(uname -r | cut -d- -f1)" | sort -V -C; then
-    below_steering_min=1
-  fi
-  if [ "$below_steering_min" = 1 ]; then
-    put kernel.below_steering_minimum "yes (5.17): bpf and listener tests run, their failures not counted"
-    keep=$FAILED
-    run_test bpf 600 bpf/bpf.test
-    run_test listener 900 userspace/listener/listener.test
-    FAILED=$keep
-    sed -i -E 's/^(test\.(bpf|listener))=FAIL/\1=FAIL-expected(below 5.17)/' "$SUM"
-    run_test upgrade 900 cmd/tetherd/tetherd.test -test.run '^TestUpgradeUnderLoad$/^bpf-off$'
-  else
-    run_test bpf 600 bpf/bpf.test
-    run_test listener 900 userspace/listener/listener.test
-    run_test upgrade 900 cmd/tetherd/tetherd.test -test.run '^TestUpgradeUnderLoad$'
-  fi
+  # BPF steering on every kernel of the matrix (bpf_loop form from 5.17,
+  # bounded-loop form below): the bpf and listener tests count everywhere.
+  run_test bpf 600 bpf/bpf.test
+  run_test listener 900 userspace/listener/listener.test
+  burst=$(grep -o 'burst of [0-9]* connections over [0-9]* listeners.*' "$OUT/test-listener.log" | head -n1)
+  put listener.burst_balance "${burst:-missing}"
+  run_test upgrade 900 cmd/tetherd/tetherd.test -test.run '^TestUpgradeUnderLoad$'
   run_test proxy-uring "${VM_PROXY_TIMEOUT:-1500}" userspace/proxy/proxy.test
   run_test proxy-syscalls "${VM_PROXY_TIMEOUT:-1500}" userspace/proxy/proxy.test -syscalls
   kill "${demos[@]}" 2>/dev/null

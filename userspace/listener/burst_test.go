@@ -132,12 +132,18 @@ func TestBurstBalance(t *testing.T) {
 
 	ns := testenv.NewNetNS(t)
 	g := listen(t, ns, k, bpf.ModeRequired, WithPinDir(testenv.BPFFS(t)))
+	form, why := g.Steering().Form()
+	t.Logf("steering form %s (%s)", form, why)
 	srv := serve(t, g, allSlots(k)...)
 	var ratios []float64
 	for r := range rounds {
 		d0, err := g.Steering().Decisions()
 		if err != nil {
 			t.Fatal(err)
+		}
+		var a0 [k]uint64
+		for i := range k {
+			a0[i] = g.Stats().Slot(i).Load().Accepted
 		}
 		conns := openBurst(t, ns, g, srv, n)
 		ratio, active := maxOverMean(g, k)
@@ -146,23 +152,35 @@ func TestBurstBalance(t *testing.T) {
 		if ratio > 1.10 {
 			t.Errorf("round %d: BPF max/mean = %.3f > 1.10 (%v)", r, ratio, active)
 		}
-		// Every connection was steered by the program, counted pending on
-		// its SYN, and taken off pending when accepted.
+		// Every connection was steered by the program (a SYN sent again,
+		// as under a slow emulator, runs it again: at least once each),
+		// none fell back to the kernel hash, and each was accepted once.
+		// Counted pending on its SYN and taken off when accepted; what a
+		// SYN sent again counted is settled by the watcher.
 		d1, err := g.Steering().Decisions()
 		if err != nil {
 			t.Fatal(err)
 		}
-		var selected uint64
+		var selected, accepted uint64
 		for i := range k {
 			selected += d1.Selected[i] - d0.Selected[i]
-			if l := g.Stats().Slot(i).Load(); l.Pending != 0 || l.SteerLoad != l.Active {
-				t.Errorf("round %d slot %d: %+v: want pending 0, steer_load = active", r, i, l)
-			}
+			accepted += g.Stats().Slot(i).Load().Accepted - a0[i]
 		}
-		if selected != n || d1.FallbackNoSlot != d0.FallbackNoSlot || d1.FallbackSelectErr != d0.FallbackSelectErr {
-			t.Errorf("round %d: selected %d of %d, fallbacks %d/%d", r, selected, n,
+		if selected < n || d1.FallbackNoSlot != d0.FallbackNoSlot || d1.FallbackSelectErr != d0.FallbackSelectErr {
+			t.Errorf("round %d: selected %d for %d connections, fallbacks %d/%d", r, selected, n,
 				d1.FallbackNoSlot-d0.FallbackNoSlot, d1.FallbackSelectErr-d0.FallbackSelectErr)
 		}
+		if accepted != n {
+			t.Errorf("round %d: %d accepted for %d connections", r, accepted, n)
+		}
+		testenv.WaitFor(t, "nothing left pending, steer_load = active on every slot", func() bool {
+			for i := range k {
+				if l := g.Stats().Slot(i).Load(); l.Pending != 0 || l.SteerLoad != l.Active {
+					return false
+				}
+			}
+			return true
+		})
 		closeAll(t, g, k, conns)
 	}
 	t.Logf("burst of %d connections over %d listeners, %d rounds: max/mean BPF median %.3f, worst %.3f; kernel hash median %.3f, worst %.3f",

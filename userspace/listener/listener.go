@@ -220,6 +220,8 @@ func (g *Group) steer() error {
 		return err
 	}
 	g.steering = s
+	form, why := s.Form()
+	g.log.Info("BPF steering on", "form", form, "why", why, "migrates", form.Migrates())
 	return nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -209,7 +210,9 @@ func TestBalance(t *testing.T) {
 	}
 
 	// Counters: every connection was steered by the program to the slot
-	// that accepted it.
+	// that accepted it (a SYN sent again, as under a slow emulator, may
+	// run the program again: selected at least accepted), none fell back,
+	// each was accepted once.
 	slots, err := g.Steering().Slots()
 	if err != nil {
 		t.Fatal(err)
@@ -218,16 +221,17 @@ func TestBalance(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var selected uint64
+	var selected, accepted uint64
 	for i := range k {
 		s := slots[i]
 		selected += s.Selected
-		if s.State != bpf.SlotActive || s.Selected != s.Load.Accepted || s.Load.Active != s.Load.Accepted {
-			t.Errorf("slot %d: %+v: want active, selected = accepted = active", i, s)
+		accepted += s.Load.Accepted
+		if s.State != bpf.SlotActive || s.Selected < s.Load.Accepted || s.Load.Active != s.Load.Accepted {
+			t.Errorf("slot %d: %+v: want active, selected >= accepted = active", i, s)
 		}
 	}
-	if selected != n || d.FallbackNoSlot != 0 || d.FallbackSelectErr != 0 || d.Migrated != 0 {
-		t.Errorf("decisions: selected %d (want %d), %+v", selected, n, d)
+	if accepted != n || selected < n || d.FallbackNoSlot != 0 || d.FallbackSelectErr != 0 || d.Migrated != 0 {
+		t.Errorf("decisions: accepted %d, selected %d (want %d), %+v", accepted, selected, n, d)
 	}
 
 	// Each connection works; once the clients close, active drops to 0.
@@ -285,14 +289,27 @@ func TestDrainingSlotGetsNothing(t *testing.T) {
 
 // TestDrainMigratesFullQueue: a listener closed by Drain with a full accept
 // queue loses no connection: all migrate to the active listener, none is
-// reset, and the program counts them migrated.
+// reset, and the program counts them migrated. With a form that does not
+// migrate (below 5.14) the kernel moves them (net.ipv4.tcp_migrate_req=1),
+// uncounted by the program; without that sysctl either, nothing moves a
+// queue and TestDrainWaitsForQueue is what holds.
 func TestDrainMigratesFullQueue(t *testing.T) {
 	const backlog = 16
 	ns := testenv.NewNetNS(t)
 	// The kernel caps listen()'s backlog at the namespace's somaxconn.
 	ns.Sysctl(t, "net/core/somaxconn", fmt.Sprint(backlog))
-	g := listen(t, ns, 2, bpf.ModeRequired, WithPinDir(testenv.BPFFS(t)), WithDrainTimeout(200*time.Millisecond))
+	// No watcher: it would drain slot 1, marked draining below to keep it
+	// out (a slow machine's watcher got there before the test, and Drain(0)
+	// then refused the last listener).
+	g := listen(t, ns, 2, bpf.ModeRequired, WithPinDir(testenv.BPFFS(t)), WithDrainTimeout(200*time.Millisecond), WithPollInterval(time.Hour))
 	s := g.Steering()
+	form, _ := s.Form()
+	if !form.Migrates() {
+		if _, err := os.Stat("/proc/sys/net/ipv4/tcp_migrate_req"); err != nil {
+			t.Skipf("form %s does not migrate and this kernel has no tcp_migrate_req: nothing moves a closing listener's queue (TestDrainWaitsForQueue)", form)
+		}
+		ns.Sysctl(t, "net/ipv4/tcp_migrate_req", "1")
+	}
 	// Slot 0 has no accept loop; slot 1 is kept out until the queue is full.
 	if err := s.SetSlotState(1, bpf.SlotDraining, 1); err != nil {
 		t.Fatal(err)
@@ -347,10 +364,15 @@ func TestDrainMigratesFullQueue(t *testing.T) {
 		}
 	}
 
-	// The migrated connections were counted pending on slot 1 and are
-	// now active there; slot 0 has nothing left.
-	if l := g.Stats().Slot(1).Load(); l.Pending != 0 || l.Active != uint64(n) || l.SteerLoad != uint64(n) || l.Steered != uint64(n) {
-		t.Errorf("slot 1 after the migration: %+v: want %d active, steered, none pending", l, n)
+	// The migrated connections were counted pending on slot 1 (by the
+	// program, or on accept when the kernel moved them) and are now
+	// active there; slot 0 has nothing left.
+	steered := uint64(n)
+	if !form.Migrates() {
+		steered = 0
+	}
+	if l := g.Stats().Slot(1).Load(); l.Pending != 0 || l.Active != uint64(n) || l.SteerLoad != uint64(n) || l.Steered != steered {
+		t.Errorf("slot 1 after the migration: %+v: want %d active, %d steered, none pending", l, n, steered)
 	}
 	if l := g.Stats().Slot(0).Load(); l.Pending != 0 || l.SteerLoad != 0 {
 		t.Errorf("drained slot 0: %+v: want nothing pending", l)
@@ -361,14 +383,79 @@ func TestDrainMigratesFullQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("decisions: migrated %d (to slot 1: %d), fallbacks %d/%d", d.Migrated, d.MigratedTo[1], d.FallbackNoSlot, d.FallbackSelectErr)
-	if d.Migrated != uint64(n) || d.MigratedTo[1] != uint64(n) {
-		t.Errorf("migrated %d, to slot 1 %d, want %d", d.Migrated, d.MigratedTo[1], n)
+	if d.Migrated != steered || d.MigratedTo[1] != steered {
+		t.Errorf("migrated %d, to slot 1 %d, want %d (form %s)", d.Migrated, d.MigratedTo[1], steered, form)
 	}
 	if state, _, _ := s.Slot(0); state != bpf.SlotEmpty {
 		t.Errorf("drained slot 0 is %s, want empty", state)
 	}
 	if _, err := ln0.Accept(); err == nil {
 		t.Error("drained listener still accepts")
+	}
+}
+
+// TestDrainWaitsForQueue: Drain marks the slot draining and waits for its
+// accept queue to empty before it closes the listener, so that what is
+// queued is accepted there, on every form (the one thing that holds when
+// nothing migrates: below 5.14 without tcp_migrate_req).
+func TestDrainWaitsForQueue(t *testing.T) {
+	const n = 8
+	ns := testenv.NewNetNS(t)
+	g := listen(t, ns, 2, bpf.ModeRequired, WithPinDir(testenv.BPFFS(t)), WithDrainTimeout(time.Minute), WithPollInterval(time.Hour))
+	s := g.Steering()
+	// Everything to slot 0, which accepts nothing yet.
+	if err := s.SetSlotState(1, bpf.SlotDraining, 1); err != nil {
+		t.Fatal(err)
+	}
+	ln0 := g.Listeners()[0].(*net.TCPListener)
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := range n {
+		c, err := ns.Dial(t, "tcp", addr(g))
+		if err != nil {
+			t.Fatalf("dial %d: %v", i, err)
+		}
+		conns = append(conns, c)
+	}
+	testenv.WaitFor(t, "the connections queued on slot 0", func() bool {
+		q, err := sysconn.AcceptQueue(ln0)
+		return err == nil && q == n
+	})
+	if err := s.SetSlotState(1, bpf.SlotActive, 1); err != nil {
+		t.Fatal(err)
+	}
+	drained := make(chan error, 1)
+	go func() { drained <- g.Drain(0) }()
+	testenv.WaitFor(t, "slot 0 marked draining", func() bool {
+		state, _, err := s.Slot(0)
+		return err == nil && state == bpf.SlotDraining
+	})
+	select {
+	case err := <-drained:
+		t.Fatalf("Drain returned with %d connections queued: %v", n, err)
+	default:
+	}
+	srv := serve(t, g, 0) // the queue empties here
+	for range n {
+		if slot := srv.wait(t); slot != 0 {
+			t.Fatalf("accepted on slot %d", slot)
+		}
+	}
+	if err := <-drained; err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range conns {
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := fmt.Fprintf(c, "x"); err != nil {
+			t.Errorf("connection %d after the drain: %v", i, err)
+		}
+	}
+	if state, _, _ := s.Slot(0); state != bpf.SlotEmpty {
+		t.Errorf("drained slot 0 is %s, want empty", state)
 	}
 }
 

@@ -51,7 +51,12 @@ func TestPendingCountedOnSYN(t *testing.T) {
 		conns = append(conns, c)
 	}
 	// Dial returns once the handshake is done: the connections sit in the
-	// accept queues, counted pending where the program sent them.
+	// accept queues, counted pending where the program sent them. A SYN
+	// sent again before the first made a request socket (a slow emulator)
+	// runs the program again and is counted twice (the watcher, off here,
+	// would settle it): extra says how many, and balance on pending is
+	// exact only without.
+	extra := slotSum(g, k, steeredOf) - n
 	for i := range k {
 		l := g.Stats().Slot(i).Load()
 		q, err := sysconn.AcceptQueue(g.Listeners()[i].(*net.TCPListener))
@@ -59,10 +64,10 @@ func TestPendingCountedOnSYN(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Logf("slot %d before accept: queued %d, %+v", i, q, l)
-		if l.Pending != uint64(q) || l.SteerLoad != uint64(q) || l.Steered != uint64(q) || l.Active != 0 {
-			t.Errorf("slot %d: queued %d, %+v: want pending = steer_load = steered = queued", i, q, l)
+		if l.Pending < uint64(q) || l.SteerLoad != l.Pending || l.Steered != l.Pending || l.Active != 0 {
+			t.Errorf("slot %d: queued %d, %+v: want pending = steer_load = steered >= queued", i, q, l)
 		}
-		if q != n/k {
+		if extra == 0 && q != n/k {
 			t.Errorf("slot %d: %d queued, want %d (balanced on pending)", i, q, n/k)
 		}
 	}
@@ -71,13 +76,16 @@ func TestPendingCountedOnSYN(t *testing.T) {
 	for range n {
 		srv.wait(t)
 	}
-	if p, a, sl := slotSum(g, k, pendingOf), slotSum(g, k, activeOf), slotSum(g, k, steerLoadOf); p != 0 || a != n || sl != n {
-		t.Errorf("after accepting: pending %d, active %d, steer_load %d; want 0, %d, %d", p, a, sl, n, n)
+	if extra > 0 {
+		t.Logf("%d SYNs counted twice", extra)
+	}
+	if p, a, sl := slotSum(g, k, pendingOf), slotSum(g, k, activeOf), slotSum(g, k, steerLoadOf); p != extra || a != n || sl != n+extra {
+		t.Errorf("after accepting: pending %d, active %d, steer_load %d; want %d, %d, %d", p, a, sl, extra, n, n+extra)
 	}
 	for _, c := range conns {
 		c.Close()
 	}
-	testenv.WaitFor(t, "steer_load back to 0", func() bool { return slotSum(g, k, steerLoadOf) == 0 })
+	testenv.WaitFor(t, "steer_load back to what was counted twice", func() bool { return slotSum(g, k, steerLoadOf) == extra })
 }
 
 // TestSettleLeak: counts the program left pending for connections that
@@ -185,8 +193,10 @@ func TestSettleAbandonedSYN(t *testing.T) {
 	// A SYN: counted pending; the handshake dies on the client's reset.
 	sendRaw(t, ns, 40002, port, tcpSYN)
 	testenv.WaitFor(t, "the SYN steered", func() bool { return selected() == 2 })
-	if s, p := slotSum(g, k, steeredOf), slotSum(g, k, pendingOf); s != 1 || p != 1 {
-		t.Errorf("after a SYN: steered %d, pending %d; want 1, 1", s, p)
+	// Counted: steered (monotonic) says so; pending may already be
+	// settled again on a slow machine (the grace is 100 ms).
+	if s, p := slotSum(g, k, steeredOf), slotSum(g, k, pendingOf); s != 1 || p > 1 {
+		t.Errorf("after a SYN: steered %d, pending %d; want 1, at most 1", s, p)
 	}
 	start := time.Now()
 	testenv.WaitFor(t, "the abandoned SYN settled", func() bool {
