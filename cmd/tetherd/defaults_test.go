@@ -28,7 +28,7 @@ var components = []string{"Proxy", "Fleet", "Engine", "Health", "Registry", "Spa
 var notFlags = map[string]bool{
 	"Proxy.Router": true, "Proxy.Table": true, "Proxy.PeekBody": true, "Proxy.RouteHeader": true,
 	"Proxy.InstanceID": true, "Proxy.Local": true, "Proxy.Observe": true, "Proxy.Hold": true, "Proxy.Log": true,
-	"Proxy.Waits": true, "Spawn.Command": true,
+	"Proxy.Waits": true, "Proxy.PD": true, "Spawn.Command": true,
 	"Routing.Learn.MaxScan": true, "Routing.Engine.MoveMargin": true, "Routing.Engine.MoveSlack": true,
 }
 

@@ -401,9 +401,14 @@ func TestPipeliningMixed(t *testing.T) {
 
 // --- 5. SSE latency ---
 
+// TestSSELatency: each SSE event reaches the client on its own, before the
+// worker writes anything more. The worker writes event j and then waits
+// until the client has read it (or gives up after a hang guard): a proxy
+// that held an event back for more data would never deliver it. The lag is
+// logged, not asserted (it depends on the machine, and on emulation).
 func TestSSELatency(t *testing.T) {
 	const events = 5
-	sent := make(chan time.Time, events)
+	read := make(chan int, events)
 	be := newBackend(t, func(c *bconn) {
 		for { // one stream per request, on a keep-alive connection
 			if _, _, err := c.readRequest(); err != nil {
@@ -411,40 +416,38 @@ func TestSSELatency(t *testing.T) {
 			}
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
 			for j := 0; j < events; j++ {
-				if j > 0 {
-					time.Sleep(50 * time.Millisecond) // events apart: each must reach the client alone
-				}
 				ev := fmt.Sprintf("data: %d\n\n", j)
-				sent <- time.Now()
 				fmt.Fprintf(c, "%x\r\n%s\r\n", len(ev), ev)
+				select {
+				case <-read:
+				case <-time.After(10 * time.Second): // hang guard: the client's read fails the test first
+				}
 			}
 			io.WriteString(c, "0\r\n\r\n")
 		}
 	})
 	p := startProxy(t, []string{be.addr}, nil)
-	testenv.Timed(t, func() error {
-		c, br := p.dial()
-		defer c.Close()
-		io.WriteString(c, "POST /sessions/w0-x/v1/chat/completions HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\n{}")
-		if _, err := readHeadFrom(br); err != nil {
-			t.Fatal(err)
+	c, br := p.dial()
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(8 * time.Second))
+	io.WriteString(c, "POST /sessions/w0-x/v1/chat/completions HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\n{}")
+	if _, err := readHeadFrom(br); err != nil {
+		t.Fatal(err)
+	}
+	for j := 0; j < events; j++ {
+		start := time.Now()
+		d, err := readChunk(br)
+		if err != nil || string(d) != fmt.Sprintf("data: %d\n\n", j) {
+			t.Fatalf("event %d did not reach the client on its own (the worker writes nothing more until it does): %q %v", j, d, err)
 		}
-		var late error
-		for j := 0; j < events; j++ {
-			d, err := readChunk(br)
-			got := time.Now()
-			if err != nil || string(d) != fmt.Sprintf("data: %d\n\n", j) {
-				t.Fatalf("event %d: %q %v", j, d, err)
-			}
-			if lag := got.Sub(<-sent); lag > 20*time.Millisecond && late == nil {
-				late = fmt.Errorf("event %d reached the client %v after the backend wrote it", j, lag)
-			}
+		if j > 0 {
+			t.Logf("event %d reached the client %v after the previous one was read", j, time.Since(start))
 		}
-		if d, err := readChunk(br); d != nil || err != nil {
-			t.Fatalf("last chunk: %q %v", d, err)
-		}
-		return late
-	})
+		read <- j
+	}
+	if d, err := readChunk(br); d != nil || err != nil {
+		t.Fatalf("last chunk: %q %v", d, err)
+	}
 }
 
 // --- 8. Expect: 100-continue ---
