@@ -27,8 +27,9 @@ const VLLM Kind = 2
 func init() { register(vllm) }
 
 var vllm = &Dialect{
-	Kind: VLLM,
-	Name: "vllm",
+	Kind:       VLLM,
+	Name:       "vllm",
+	RankHeader: "X-data-parallel-rank",
 	Serves: map[string]Endpoint{
 		"/abort_requests": {Op: OpAbort},
 		"/pause":          {Op: OpPause},

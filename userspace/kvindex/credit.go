@@ -21,6 +21,7 @@ type credit struct {
 	key    uint64
 	engine EngineID
 	blocks uint16
+	prompt int32 // the credited request's prompt tokens (Match.Prompt)
 	n      int32 // requests placed under this credit within its TTL
 	until  int64
 }
@@ -56,7 +57,7 @@ func (x *Index) Credit(m *Match, id EngineID) EngineID {
 	} else {
 		c.n = 1
 	}
-	c.key, c.engine, c.blocks = m.Last, id, uint16(min(blocks, 1<<16-1))
+	c.key, c.engine, c.blocks, c.prompt = m.Last, id, uint16(min(blocks, 1<<16-1)), int32(m.Prompt)
 	c.until = now.Add(CreditTTL).UnixNano()
 	return id
 }
@@ -66,6 +67,12 @@ func (t *creditTable) apply(m *Match, now int64) {
 	c.mu.Lock()
 	if c.key == m.Last && c.until > now {
 		b := c.blocks
+		if d := m.Prompt - int(c.prompt); d > m.BlockSize || d < -m.BlockSize {
+			// Another prompt with the same start (sessions sharing a
+			// system prompt): only the blocks up to the key are known
+			// shared, not the credited request's whole prompt.
+			b = uint16(min(m.NBlocks, 1<<16-1))
+		}
 		if limit := max(m.Prompt/m.BlockSize, m.NBlocks); int(b) > limit {
 			b = uint16(min(limit, 1<<16-1))
 		}

@@ -303,7 +303,7 @@ func (c *conn) proxyExchange(x *exchange) bool {
 	}
 	x.uc = up
 
-	out := c.appendUpstreamHead(c.out[:0], x.w)
+	out := c.appendUpstreamHead(c.out[:0], x.w, c.rt)
 
 	// Body bytes already buffered behind the head go in the same write,
 	// unless the client waits for 100 Continue.
