@@ -143,3 +143,26 @@ func TestPrefixPlacementAllocs(t *testing.T) {
 		t.Fatalf("%v allocations per decision", n)
 	}
 }
+
+// A group follows its first sample's engine while that engine stays
+// within a margin of the best; past it, the next sample goes elsewhere.
+func TestPrefixGroupFollowsWithinMargin(t *testing.T) {
+	rt, ws, _, _ := prefixRouter(t, 4)
+	q := tokenRun(50000, 300)
+	req, body := genReq(t, idsBody(q))
+	first := rt.Route(req, body).Worker
+	// A little busier than the rest: the sample follows.
+	setLoad(first, 3, 0, 0.1, false)
+	req, body = genReq(t, idsBody(q))
+	if d := rt.Route(req, body); d.Worker != first {
+		t.Fatalf("left the group's engine for a small difference: slot %d, first %d", d.Worker.Slot, first.Slot)
+	}
+	// Far busier (40 requests more: 2,560 tokens of work against a
+	// 300-token prefill elsewhere): the next sample goes elsewhere.
+	setLoad(first, 40, 0, 0.1, false)
+	req, body = genReq(t, idsBody(q))
+	if d := rt.Route(req, body); d.Worker == first {
+		t.Fatalf("followed the group onto an engine 40 requests deep")
+	}
+	_ = ws
+}
