@@ -198,9 +198,9 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 		}
 		return best, rank, held, vetoed
 	}
-	var bw *worker.Worker
-	var bc float64
-	var brank, bheld int
+	var bw, vw *worker.Worker
+	var bc, vc float64
+	var brank, bheld, vrank, vheld int
 	n := len(ws)
 	start := int(rt.rr.Add(1) % uint64(max(n, 1)))
 	for k := 0; k < n; k++ {
@@ -210,6 +210,9 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 		}
 		c, r, h, vetoed := cost(w)
 		if vetoed {
+			if vw == nil || c < vc {
+				vw, vc, vrank, vheld = w, c, r, h
+			}
 			continue
 		}
 		if bw == nil || c < bc {
@@ -217,8 +220,15 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 		}
 	}
 	if bw == nil {
-		return Decision{}, false // every engine vetoed or none healthy: the policy's rules
+		if vw == nil {
+			return Decision{}, false // none healthy: the policy's rules
+		}
+		// Every engine vetoed (KV caches full): the cheapest of them,
+		// as the engine rule takes the least loaded one, but counting
+		// what each holds (the poller holds admissions meanwhile).
+		bw, bc, brank, bheld = vw, vc, vrank, vheld
 	}
+	allVetoed := bw == vw
 	if m.Credited && key == nil {
 		// A group (GRPO samples, n samples) follows the engine its first
 		// request went to only while that engine's expected work, less
@@ -241,7 +251,7 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 		if ke.hash == h && ke.until > now && int(ke.slot) < n {
 			if cur := ws[ke.slot]; cur != nil && cur != bw && cur.State() == worker.Healthy {
 				c, r, hd, vetoed := cost(cur)
-				if !vetoed && !(c > bc*p.cfg.MoveMargin+p.cfg.MoveSlack*p.cfg.TokensPerRequest) {
+				if (!vetoed || allVetoed) && !(c > bc*p.cfg.MoveMargin+p.cfg.MoveSlack*p.cfg.TokensPerRequest) {
 					bw, bc, brank, bheld = cur, c, r, hd
 				} else {
 					p.moved.Add(1)

@@ -166,3 +166,18 @@ func TestPrefixGroupFollowsWithinMargin(t *testing.T) {
 	}
 	_ = ws
 }
+
+// Every engine vetoed (KV caches full): the request still goes where its
+// prefix is (the cheapest vetoed engine), not to the least loaded one.
+func TestPrefixAllVetoed(t *testing.T) {
+	rt, ws, x, ids := prefixRouter(t, 4)
+	sess := tokenRun(1000, 640)
+	storeOn(x, ids[1], sess, 0)
+	for _, w := range ws {
+		setLoad(w, 4, 0, 0.97, true)
+	}
+	req, body := genReq(t, idsBody(append(append([]uint32{}, sess...), tokenRun(9000, 100)...)))
+	if d := rt.Route(req, body); d.Worker != ws[1] || d.Reason != ReasonKVPrefix || d.Matched != 640 {
+		t.Fatalf("all vetoed: slot %d reason %v matched %d", d.Worker.Slot, d.Reason, d.Matched)
+	}
+}
