@@ -52,6 +52,11 @@ func (x *Index) Credit(m *Match, id EngineID) EngineID {
 		c.n++
 		return c.engine
 	}
+	if c.key == m.Last && c.until > now.UnixNano() && m.Credited && c.engine != id && c.engine == m.CreditEngine {
+		// A sibling placed elsewhere (its group's engine too busy): the
+		// group's engine stays the one its later samples follow.
+		return id
+	}
 	if c.key == m.Last && c.engine == id && c.until > now.UnixNano() {
 		c.n++
 	} else {

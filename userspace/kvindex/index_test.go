@@ -369,3 +369,29 @@ func TestCreditOtherPromptSameStart(t *testing.T) {
 		t.Fatalf("other prompt, same start: credited %v with %d tokens, %d blocks hashed", m2.Credited, m2.Matched(e1), m2.NBlocks)
 	}
 }
+
+// A sibling placed elsewhere (its group's engine too busy) leaves the
+// credit where the group is: later samples still follow the first.
+func TestCreditStaysWithGroup(t *testing.T) {
+	rng := rand.New(rand.NewPCG(17, 18))
+	a := toks(rng, 16*10)
+	x := New(Config{})
+	e0, _ := x.Register("e0")
+	e1, _ := x.Register("e1")
+	var m Match
+	x.Scan(body(a, ""), -1, &m)
+	x.Credit(&m, e1)
+	var m2 Match
+	x.Scan(body(a, ""), -1, &m2)
+	if !m2.Credited || m2.CreditEngine != e1 {
+		t.Fatalf("sibling not credited on e1: %+v", m2.CreditEngine)
+	}
+	if got := x.Credit(&m2, e0); got != e0 {
+		t.Fatalf("a sibling placed on e0 was sent to %d", got)
+	}
+	var m3 Match
+	x.Scan(body(a, ""), -1, &m3)
+	if m3.CreditEngine != e1 || m3.Matched(e1) != len(a) || m3.Matched(e0) != 0 {
+		t.Fatalf("after a sibling went elsewhere: credit on %d, e1 %d, e0 %d", m3.CreditEngine, m3.Matched(e1), m3.Matched(e0))
+	}
+}
