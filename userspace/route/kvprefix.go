@@ -231,14 +231,15 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 	allVetoed := bw == vw
 	if m.Credited && key == nil {
 		// A group (GRPO samples, n samples) follows the engine its first
-		// request went to only while that engine's expected work, less
-		// the group's own samples there (they share its prefill), stays
-		// within MoveSlack requests of the best, and up to
-		// DefaultGroupMax samples (cf. --group-max): its credited prefix
-		// already counts for it in its cost.
+		// request went to while that engine's expected work, less the
+		// group's own samples there, stays within MoveSlack requests of
+		// the best, and its whole expected work within the keys' margin
+		// (MoveMargin), up to DefaultGroupMax samples (cf. --group-max):
+		// its credited prefix already counts for it in its cost.
 		if cw, r, ok := workerOf(ws, engines, m.CreditEngine); ok && cw != bw && cw.State() == worker.Healthy && m.Siblings < DefaultGroupMax {
+			slack := p.cfg.MoveSlack * p.cfg.TokensPerRequest
 			own := float64(m.Siblings) * p.cfg.TokensPerRequest
-			if c, rr, h, vetoed := cost(cw); !vetoed && rr == r && c-own <= bc+p.cfg.MoveSlack*p.cfg.TokensPerRequest {
+			if c, rr, h, vetoed := cost(cw); !vetoed && rr == r && c-own <= bc+slack && c <= bc*p.cfg.MoveMargin+slack {
 				bw, bc, brank, bheld = cw, c, r, h
 			}
 		}
