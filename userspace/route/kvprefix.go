@@ -198,9 +198,9 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 		}
 		return best, rank, held, vetoed
 	}
-	var bw, vw *worker.Worker
-	var bc, vc float64
-	var brank, bheld, vrank, vheld int
+	var bw, vw, hw *worker.Worker
+	var bc, vc, hc float64
+	var brank, bheld, vrank, vheld, hrank, hheld int
 	n := len(ws)
 	start := int(rt.rr.Add(1) % uint64(max(n, 1)))
 	for k := 0; k < n; k++ {
@@ -217,6 +217,9 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 		}
 		if bw == nil || c < bc {
 			bw, bc, brank, bheld = w, c, r, h
+		}
+		if h > hheld || (h == hheld && hw != nil && c < hc) {
+			hw, hc, hrank, hheld = w, c, r, h
 		}
 	}
 	if bw == nil {
@@ -243,6 +246,13 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 				bw, bc, brank, bheld = cw, c, r, h
 			}
 		}
+	}
+	if key == nil && !m.Credited && hw != nil && hw != bw && hheld > bheld &&
+		hc <= bc*p.cfg.MoveMargin+p.cfg.MoveSlack*p.cfg.TokensPerRequest {
+		// Keyless, the engine that holds the most of the prompt (a
+		// session's earlier turns, a group whose events arrived) keeps
+		// it unless another is clearly cheaper, as a key's engine does.
+		bw, bc, brank, bheld = hw, hc, hrank, hheld
 	}
 	var ke *prefixKey
 	if key != nil {
