@@ -47,6 +47,12 @@ func (x *Index) Credit(m *Match, id EngineID) EngineID {
 	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	live := c.key == m.Last && c.until > now.UnixNano()
+	if live && !samePrompt(m, c) {
+		// Another prompt with the same start (nothing cached yet): the
+		// credit stays with the group that holds it.
+		return id
+	}
 	if c.key == m.Last && c.until > now.UnixNano() && !m.Credited && c.engine != id {
 		// Claimed by a sibling between this request's scan and now.
 		c.n++
@@ -72,10 +78,12 @@ func (t *creditTable) apply(m *Match, now int64) {
 	c.mu.Lock()
 	if c.key == m.Last && c.until > now {
 		b := c.blocks
-		if d := m.Prompt - int(c.prompt); d > m.BlockSize || d < -m.BlockSize {
+		sibling := samePrompt(m, c)
+		if !sibling {
 			// Another prompt with the same start (sessions sharing a
 			// system prompt): only the blocks up to the key are known
-			// shared, not the credited request's whole prompt.
+			// shared, not the credited request's whole prompt, and it
+			// is no sibling to follow.
 			b = uint16(min(m.NBlocks, 1<<16-1))
 		}
 		if limit := max(m.Prompt/m.BlockSize, m.NBlocks); int(b) > limit {
@@ -84,7 +92,9 @@ func (t *creditTable) apply(m *Match, now int64) {
 		if b > m.Blocks[c.engine] {
 			m.Blocks[c.engine] = b
 		}
-		m.Credited, m.CreditEngine, m.Siblings = true, c.engine, int(c.n)
+		if sibling {
+			m.Credited, m.CreditEngine, m.Siblings = true, c.engine, int(c.n)
+		}
 	}
 	c.mu.Unlock()
 }
@@ -99,4 +109,11 @@ func (t *creditTable) forget(id EngineID) {
 		}
 		c.mu.Unlock()
 	}
+}
+
+// samePrompt: m's prompt is the credited request's, by its length (within
+// a block: the length past the peek is estimated from the body's).
+func samePrompt(m *Match, c *credit) bool {
+	d := m.Prompt - int(c.prompt)
+	return d <= m.BlockSize && d >= -m.BlockSize
 }

@@ -344,7 +344,7 @@ func FuzzScan(f *testing.F) {
 // A credit claims the credited request's whole prompt only for a prompt
 // of its length (a sibling); another prompt with the same start (sessions
 // sharing a system prompt, nothing cached yet) is credited with the
-// blocks up to the credit's key only.
+// blocks up to the credit's key only, and is no sibling to follow.
 func TestCreditOtherPromptSameStart(t *testing.T) {
 	rng := rand.New(rand.NewPCG(15, 16))
 	sys := toks(rng, 16*40)
@@ -365,7 +365,7 @@ func TestCreditOtherPromptSameStart(t *testing.T) {
 	other := append(append([]uint32{}, sys...), toks(rng, 16*200)...)
 	ob := body(other, "")
 	x.Scan(ob, int64(len(ob)), &m2)
-	if !m2.Credited || m2.Matched(e1) == 0 || m2.Matched(e1) > m2.NBlocks*16 {
+	if m2.Credited || m2.Matched(e1) == 0 || m2.Matched(e1) > m2.NBlocks*16 {
 		t.Fatalf("other prompt, same start: credited %v with %d tokens, %d blocks hashed", m2.Credited, m2.Matched(e1), m2.NBlocks)
 	}
 }
