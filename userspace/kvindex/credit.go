@@ -43,40 +43,42 @@ func (x *Index) Credit(m *Match, id EngineID) EngineID {
 		return id
 	}
 	blocks := max(m.Prompt/m.BlockSize, m.NBlocks)
-	c := x.credits.slot(m.Last)
+	k := creditKey(m)
+	c := x.credits.slot(k)
 	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	live := c.key == m.Last && c.until > now.UnixNano()
+	live := c.key == k && c.until > now.UnixNano()
 	if live && !samePrompt(m, c) {
 		// Another prompt with the same start (nothing cached yet): the
 		// credit stays with the group that holds it.
 		return id
 	}
-	if c.key == m.Last && c.until > now.UnixNano() && !m.Credited && c.engine != id {
+	if c.key == k && c.until > now.UnixNano() && !m.Credited && c.engine != id {
 		// Claimed by a sibling between this request's scan and now.
 		c.n++
 		return c.engine
 	}
-	if c.key == m.Last && c.until > now.UnixNano() && m.Credited && c.engine != id && c.engine == m.CreditEngine {
+	if c.key == k && c.until > now.UnixNano() && m.Credited && c.engine != id && c.engine == m.CreditEngine {
 		// A sibling placed elsewhere (its group's engine too busy): the
 		// group's engine stays the one its later samples follow.
 		return id
 	}
-	if c.key == m.Last && c.engine == id && c.until > now.UnixNano() {
+	if c.key == k && c.engine == id && c.until > now.UnixNano() {
 		c.n++
 	} else {
 		c.n = 1
 	}
-	c.key, c.engine, c.blocks, c.prompt = m.Last, id, uint16(min(blocks, 1<<16-1)), int32(m.Prompt)
+	c.key, c.engine, c.blocks, c.prompt = k, id, uint16(min(blocks, 1<<16-1)), int32(m.Prompt)
 	c.until = now.Add(CreditTTL).UnixNano()
 	return id
 }
 
 func (t *creditTable) apply(m *Match, now int64) {
-	c := t.slot(m.Last)
+	k := creditKey(m)
+	c := t.slot(k)
 	c.mu.Lock()
-	if c.key == m.Last && c.until > now {
+	if c.key == k && c.until > now {
 		b := c.blocks
 		sibling := samePrompt(m, c)
 		if !sibling {
@@ -116,4 +118,12 @@ func (t *creditTable) forget(id EngineID) {
 func samePrompt(m *Match, c *credit) bool {
 	d := m.Prompt - int(c.prompt)
 	return d <= m.BlockSize && d >= -m.BlockSize
+}
+
+// creditKey is a credit's key: the scan's last block and the prompt's
+// length in blocks, so that prompts sharing only a start (a GRPO wave's
+// prompts before any engine holds their system prompt) each keep their
+// own group's credit.
+func creditKey(m *Match) uint64 {
+	return m.Last ^ uint64(m.Prompt/max(m.BlockSize, 1)+1)*0x9e3779b97f4a7c15
 }

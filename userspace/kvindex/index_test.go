@@ -365,7 +365,7 @@ func TestCreditOtherPromptSameStart(t *testing.T) {
 	other := append(append([]uint32{}, sys...), toks(rng, 16*200)...)
 	ob := body(other, "")
 	x.Scan(ob, int64(len(ob)), &m2)
-	if m2.Credited || m2.Matched(e1) == 0 || m2.Matched(e1) > m2.NBlocks*16 {
+	if m2.Credited || m2.Matched(e1) > m2.NBlocks*16 {
 		t.Fatalf("other prompt, same start: credited %v with %d tokens, %d blocks hashed", m2.Credited, m2.Matched(e1), m2.NBlocks)
 	}
 }

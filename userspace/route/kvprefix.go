@@ -171,13 +171,14 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 	tau := float64(p.cfg.Backlog.Nanoseconds())
 	engines := *p.engines.Load()
 	cost := func(w *worker.Worker) (float64, int, int, bool) {
-		// Every request in flight counts, siblings too: a group that
-		// followed its prefix regardless of the engine's load piled
-		// onto one engine (and a cold start's shared system prompt made
-		// every session a "sibling"); the group keeps together through
-		// its credited blocks and the follow margin below instead.
 		score, vetoed := w.EngineScore()
 		ids := engines[w.Slot]
+		if m.Credited && containsID(ids, m.CreditEngine) {
+			// The siblings placed here moments ago (the same prompt:
+			// kvindex credits mark no other) are this request's group,
+			// not work in its way: they share its prefill.
+			score = max(score-float64(m.Siblings), 1)
+		}
 		base := p.cfg.TokensPerRequest * score
 		if v, ok := w.EngineState(); ok && v.MaxRunning > 0 && score >= float64(v.MaxRunning) {
 			// Past the running batch's bound a request waits a whole
@@ -191,6 +192,9 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 		for r, id := range ids {
 			h := m.Matched(id)
 			bl := p.backlog[id].get(now, tau)
+			if m.Credited && id == m.CreditEngine {
+				bl = max(bl-float64(m.Prompt), 0) // its group's own prefill
+			}
 			c := float64(m.Prompt-h) + base + bl
 			if c < best {
 				best, rank, held = c, r, h
@@ -288,6 +292,15 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 	p.scanned.Add(uint64(m.Prompt))
 	rt.reasons[ReasonKVPrefix].Add(1)
 	return Decision{Worker: bw, Reason: ReasonKVPrefix, Matched: bheld, Rank: brank, Ranks: len(engines[bw.Slot])}, true
+}
+
+func containsID(ids []kvindex.EngineID, id kvindex.EngineID) bool {
+	for _, x := range ids {
+		if x == id {
+			return true
+		}
+	}
+	return false
 }
 
 // workerOf finds the worker and rank of an index engine.
