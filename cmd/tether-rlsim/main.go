@@ -60,6 +60,7 @@ import (
 type config struct {
 	engines    int
 	kvBlocks   int
+	blockToks  int
 	maxRunning int
 	prefillPer time.Duration
 	decode     time.Duration
@@ -79,7 +80,8 @@ type config struct {
 func main() {
 	var c config
 	flag.IntVar(&c.engines, "engines", 8, "fake engines")
-	flag.IntVar(&c.kvBlocks, "kv-blocks", 1280, "KV blocks per engine (16 tokens each)")
+	flag.IntVar(&c.kvBlocks, "kv-blocks", 1280, "KV blocks per engine at 16 tokens each (scaled for -block-tokens: the same tokens)")
+	flag.IntVar(&c.blockToks, "block-tokens", 16, "tokens per KV block (the engines' page size; -kv-blocks scales so that the KV cache holds the same tokens)")
 	flag.IntVar(&c.maxRunning, "max-running", 64, "running batch bound per engine")
 	// An engine's time scale: a decode step of a batch (20 ms) and the
 	// prefill of 500 uncached tokens (20 ms) are close to a 7B model's on
@@ -107,7 +109,7 @@ func main() {
 	}
 
 	engines, err := fakeengine.StartFleet(c.engines, fakeengine.Config{
-		Kind: fakeengine.SGLang, KVBlocks: c.kvBlocks, BlockTokens: 16, MaxRunning: c.maxRunning,
+		Kind: fakeengine.SGLang, KVBlocks: c.kvBlocks * 16 / max(c.blockToks, 1), BlockTokens: c.blockToks, MaxRunning: c.maxRunning,
 		PrefillPerToken: c.prefillPer, DecodeStep: c.decode,
 		KVEvents: &fakeengine.KVEventsConfig{Form: c.kvForm, Hashes: kvevents.HashInt, Replay: true},
 	})
@@ -120,8 +122,8 @@ func main() {
 			e.Close()
 		}
 	}()
-	fmt.Printf("tether-rlsim: %d fake SGLang engines, %d KV blocks × 16 tokens, max running %d, prefill %v/token, decode step %v\n\n",
-		c.engines, c.kvBlocks, c.maxRunning, c.prefillPer, c.decode)
+	fmt.Printf("tether-rlsim: %d fake SGLang engines, %d KV blocks × %d tokens, max running %d, prefill %v/token, decode step %v\n\n",
+		c.engines, c.kvBlocks*16/max(c.blockToks, 1), c.blockToks, c.maxRunning, c.prefillPer, c.decode)
 	fmt.Printf("| workload | mode | makespan | hit rate | prefill tokens | KV spread (peak max/mean) | peak KV | preemptions | engines per prompt | decisions | restart: entries gone after |\n")
 	fmt.Printf("|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, wl := range strings.Split(*workloads, ",") {

@@ -95,6 +95,9 @@ type WorkerStatus struct {
 	// Pinned: the keys and sessions the sticky table holds for the worker
 	// (GET /workers "pinned").
 	Pinned *int `json:"pinned,omitempty"`
+	// KVEvents: the worker's KV-event subscriptions, one per DP rank
+	// (GET /workers "kv_events"; kvstatus.go).
+	KVEvents []KVEventsStatus `json:"kv_events,omitempty"`
 }
 
 // EngineStatus is a worker's engine as GET /workers shows it.
@@ -222,6 +225,7 @@ func (st *Status) readCurrent(ac *adminClient) error {
 			Engine    *EngineStatus     `json:"engine"`
 			Decisions map[string]uint64 `json:"decisions"`
 			Pinned    *int              `json:"pinned"`
+			KVEvents  []KVEventsStatus  `json:"kv_events"`
 		} `json:"workers"`
 	}
 	if json.Unmarshal(body, &le) == nil {
@@ -234,6 +238,7 @@ func (st *Status) readCurrent(ac *adminClient) error {
 					st.Workers[i].Engine = e.Engine
 				}
 				st.Workers[i].Decisions, st.Workers[i].Pinned = e.Decisions, e.Pinned
+				st.Workers[i].KVEvents = e.KVEvents
 			}
 		}
 	}
@@ -352,6 +357,9 @@ func (st *Status) print(w io.Writer) error {
 		fmt.Fprintf(w, "this run's counters: not known (%s)\n", st.RunError)
 	}
 	if err := st.printEngines(w); err != nil {
+		return err
+	}
+	if err := st.printKVEvents(w); err != nil {
 		return err
 	}
 	if err := st.printRouting(w); err != nil {

@@ -148,6 +148,11 @@ type Dialect struct {
 
 	// Serves: the paths tetherd serves in this engine's words.
 	Serves map[string]Endpoint
+	// RankHeader: the request header that names the data-parallel rank
+	// to serve a request ("": none; vLLM X-data-parallel-rank). RankField:
+	// the body field that does (SGLang routed_dp_rank).
+	RankHeader string
+	RankField  string
 	// NeverHeld: control paths a trainer may call while the fleet is
 	// paused; the engine serves them paused, so tetherd never holds them.
 	NeverHeld []string

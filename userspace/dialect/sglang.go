@@ -28,8 +28,9 @@ const SGLang Kind = 1
 func init() { register(sglang) }
 
 var sglang = &Dialect{
-	Kind: SGLang,
-	Name: "sglang",
+	Kind:      SGLang,
+	Name:      "sglang",
+	RankField: "routed_dp_rank",
 	Serves: map[string]Endpoint{
 		"/abort_request":       {Op: OpAbort},
 		"/flush_cache":         {Op: OpFlush},

@@ -27,8 +27,9 @@ const VLLM Kind = 2
 func init() { register(vllm) }
 
 var vllm = &Dialect{
-	Kind: VLLM,
-	Name: "vllm",
+	Kind:       VLLM,
+	Name:       "vllm",
+	RankHeader: "X-data-parallel-rank",
 
 	Generation: []string{"/v1/completions", "/v1/chat/completions"},
 	Serves: map[string]Endpoint{

@@ -97,17 +97,17 @@ func (c *Config) provision() {
 
 // Stats are a subscriber's counters.
 type Stats struct {
-	Connected      bool
-	Batches        uint64 // applied
-	Events         uint64 // in applied batches
-	Malformed      uint64 // messages dropped
-	Gaps           uint64 // sequence gaps seen
-	Replays        uint64 // replays asked
-	ReplayFailures uint64 // replays that failed or came back short
-	Restarts       uint64 // sequence went backwards
-	Lost           uint64 // connections lost
-	Clears         uint64 // entries cleared, all reasons
-	LastSeq        uint64
+	Connected      bool   `json:"connected"`
+	Batches        uint64 `json:"batches"`         // applied
+	Events         uint64 `json:"events"`          // in applied batches
+	Malformed      uint64 `json:"malformed"`       // messages dropped
+	Gaps           uint64 `json:"gaps"`            // sequence gaps seen
+	Replays        uint64 `json:"replays"`         // replays asked
+	ReplayFailures uint64 `json:"replay_failures"` // replays that failed or came back short
+	Restarts       uint64 `json:"restarts"`        // sequence went backwards
+	Lost           uint64 `json:"lost"`            // connections lost
+	Clears         uint64 `json:"clears"`          // entries cleared, all reasons
+	LastSeq        uint64 `json:"last_seq"`
 }
 
 // Subscriber reads one publisher until Close.

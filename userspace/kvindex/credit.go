@@ -21,6 +21,7 @@ type credit struct {
 	key    uint64
 	engine EngineID
 	blocks uint16
+	prompt int32 // the credited request's prompt tokens (Match.Prompt)
 	n      int32 // requests placed under this credit within its TTL
 	until  int64
 }
@@ -42,37 +43,60 @@ func (x *Index) Credit(m *Match, id EngineID) EngineID {
 		return id
 	}
 	blocks := max(m.Prompt/m.BlockSize, m.NBlocks)
-	c := x.credits.slot(m.Last)
+	k := creditKey(m)
+	c := x.credits.slot(k)
 	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.key == m.Last && c.until > now.UnixNano() && !m.Credited && c.engine != id {
+	live := c.key == k && c.until > now.UnixNano()
+	if live && !samePrompt(m, c) {
+		// Another prompt with the same start (nothing cached yet): the
+		// credit stays with the group that holds it.
+		return id
+	}
+	if c.key == k && c.until > now.UnixNano() && !m.Credited && c.engine != id {
 		// Claimed by a sibling between this request's scan and now.
 		c.n++
 		return c.engine
 	}
-	if c.key == m.Last && c.engine == id && c.until > now.UnixNano() {
+	if c.key == k && c.until > now.UnixNano() && m.Credited && c.engine != id && c.engine == m.CreditEngine {
+		// A sibling placed elsewhere (its group's engine too busy): the
+		// group's engine stays the one its later samples follow.
+		return id
+	}
+	if c.key == k && c.engine == id && c.until > now.UnixNano() {
 		c.n++
 	} else {
 		c.n = 1
 	}
-	c.key, c.engine, c.blocks = m.Last, id, uint16(min(blocks, 1<<16-1))
+	c.key, c.engine, c.blocks, c.prompt = k, id, uint16(min(blocks, 1<<16-1)), int32(m.Prompt)
 	c.until = now.Add(CreditTTL).UnixNano()
 	return id
 }
 
 func (t *creditTable) apply(m *Match, now int64) {
-	c := t.slot(m.Last)
+	k := creditKey(m)
+	c := t.slot(k)
 	c.mu.Lock()
-	if c.key == m.Last && c.until > now {
+	if c.key == k && c.until > now {
 		b := c.blocks
+		sibling := samePrompt(m, c)
+		if !sibling {
+			// Another prompt with the same start (sessions sharing a
+			// system prompt): only the blocks up to the key are known
+			// shared, not the credited request's whole prompt, and it
+			// is no sibling to follow.
+			b = uint16(min(m.NBlocks, 1<<16-1))
+		}
 		if limit := max(m.Prompt/m.BlockSize, m.NBlocks); int(b) > limit {
 			b = uint16(min(limit, 1<<16-1))
 		}
 		if b > m.Blocks[c.engine] {
 			m.Blocks[c.engine] = b
 		}
-		m.Credited, m.CreditEngine, m.Siblings = true, c.engine, int(c.n)
+		if sibling {
+			m.Credited, m.CreditEngine, m.Siblings = true, c.engine, int(c.n)
+		}
 	}
 	c.mu.Unlock()
 }
@@ -87,4 +111,19 @@ func (t *creditTable) forget(id EngineID) {
 		}
 		c.mu.Unlock()
 	}
+}
+
+// samePrompt: m's prompt is the credited request's, by its length (within
+// a block: the length past the peek is estimated from the body's).
+func samePrompt(m *Match, c *credit) bool {
+	d := m.Prompt - int(c.prompt)
+	return d <= m.BlockSize && d >= -m.BlockSize
+}
+
+// creditKey is a credit's key: the scan's last block and the prompt's
+// length in blocks, so that prompts sharing only a start (a GRPO wave's
+// prompts before any engine holds their system prompt) each keep their
+// own group's credit.
+func creditKey(m *Match) uint64 {
+	return m.Last ^ uint64(m.Prompt/max(m.BlockSize, 1)+1)*0x9e3779b97f4a7c15
 }

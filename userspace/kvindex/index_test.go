@@ -340,3 +340,58 @@ func FuzzScan(f *testing.F) {
 		}
 	})
 }
+
+// A credit claims the credited request's whole prompt only for a prompt
+// of its length (a sibling); another prompt with the same start (sessions
+// sharing a system prompt, nothing cached yet) is credited with the
+// blocks up to the credit's key only, and is no sibling to follow.
+func TestCreditOtherPromptSameStart(t *testing.T) {
+	rng := rand.New(rand.NewPCG(15, 16))
+	sys := toks(rng, 16*40)
+	x := New(Config{})
+	x.Register("e0")
+	e1, _ := x.Register("e1")
+	one := append(append([]uint32{}, sys...), toks(rng, 16*20)...)
+	var m Match
+	bb := body(one, "")
+	x.Scan(bb, int64(len(bb)), &m)
+	x.Credit(&m, e1)
+	sib := body(one, "")
+	var m2 Match
+	x.Scan(sib, int64(len(sib)), &m2)
+	if m2.Matched(e1) != len(one) {
+		t.Fatalf("sibling credited with %d of %d", m2.Matched(e1), len(one))
+	}
+	other := append(append([]uint32{}, sys...), toks(rng, 16*200)...)
+	ob := body(other, "")
+	x.Scan(ob, int64(len(ob)), &m2)
+	if m2.Credited || m2.Matched(e1) > m2.NBlocks*16 {
+		t.Fatalf("other prompt, same start: credited %v with %d tokens, %d blocks hashed", m2.Credited, m2.Matched(e1), m2.NBlocks)
+	}
+}
+
+// A sibling placed elsewhere (its group's engine too busy) leaves the
+// credit where the group is: later samples still follow the first.
+func TestCreditStaysWithGroup(t *testing.T) {
+	rng := rand.New(rand.NewPCG(17, 18))
+	a := toks(rng, 16*10)
+	x := New(Config{})
+	e0, _ := x.Register("e0")
+	e1, _ := x.Register("e1")
+	var m Match
+	x.Scan(body(a, ""), -1, &m)
+	x.Credit(&m, e1)
+	var m2 Match
+	x.Scan(body(a, ""), -1, &m2)
+	if !m2.Credited || m2.CreditEngine != e1 {
+		t.Fatalf("sibling not credited on e1: %+v", m2.CreditEngine)
+	}
+	if got := x.Credit(&m2, e0); got != e0 {
+		t.Fatalf("a sibling placed on e0 was sent to %d", got)
+	}
+	var m3 Match
+	x.Scan(body(a, ""), -1, &m3)
+	if m3.CreditEngine != e1 || m3.Matched(e1) != len(a) || m3.Matched(e0) != 0 {
+		t.Fatalf("after a sibling went elsewhere: credit on %d, e1 %d, e0 %d", m3.CreditEngine, m3.Matched(e1), m3.Matched(e0))
+	}
+}

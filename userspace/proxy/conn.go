@@ -219,8 +219,9 @@ func (c *conn) finish() {
 
 // appendUpstreamHead appends the rewritten request head: origin-form
 // target, HTTP/1.1, hop-by-hop fields removed, everything else
-// byte-identical, X-Forwarded-For appended.
-func (c *conn) appendUpstreamHead(out []byte, w *worker.Worker) []byte {
+// byte-identical, the DP rank named (appendRankHeader), X-Forwarded-For
+// appended.
+func (c *conn) appendUpstreamHead(out []byte, w *worker.Worker, rt routeNote) []byte {
 	req := c.req
 	out = append(out, req.Method...)
 	out = append(out, ' ')
@@ -240,6 +241,7 @@ func (c *conn) appendUpstreamHead(out []byte, w *worker.Worker) []byte {
 		out = append(out, host...)
 		out = append(out, "\r\n"...)
 	}
+	out = appendRankHeader(out, w, rt)
 	out = append(out, "X-Forwarded-For: "...)
 	if len(req.XFF) > 0 {
 		out = append(out, req.XFF...)

@@ -24,7 +24,7 @@ func (c *conn) send(x *exchange) (keep, ended bool) {
 		return c.refusedOrFail(x, err), true
 	}
 	x.uc, x.prog.connected = up, true
-	out := c.appendUpstreamHead(c.out[:0], x.w)
+	out := c.appendUpstreamHead(c.out[:0], x.w, x.rt)
 	// Body bytes already buffered behind the head go in the same write,
 	// unless the client waits for 100 Continue.
 	waitContinue := req.Expect100 && req.HasBody()

@@ -210,7 +210,7 @@ func (l *loop) begin(c *conn) step {
 		return l.noDescriptor(c, err)
 	}
 	u.cl = c
-	out := c.appendUpstreamHead(l.lendOut(c), w)
+	out := c.appendUpstreamHead(l.lendOut(c), w, x.rt)
 	out = append(out, c.buf[c.r:c.r+body]...)
 	c.out = out
 	c.r += body

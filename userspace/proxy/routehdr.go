@@ -3,7 +3,9 @@ package proxy
 import (
 	"strconv"
 
+	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/route"
+	"github.com/tether-rl/tether/userspace/worker"
 )
 
 // routeNote is the routing decision of a connection's exchange, kept for
@@ -11,8 +13,10 @@ import (
 type routeNote struct {
 	slot    int32
 	matched int32 // route.ReasonKVPrefix: the prompt tokens the engine held
+	rank    int32 // the data-parallel rank to name upstream (ranked)
 	reason  route.Reason
-	set     bool
+	set     bool // Config.RouteHeader names it
+	ranked  bool // a worker of several DP ranks: appendRankHeader names rank
 }
 
 // noteRoute records the decision the response head will name, for the
@@ -24,10 +28,33 @@ func (c *conn) noteRoute(d route.Decision) {
 
 // routeNote is what Config.RouteHeader will say of decision d.
 func (s *Server) routeNote(d route.Decision) routeNote {
-	if s.cfg.RouteHeader == "" || d.Worker == nil {
+	if d.Worker == nil {
 		return routeNote{}
 	}
-	return routeNote{slot: int32(d.Worker.Slot), matched: int32(d.Matched), reason: d.Reason, set: true}
+	n := routeNote{rank: int32(d.Rank), ranked: d.Ranks > 1 && d.Rank >= 0}
+	if s.cfg.RouteHeader != "" {
+		n.slot, n.matched, n.reason, n.set = int32(d.Worker.Slot), int32(d.Matched), d.Reason, true
+	}
+	return n
+}
+
+// appendRankHeader appends the engine's data-parallel rank header (vLLM
+// X-data-parallel-rank) to the upstream head when the decision placed the
+// request on one rank of a worker with several, and w's engine takes the
+// rank in a header (dialect.Dialect.RankHeader; SGLang's routed_dp_rank
+// is a body field, not written here). No allocation.
+func appendRankHeader(out []byte, w *worker.Worker, rt routeNote) []byte {
+	if !rt.ranked {
+		return out
+	}
+	d := dialect.For(w.Engine())
+	if d == nil || d.RankHeader == "" {
+		return out
+	}
+	out = append(out, d.RankHeader...)
+	out = append(out, ": "...)
+	out = strconv.AppendInt(out, int64(rt.rank), 10)
+	return append(out, "\r\n"...)
 }
 
 // appendRouteHeader appends "<RouteHeader>: <slot> <reason>" (no

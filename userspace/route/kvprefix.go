@@ -174,8 +174,9 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 		score, vetoed := w.EngineScore()
 		ids := engines[w.Slot]
 		if m.Credited && containsID(ids, m.CreditEngine) {
-			// The siblings placed here moments ago are this request's
-			// group, not work in its way (GRPO samples share the prefill).
+			// The siblings placed here moments ago (the same prompt:
+			// kvindex credits mark no other) are this request's group,
+			// not work in its way: they share its prefill.
 			score = max(score-float64(m.Siblings), 1)
 		}
 		base := p.cfg.TokensPerRequest * score
@@ -201,9 +202,9 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 		}
 		return best, rank, held, vetoed
 	}
-	var bw *worker.Worker
-	var bc float64
-	var brank, bheld int
+	var bw, vw, hw *worker.Worker
+	var bc, vc, hc float64
+	var brank, bheld, vrank, vheld, hrank, hheld int
 	n := len(ws)
 	start := int(rt.rr.Add(1) % uint64(max(n, 1)))
 	for k := 0; k < n; k++ {
@@ -213,14 +214,49 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 		}
 		c, r, h, vetoed := cost(w)
 		if vetoed {
+			if vw == nil || c < vc {
+				vw, vc, vrank, vheld = w, c, r, h
+			}
 			continue
 		}
 		if bw == nil || c < bc {
 			bw, bc, brank, bheld = w, c, r, h
 		}
+		if h > hheld || (h == hheld && hw != nil && c < hc) {
+			hw, hc, hrank, hheld = w, c, r, h
+		}
 	}
 	if bw == nil {
-		return Decision{}, false // every engine vetoed or none healthy: the policy's rules
+		if vw == nil {
+			return Decision{}, false // none healthy: the policy's rules
+		}
+		// Every engine vetoed (KV caches full): the cheapest of them,
+		// as the engine rule takes the least loaded one, but counting
+		// what each holds (the poller holds admissions meanwhile).
+		bw, bc, brank, bheld = vw, vc, vrank, vheld
+	}
+	allVetoed := bw == vw
+	if m.Credited && key == nil {
+		// A group (GRPO samples, n samples) follows the engine its first
+		// request went to while that engine's expected work, less the
+		// group's own samples there, stays within MoveSlack requests of
+		// the best, and its whole expected work within the keys' margin
+		// (MoveMargin), up to DefaultGroupMax samples (cf. --group-max):
+		// its credited prefix already counts for it in its cost.
+		if cw, r, ok := workerOf(ws, engines, m.CreditEngine); ok && cw != bw && cw.State() == worker.Healthy && m.Siblings < DefaultGroupMax {
+			slack := p.cfg.MoveSlack * p.cfg.TokensPerRequest
+			own := float64(m.Siblings) * p.cfg.TokensPerRequest
+			if c, rr, h, vetoed := cost(cw); !vetoed && rr == r && c-own <= bc+slack && c <= bc*p.cfg.MoveMargin+slack {
+				bw, bc, brank, bheld = cw, c, r, h
+			}
+		}
+	}
+	if key == nil && !m.Credited && hw != nil && hw != bw && hheld > bheld &&
+		hc <= bc*p.cfg.MoveMargin+p.cfg.MoveSlack*p.cfg.TokensPerRequest {
+		// Keyless, the engine that holds the most of the prompt (a
+		// session's earlier turns, a group whose events arrived) keeps
+		// it unless another is clearly cheaper, as a key's engine does.
+		bw, bc, brank, bheld = hw, hc, hrank, hheld
 	}
 	var ke *prefixKey
 	if key != nil {
@@ -230,7 +266,7 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 		if ke.hash == h && ke.until > now && int(ke.slot) < n {
 			if cur := ws[ke.slot]; cur != nil && cur != bw && cur.State() == worker.Healthy {
 				c, r, hd, vetoed := cost(cur)
-				if !vetoed && !(c > bc*p.cfg.MoveMargin+p.cfg.MoveSlack*p.cfg.TokensPerRequest) {
+				if (!vetoed || allVetoed) && !(c > bc*p.cfg.MoveMargin+p.cfg.MoveSlack*p.cfg.TokensPerRequest) {
 					bw, bc, brank, bheld = cur, c, r, hd
 				} else {
 					p.moved.Add(1)
@@ -255,7 +291,7 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 	p.matched.Add(uint64(bheld))
 	p.scanned.Add(uint64(m.Prompt))
 	rt.reasons[ReasonKVPrefix].Add(1)
-	return Decision{Worker: bw, Reason: ReasonKVPrefix, Matched: bheld, Rank: brank}, true
+	return Decision{Worker: bw, Reason: ReasonKVPrefix, Matched: bheld, Rank: brank, Ranks: len(engines[bw.Slot])}, true
 }
 
 func containsID(ids []kvindex.EngineID, id kvindex.EngineID) bool {

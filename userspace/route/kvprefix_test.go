@@ -143,3 +143,41 @@ func TestPrefixPlacementAllocs(t *testing.T) {
 		t.Fatalf("%v allocations per decision", n)
 	}
 }
+
+// A group follows its first sample's engine while that engine stays
+// within a margin of the best; past it, the next sample goes elsewhere.
+func TestPrefixGroupFollowsWithinMargin(t *testing.T) {
+	rt, ws, _, _ := prefixRouter(t, 4)
+	q := tokenRun(50000, 300)
+	req, body := genReq(t, idsBody(q))
+	first := rt.Route(req, body).Worker
+	// A little busier than the rest: the sample follows.
+	setLoad(first, 3, 0, 0.1, false)
+	req, body = genReq(t, idsBody(q))
+	if d := rt.Route(req, body); d.Worker != first {
+		t.Fatalf("left the group's engine for a small difference: slot %d, first %d", d.Worker.Slot, first.Slot)
+	}
+	// Far busier (40 requests more: 2,560 tokens of work against a
+	// 300-token prefill elsewhere): the next sample goes elsewhere.
+	setLoad(first, 40, 0, 0.1, false)
+	req, body = genReq(t, idsBody(q))
+	if d := rt.Route(req, body); d.Worker == first {
+		t.Fatalf("followed the group onto an engine 40 requests deep")
+	}
+	_ = ws
+}
+
+// Every engine vetoed (KV caches full): the request still goes where its
+// prefix is (the cheapest vetoed engine), not to the least loaded one.
+func TestPrefixAllVetoed(t *testing.T) {
+	rt, ws, x, ids := prefixRouter(t, 4)
+	sess := tokenRun(1000, 640)
+	storeOn(x, ids[1], sess, 0)
+	for _, w := range ws {
+		setLoad(w, 4, 0, 0.97, true)
+	}
+	req, body := genReq(t, idsBody(append(append([]uint32{}, sess...), tokenRun(9000, 100)...)))
+	if d := rt.Route(req, body); d.Worker != ws[1] || d.Reason != ReasonKVPrefix || d.Matched != 640 {
+		t.Fatalf("all vetoed: slot %d reason %v matched %d", d.Worker.Slot, d.Reason, d.Matched)
+	}
+}

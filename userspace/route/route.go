@@ -111,10 +111,13 @@ type Decision struct {
 	// Learn, when set, wants to see the response (learn.go): the proxy
 	// calls its Status, Body and End before relaying what it shows.
 	Learn *Learner
-	// Matched and Rank (ReasonKVPrefix, kvprefix.go): the prompt tokens
-	// the chosen engine holds, and its data-parallel rank (-1: none known).
+	// Matched, Rank and Ranks (ReasonKVPrefix, kvprefix.go): the prompt
+	// tokens the chosen engine holds, its data-parallel rank (-1: none
+	// known) and how many ranks the worker has: with several, the proxy
+	// names Rank to the engine (dialect.Dialect.RankHeader).
 	Matched int
 	Rank    int
+	Ranks   int
 }
 
 // Route picks the worker for a request. body holds the first bytes of the
