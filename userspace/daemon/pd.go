@@ -151,7 +151,7 @@ func (p *pdPlane) Ready() (active, ready bool) {
 }
 
 func isHealthGenerate(path []byte) bool {
-	const h = "/health_generate"
+	h := dialect.HealthGenerate
 	return len(path) >= len(h) && string(path[:len(h)]) == h && (len(path) == len(h) || path[len(h)] == '?')
 }
 
@@ -171,16 +171,22 @@ func (p *pdPlane) server(path string) *pd.Server {
 	case PDVLLM:
 		return p.vllm
 	}
-	if dialect.IsGeneration(dialect.SGLang, []byte(path)) && !dialect.IsGeneration(dialect.VLLM, []byte(path)) {
-		return p.sglang
+	if k, only := dialect.GenerationOf([]byte(path)); only {
+		return p.serverOf(dialect.PDProtocol(k))
 	}
 	for _, w := range p.table.Snapshot() {
 		if w != nil && w.Role() == worker.Prefill {
-			if w.Engine() == dialect.VLLM {
-				return p.vllm
-			}
-			return p.sglang
+			return p.serverOf(dialect.PDProtocol(w.Engine()))
 		}
+	}
+	return p.sglang
+}
+
+// serverOf is the driver of a P/D protocol (dialect.PDProtocol's names);
+// an engine not learned yet speaks SGLang's, the default.
+func (p *pdPlane) serverOf(proto string) *pd.Server {
+	if PDProtocol(proto) == PDVLLM {
+		return p.vllm
 	}
 	return p.sglang
 }
@@ -228,7 +234,13 @@ func (p *pdPlane) learnRole(w *worker.Worker, given registry.RoleSpec, ok bool) 
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	a, err := p.client.Do(ctx, w.URL, dialect.ServerInfoCall(), "")
+	call, has := dialect.ServerInfo(w.Engine())
+	if !has {
+		if call, has = dialect.AnyServerInfo(); !has {
+			return
+		}
+	}
+	a, err := p.client.Do(ctx, w.URL, call, "")
 	var mode string
 	var port int
 	if err == nil && a.OK() {
@@ -342,7 +354,7 @@ func (p *pdPlane) discover(stop <-chan struct{}, reg *registry.Registry) {
 				continue
 			}
 			seen[w] = true
-			if asked[w] || w.Engine() != dialect.SGLang {
+			if _, has := dialect.ServerInfo(w.Engine()); asked[w] || !has {
 				continue
 			}
 			asked[w] = true

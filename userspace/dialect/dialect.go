@@ -160,6 +160,12 @@ type Dialect struct {
 	// Generation: the paths of generation requests, which a P/D fleet
 	// serves over a prefill/decode pair (userspace/pd).
 	Generation []string
+	// PDProtocol: the prefill/decode protocol this engine's P/D fleets
+	// speak (userspace/pd's: "sglang", bootstrap rooms; "vllm", NIXL).
+	PDProtocol string
+	// ServerInfo: the call that tells an engine's P/D mode
+	// (ParseDisaggregation reads its answer); nil: the engine has none.
+	ServerInfo *Call
 	// PauseInBody: a client's pause names its mode in a JSON body (else
 	// in the query). PauseModes lists the modes for error messages.
 	PauseInBody bool
@@ -460,6 +466,47 @@ func Default() Kind {
 // SetVersionMissing is the refusal of a SetVersion update whose body
 // names no version.
 const SetVersionMissing = `"new_version" must be a non-empty string`
+
+// GenerationOf returns the one engine whose generation paths hold path
+// (with or without a query); ok false when none or several do.
+func GenerationOf(path []byte) (k Kind, ok bool) {
+	for _, d := range order {
+		if IsGeneration(d.Kind, path) {
+			if ok {
+				return Unknown, false
+			}
+			k, ok = d.Kind, true
+		}
+	}
+	return k, ok
+}
+
+// PDProtocol returns the P/D protocol of engine k ("" unknown).
+func PDProtocol(k Kind) string {
+	if d := For(k); d != nil {
+		return d.PDProtocol
+	}
+	return ""
+}
+
+// ServerInfo returns engine k's P/D mode call; ok false: it has none.
+func ServerInfo(k Kind) (Call, bool) {
+	if d := For(k); d != nil && d.ServerInfo != nil {
+		return *d.ServerInfo, true
+	}
+	return Call{}, false
+}
+
+// AnyServerInfo is the P/D mode call of the first engine that has one,
+// for a worker whose engine is not known yet.
+func AnyServerInfo() (Call, bool) {
+	for _, d := range order {
+		if d.ServerInfo != nil {
+			return *d.ServerInfo, true
+		}
+	}
+	return Call{}, false
+}
 
 // IsGeneration reports whether path (with or without a query) is a
 // generation path of engine k (Unknown: of any engine).

@@ -59,6 +59,8 @@ var sglang = &Dialect{
 	},
 
 	Generation: []string{"/generate", "/v1/completions", "/v1/chat/completions"},
+	PDProtocol: "sglang",
+	ServerInfo: &Call{Method: "GET", Path: "/server_info"},
 
 	PauseInBody: true,
 	PauseModes:  "abort, in_place or retract",
@@ -213,8 +215,9 @@ func parseSGLangLoads(body []byte) (Load, error) {
 // ("prefill", "decode", or "null" for a regular engine) and a prefill's
 // bootstrap port.
 
-// ServerInfoCall is the call that asks an engine its P/D mode.
-func ServerInfoCall() Call { return Call{Method: "GET", Path: "/server_info"} }
+// HealthGenerate is the path that checks an engine by a one-token
+// generation (a P/D fleet answers it over one pair).
+const HealthGenerate = "/health_generate"
 
 // ParseDisaggregation reads /server_info's disaggregation_mode ("prefill",
 // "decode"; "" for none or "null") and disaggregation_bootstrap_port (0:

@@ -32,6 +32,7 @@ var vllm = &Dialect{
 	RankHeader: "X-data-parallel-rank",
 
 	Generation: []string{"/v1/completions", "/v1/chat/completions"},
+	PDProtocol: "vllm",
 	Serves: map[string]Endpoint{
 		"/abort_requests": {Op: OpAbort},
 		"/pause":          {Op: OpPause},
