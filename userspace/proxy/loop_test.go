@@ -39,7 +39,10 @@ func TestConnectionsLiveInTheLoop(t *testing.T) {
 		io.Copy(io.Discard, r.Body)
 		io.WriteString(w, "ok")
 	}))
-	p := startProxy(t, []string{be}, func(c *Config) { c.ParkAfter = 50 * time.Millisecond; c.IdleTimeout = 3 * time.Second })
+	// The idle timeout must outlast setting up the 50 connections (under
+	// emulation on a busy host that took over 3 s, and the first ones
+	// were closed before all were parked).
+	p := startProxy(t, []string{be}, func(c *Config) { c.ParkAfter = 50 * time.Millisecond; c.IdleTimeout = 15 * time.Second })
 	const n = 50
 	type client struct {
 		c  net.Conn
@@ -86,7 +89,7 @@ func TestConnectionsLiveInTheLoop(t *testing.T) {
 	})
 	// The idle timeout closes the others.
 	for _, c := range cs[n/2:] {
-		c.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		c.c.SetReadDeadline(time.Now().Add(30 * time.Second))
 		if _, err := c.br.ReadByte(); err != io.EOF {
 			t.Fatalf("open past the idle timeout: %v, want EOF", err)
 		}
