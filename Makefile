@@ -115,7 +115,7 @@ vmtest:
 clean:
 	rm -rf $(BIN)
 
-# Issue 21's figures: RL rollout workloads (GRPO groups, agent sessions,
+# The RL figures: rollout workloads (GRPO groups, agent sessions,
 # skewed contexts) on 8 fake engines through tetherd, by routing mode
 # (cmd/tether-rlsim; about 5 minutes). RLSIM_FLAGS: more flags.
 RLSIM_FLAGS ?=
