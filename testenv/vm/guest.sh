@@ -49,6 +49,10 @@ run_test() {
   put "test.$name" "$verdict pass=$pass fail=$fail skip=$skip time=$((SECONDS - start))s"
   say "test $name: $verdict ($pass passed, $fail failed, $skip skipped, $((SECONDS - start))s)"
   if [ "$verdict" != PASS ]; then
+    # The failing tests by name, and their first messages, in the summary
+    # itself: CI shows the summary, not the guest's logs.
+    put "test.$name.failed" "$(grep -o -- '--- FAIL: [^ ]*' "$OUT/test-$name.log" | cut -d' ' -f3 | sort -u | tr '\n' ' ' | cut -c1-300)"
+    put "test.$name.first_error" "$(grep -m1 -E -- '_test.go:[0-9]+:|^panic' "$OUT/test-$name.log" | sed 's/^[[:space:]]*//' | cut -c1-300)"
     grep -E -- '--- FAIL|^(FAIL|panic)|_test.go:[0-9]+:' "$OUT/test-$name.log" | head -n 40 | sed 's/^/  | /'
   fi
 }
