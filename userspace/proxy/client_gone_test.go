@@ -33,10 +33,12 @@ func TestWatchOutlivesIdleDeadline(t *testing.T) {
 	c.Close()
 	select {
 	case at := <-upClosed:
-		if d := at.Sub(left); d > time.Second {
+		// Promptly, not at some later deadline: the watch sees the close.
+		// (Bounded loosely: software-emulated kernels are slow.)
+		if d := at.Sub(left); d > 4*time.Second {
 			t.Fatalf("upstream closed %v after the client left", d)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(8 * time.Second):
 		t.Fatal("upstream never closed after the client left")
 	}
 	ctr := p.srv.Counters()

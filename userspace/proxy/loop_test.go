@@ -281,7 +281,7 @@ func TestStalledUpload408(t *testing.T) {
 	if resp, _ := readResp(t, br, false); resp.StatusCode != 408 || !resp.Close {
 		t.Fatalf("stalled upload: %d close=%v, want 408 and close", resp.StatusCode, resp.Close)
 	}
-	if d := time.Since(start); d > 3*time.Second {
+	if d := time.Since(start); d > 10*time.Second {
 		t.Fatalf("408 after %v", d)
 	}
 	expectClosed(t, c, br)
@@ -601,7 +601,7 @@ func TestLoopBatchesThroughRing(t *testing.T) {
 // timeout (edge-triggered: no new edge comes for bytes already queued).
 func TestPipelinedHeadAtBufferEnd(t *testing.T) {
 	be := httpBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, r.URL.Path) }))
-	p := startProxy(t, []string{be}, func(c *Config) { c.HeadTimeout = 5 * time.Second })
+	p := startProxy(t, []string{be}, func(c *Config) { c.HeadTimeout = time.Minute })
 	first := "GET /first HTTP/1.1\r\nHost: x\r\n\r\n"
 	// The second head: past the 16 KiB buffer with the first, within it
 	// alone.
@@ -611,13 +611,13 @@ func TestPipelinedHeadAtBufferEnd(t *testing.T) {
 	start := time.Now()
 	io.WriteString(c, first+second)
 	for _, want := range []string{"/first", "/second"} {
-		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		c.SetReadDeadline(time.Now().Add(20 * time.Second))
 		resp, body := readResp(t, br, false)
 		if resp.StatusCode != 200 || body != want {
 			t.Fatalf("%d %q, want 200 %q", resp.StatusCode, body, want)
 		}
 	}
-	if d := time.Since(start); d > 4*time.Second {
+	if d := time.Since(start); d > 20*time.Second {
 		t.Fatalf("answered after %v: the second head waited for the head timeout", d)
 	}
 }

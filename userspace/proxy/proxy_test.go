@@ -98,29 +98,41 @@ func TestPipelining(t *testing.T) {
 	}
 }
 
+// Each event reaches the client before the worker writes the next: the
+// worker writes event 1 only once the client has read event 0, so a proxy
+// that held an event back until more came (or until the end) never lets
+// the client see it, and the client's deadline fails the test.
 func TestSSEStreaming(t *testing.T) {
+	read := make(chan struct{}, 3)
 	be := httpBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		for i := 0; i < 3; i++ {
 			fmt.Fprintf(w, "data: %d\n\n", i)
 			w.(http.Flusher).Flush()
-			time.Sleep(150 * time.Millisecond) // the next event later: the first must not wait for it
+			select {
+			case <-read:
+			case <-time.After(30 * time.Second):
+				return
+			}
 		}
 	}))
 	p := startProxy(t, []string{be}, nil)
 	c, br := p.dial()
+	defer c.Close()
 	io.WriteString(c, "GET /s HTTP/1.1\r\nHost: a\r\n\r\n")
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	resp, err := http.ReadResponse(br, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	start := time.Now()
-	line, err := bufio.NewReader(resp.Body).ReadString('\n')
-	if err != nil || line != "data: 0\n" {
-		t.Fatalf("first event %q %v", line, err)
-	}
-	if d := time.Since(start); d > 100*time.Millisecond {
-		t.Fatalf("first event after %v: buffered", d)
+	events := bufio.NewReader(resp.Body)
+	for i := 0; i < 3; i++ {
+		line, err := events.ReadString('\n')
+		if want := fmt.Sprintf("data: %d\n", i); err != nil || line != want {
+			t.Fatalf("event %d: %q %v, want %q before the worker writes the next (buffered?)", i, line, err, want)
+		}
+		events.ReadString('\n') // the blank line ending the event
+		read <- struct{}{}
 	}
 }
 
