@@ -23,7 +23,7 @@ type Counters struct {
 	LateCancels    atomic.Uint64 // prefills still running PrefillGrace after D ended
 	LogprobMerges  atomic.Uint64 // answers or events with P's input logprobs merged in
 
-	MissingKVParams       atomic.Uint64 // vLLM P answered 2xx without kv_transfer_params
+	MissingKVParams       atomic.Uint64 // a NIXL P answered 2xx without its KV handoff
 	PassedWithoutKVParams atomic.Uint64 // ... and D got the body anyway (LetMissingKVParamsThrough)
 }
 

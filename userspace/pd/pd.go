@@ -19,36 +19,39 @@
 // pause, weight updates, flush) are the engine package's to fan out to
 // every prefill and decode engine.
 //
-// # SGLang (Protocol SGLang)
+// The protocols are spoken in the engines' words, which are
+// userspace/dialect's (dialect.PDWire, from each engine's file: sglang.go
+// for the bootstrap protocol, vllm.go for NIXL): pd names no body field,
+// header or path of an engine.
 //
-// bootstrap_host (the prefill's host), bootstrap_port (the prefill's, null
-// for the engine's default) and bootstrap_room (uniform in 0..2^63-1, new
-// for every attempt) are set at the top level of the body, replacing any
-// the client sent; a batch (text a list, input_ids a list of lists, prompt
-// a list) gets lists, one room per item. A rid is added where the client
-// sent none (one per item for a batch), the same on both legs, so both
-// sides can be aborted by it (POST /abort_request {"rid"}). The same body
-// goes to P and D at once; the client gets D's status, headers and stream.
-// P's answer is read and discarded, except with return_logprob: P's
-// meta_info.input_token_logprobs are put in front of D's, in the whole
-// answer or in each SSE event ([DONE] passes untouched). Only the top
-// level of the body and of the merged objects is touched ([jsonedit]).
+// # Bootstrap rooms (Protocol SGLang)
 //
-// # vLLM NIXL (Protocol VLLM)
+// The prefill's host, its bootstrap port (null for the engine's default)
+// and a room (uniform in 0..2^63-1, new for every attempt) are set at the
+// top level of the body, replacing any the client sent; a batch gets
+// lists, one room per item. A request id is added where the client sent
+// none (one per item for a batch), the same on both legs, so both sides
+// can be aborted by it. The same body goes to P and D at once; the client
+// gets D's status, headers and stream. P's answer is read and discarded,
+// except when the client asked for input logprobs: P's are put in front
+// of D's, in the whole answer or in each SSE event ([DONE] passes
+// untouched). Only the top level of the body and of the merged objects is
+// touched ([jsonedit]).
 //
-// One X-Request-Id (the client's, or a new one) on both legs. P gets the
-// body with kv_transfer_params {do_remote_decode: true, the rest null},
-// stream false, no stream_options, max_tokens 1 (and max_completion_tokens
-// 1 where present), no min_tokens or min_completion_tokens, n 1 where
-// present. D then gets the client's body with the kv_transfer_params
-// object P returned, and D's answer goes to the client. P answering
-// without kv_transfer_params is counted (MissingKVParams) and answered 502
-// unless Config.LetMissingKVParamsThrough (D then recomputes the prompt:
-// PassedWithoutKVParams). Closing a leg's connection aborts it in vLLM.
+// # KV handoff (Protocol VLLM, NIXL)
+//
+// One request id header (the client's, or a new one) on both legs. P gets
+// the client's body with the protocol's prefill edits (a remote decode
+// asked for, not streamed, one token, one sample, no minimum). D then gets
+// the client's body with the handoff object P returned, and D's answer
+// goes to the client. P answering without one is counted
+// (MissingKVParams) and answered 502 unless
+// Config.LetMissingKVParamsThrough (D then recomputes the prompt:
+// PassedWithoutKVParams). Closing a leg's connection aborts it.
 //
 // # n > 1
 //
-// A request for several samples (n, or sampling_params.n, above 1) is
+// A request for several samples (in any engine's words: dialect.PDSamples) is
 // refused with a 400 that says why: every sample needs its own room or
 // handoff (one NIXL handoff has one consumer), and sharing one hangs.
 //
@@ -56,7 +59,7 @@
 //
 // Before the client has a byte (D's answer is held until its first body
 // bytes, or its end), a leg that fails or answers 5xx cancels the other at
-// once (its connection closed, and for SGLang an abort by rid), then the
+// once (its connection closed, and an abort by id where the protocol has one), then the
 // request is tried once more on a new pair ([PairChooser.Choose] is told
 // the pair that failed) with new rooms. P's 4xx goes to the client as it
 // is; so does D's 4xx, and the last attempt's 5xx. After the first byte a
@@ -90,6 +93,8 @@ import (
 	"net/url"
 	"sync"
 	"time"
+
+	"github.com/tether-rl/tether/userspace/dialect"
 )
 
 // Protocol is how a pair is driven.
@@ -98,8 +103,8 @@ type Protocol int
 const (
 	// SGLang: bootstrap rooms, both legs at once.
 	SGLang Protocol = iota
-	// VLLM: NIXL, prefill first, then decode with the prefill's
-	// kv_transfer_params.
+	// VLLM: NIXL, prefill first, then decode with the prefill's KV
+	// handoff.
 	VLLM
 )
 
@@ -163,9 +168,9 @@ type Config struct {
 	Protocol Protocol
 	// Transport for both legs; nil: NewTransport().
 	Transport http.RoundTripper
-	// LetMissingKVParamsThrough sends D the client's body when a vLLM
-	// prefill answers without kv_transfer_params (D recomputes the
-	// prompt), instead of a 502.
+	// LetMissingKVParamsThrough sends D the client's body when a NIXL
+	// prefill answers without its KV handoff (D recomputes the prompt),
+	// instead of a 502.
 	LetMissingKVParamsThrough bool
 	// RouteHeader, if set, names a response field that shows the pair
 	// ("p<slot>+d<slot>" and the chooser's reason).
@@ -197,6 +202,7 @@ func NewTransport() *http.Transport {
 // Server drives pairs. Its methods are safe for concurrent use.
 type Server struct {
 	cfg      Config
+	wire     *dialect.PDWire // the protocol's words
 	client   *http.Client
 	Counters Counters
 	bg       sync.WaitGroup
@@ -217,7 +223,7 @@ func New(cfg Config) *Server {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg}
+	s := &Server{cfg: cfg, wire: wireOf(cfg.Protocol)}
 	rt := cfg.Transport
 	if rt == nil {
 		s.own = NewTransport()
