@@ -82,7 +82,7 @@ func newPDPlane(d *Daemon, opts Options) *pdPlane {
 		proto:   proto,
 		sglang:  pd.New(sg),
 		vllm:    pd.New(vl),
-		chooser: &pairChooser{table: d.Table, fleet: d.Fleet, keyHeaders: keyHeadersOf(keys)},
+		chooser: &pairChooser{table: d.Table, fleet: d.Fleet, keyHeaders: keyHeadersOf(keys), observe: d.observe},
 		client:  workerclient.New(workerclient.Options{Timeout: 5 * time.Second, DisableCompression: true, APIKey: opts.WorkerAPIKey}),
 	}
 }

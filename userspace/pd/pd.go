@@ -163,6 +163,37 @@ type PairChooser interface {
 	Release(p Pair, failed bool)
 }
 
+// Observer, when a PairChooser is one too, is told of every request
+// answered over a pair: the pair of the attempt that answered (a failed
+// attempt retried on another pair is not observed), the status the client
+// got (0: none, the client left first) and the time from the pair's
+// choice to the answer's end. Serve calls it after Release.
+type Observer interface {
+	Observe(p Pair, status int, took time.Duration)
+}
+
+// statusWriter keeps the status written through it (for an Observer).
+type statusWriter struct {
+	w      ResponseWriter
+	status int
+}
+
+func (s *statusWriter) Header() http.Header { return s.w.Header() }
+func (s *statusWriter) Write(p []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	return s.w.Write(p)
+}
+func (s *statusWriter) Flush() { flush(s.w) }
+
+func (s *statusWriter) WriteHeader(status int) {
+	if s.status == 0 {
+		s.status = status
+	}
+	s.w.WriteHeader(status)
+}
+
 // Config holds a Server's settings.
 type Config struct {
 	Protocol Protocol
