@@ -51,6 +51,22 @@ type PDWire struct {
 	// client's body into the prefill leg's, in order. "": no handoff.
 	KVParams     string
 	PrefillEdits []FieldEdit
+
+	// A request for n samples that is not streamed is sent as n requests
+	// of one sample each (each with its own room or handoff), and their
+	// answers make one. Stream: the field asking for a streamed answer.
+	// Seeds: the fields fixing the sampling seed (such a request is not
+	// split: n requests of one seed would be one sample n times).
+	Stream string
+	Seeds  []FieldPath
+	// The answers make one: on the OpenAI paths, one object whose Choices
+	// list every sample's, each with its ChoiceIndex (0..n-1), and whose
+	// Usage has the PromptTokens once and the CompletionTokens summed
+	// (TotalTokens their sum); an answer without Choices, where
+	// ListOfAnswers, is one item of a list (SGLang's native answer to n).
+	Choices, ChoiceIndex                               string
+	Usage, PromptTokens, CompletionTokens, TotalTokens string
+	ListOfAnswers                                      bool
 }
 
 // FieldPath is a top-level field (Inner "") or the field Inner of the

@@ -220,7 +220,8 @@ func parseSGLangLoads(body []byte) (Load, error) {
 // (/abort_request). With return_logprob the prefill's
 // meta_info.input_token_logprobs go in front of the decode's. n, on the
 // OpenAI paths, and sampling_params.n (an object, or a list for a batch)
-// ask for several samples.
+// ask for several samples; the native answer to n is a list of n answers,
+// the OpenAI paths' one object with n choices.
 var sglangPD = &PDWire{
 	Samples: []FieldPath{{Field: "n"}, {Field: "sampling_params", Inner: "n"}},
 	Batch: []BatchField{
@@ -236,6 +237,16 @@ var sglangPD = &PDWire{
 	LogprobFlag:    "return_logprob",
 	InputLogprobs:  FieldPath{Field: "meta_info", Inner: "input_token_logprobs"},
 	ItemIndex:      "index",
+
+	Stream:           "stream",
+	Seeds:            []FieldPath{{Field: "seed"}, {Field: "sampling_params", Inner: "sampling_seed"}},
+	Choices:          "choices",
+	ChoiceIndex:      "index",
+	Usage:            "usage",
+	PromptTokens:     "prompt_tokens",
+	CompletionTokens: "completion_tokens",
+	TotalTokens:      "total_tokens",
+	ListOfAnswers:    true,
 }
 
 // SGLang's P/D disaggregation: GET /server_info names the engine's mode

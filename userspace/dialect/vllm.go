@@ -179,4 +179,13 @@ var vllmPD = &PDWire{
 		{Name: "max_completion_tokens", Value: []byte("1"), IfPresent: true},
 		{Name: "n", Value: []byte("1"), IfPresent: true},
 	},
+
+	Stream:           "stream",
+	Seeds:            []FieldPath{{Field: "seed"}},
+	Choices:          "choices",
+	ChoiceIndex:      "index",
+	Usage:            "usage",
+	PromptTokens:     "prompt_tokens",
+	CompletionTokens: "completion_tokens",
+	TotalTokens:      "total_tokens",
 }

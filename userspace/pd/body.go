@@ -23,8 +23,10 @@ type request struct {
 }
 
 // errSamples is a request for more than one sample.
-var errSamples = errors.New("n > 1 is not served over prefill/decode pairs: each sample needs its own " +
-	"bootstrap room or KV handoff (a NIXL handoff has one consumer; a shared room hangs); send n requests with n = 1")
+var errSamples = errors.New("n > 1 is served over prefill/decode pairs only as n requests of one sample, " +
+	"each with its own bootstrap room or KV handoff (a NIXL handoff has one consumer; a shared room hangs): " +
+	"not streamed, without a seed, a request id of the client's or a batch, n at most " + strconv.Itoa(MaxSamples) +
+	"; send n requests with n = 1")
 
 // The protocols' words are dialect's (each engine's file): rooms is the
 // bootstrap protocol's wire, handoff the NIXL protocol's.

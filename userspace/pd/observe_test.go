@@ -50,7 +50,7 @@ func TestObserver(t *testing.T) {
 	for i, want := range []observed{{"p1+d2", 200}, {"p1+d2", 400}} {
 		body := `{"prompt":"p","max_tokens":2}`
 		if want.status == 400 {
-			body = `{"prompt":"p","n":3}` // refused before a pair is chosen: not observed
+			body = `{"prompt":"p","n":3,"stream":true}` // refused before a pair is chosen: not observed
 		}
 		w := httptest.NewRecorder()
 		s.Serve(context.Background(), w, &pd.Request{Method: "POST", Path: "/v1/completions", Header: http.Header{}, Body: []byte(body)}, c)

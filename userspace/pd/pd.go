@@ -51,9 +51,17 @@
 //
 // # n > 1
 //
-// A request for several samples (in any engine's words: dialect.PDSamples) is
-// refused with a 400 that says why: every sample needs its own room or
-// handoff (one NIXL handoff has one consumer), and sharing one hangs.
+// Every sample needs its own room or handoff (one NIXL handoff has one
+// consumer), and sharing one hangs. A request for n samples in the
+// protocol's words that is not streamed, has no seed, no request id of
+// the client's in its body and one prompt is sent as n requests of one
+// sample, at once, each over a pair of its own (a client's request id
+// header gets "-<i>" for sample i), and their answers make one: the
+// OpenAI paths' choices, indexed 0..n-1, with the usage summed, or a list
+// of the n answers (SGLang's native answer to n); a sample answered
+// otherwise than 2xx is the answer. Any other request for several
+// samples (in any engine's words: dialect.PDSamples) is refused with a
+// 400 that says why.
 //
 // # Failures
 //
@@ -281,6 +289,14 @@ var ErrNoPair = errors.New("pd: no prefill/decode pair available")
 // Serve answers req over a pair from chooser: see the package comment.
 func (s *Server) Serve(ctx context.Context, w ResponseWriter, req *Request, chooser PairChooser) error {
 	s.Counters.Requests.Add(1)
+	if plan, ok := s.planSamples(req.Body); ok {
+		return s.serveSamples(ctx, w, req, chooser, plan)
+	}
+	return s.serveOne(ctx, w, req, chooser)
+}
+
+// serveOne answers a request over one pair (one attempt, and a retry).
+func (s *Server) serveOne(ctx context.Context, w ResponseWriter, req *Request, chooser PairChooser) error {
 	if s.cfg.Protocol == VLLM {
 		return s.serveVLLM(ctx, w, req, chooser)
 	}
