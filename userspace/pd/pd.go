@@ -240,12 +240,13 @@ func NewTransport() *http.Transport {
 
 // Server drives pairs. Its methods are safe for concurrent use.
 type Server struct {
-	cfg      Config
-	wire     *dialect.PDWire // the protocol's words
-	client   *http.Client
-	Counters Counters
-	bg       sync.WaitGroup
-	own      *http.Transport
+	cfg        Config
+	wire       *dialect.PDWire // the protocol's words
+	sampleKeys [][]byte        // its sample fields, quoted (samples.go)
+	client     *http.Client
+	Counters   Counters
+	bg         sync.WaitGroup
+	own        *http.Transport
 }
 
 // New returns a Server with cfg's defaults filled in.
@@ -263,6 +264,7 @@ func New(cfg Config) *Server {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{cfg: cfg, wire: wireOf(cfg.Protocol)}
+	s.sampleKeys = sampleKeys(s.wire)
 	rt := cfg.Transport
 	if rt == nil {
 		s.own = NewTransport()
