@@ -95,7 +95,7 @@ func parseFlags() options {
 	flag.IntVar(&o.conns, "conns", 64, "wrk connections")
 	flag.IntVar(&o.threads, "threads", 2, "wrk threads")
 	flag.StringVar(&only, "only", "", "comma list of targets: "+strings.Join(allTargets, ",")+" (direct, the baseline, always runs)")
-	flag.StringVar(&phases, "phases", "rps,newconn,bodies,balance,restart,scaling,latency", "comma list of phases to run (also: soak, the overload and fault scenarios of make soak)")
+	flag.StringVar(&phases, "phases", "rps,newconn,bodies,balance,restart,scaling,latency,pd", "comma list of phases to run (also: soak, the overload and fault scenarios of make soak)")
 	flag.IntVar(&o.soakGB, "soak-gb", 8, "body size in GiB for the soak's big-body scenario")
 	var soakOnly string
 	flag.StringVar(&soakOnly, "soak-only", "", "comma list of soak scenarios to run (slowloris, idle, slow readers, big bodies, fd limit); default all")
@@ -150,6 +150,10 @@ func logf(format string, args ...any) {
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "standin-worker" {
 		runStandinWorker(os.Args[2:])
+		return
+	}
+	if len(os.Args) > 1 && os.Args[1] == "fakepd-fleet" {
+		runFakePDFleet(os.Args[2:])
 		return
 	}
 	o := parseFlags()
@@ -499,11 +503,16 @@ func (b *bench) workerURLs() []string {
 }
 
 func (b *bench) startTetherd(name string, extra ...string) (*instance, error) {
+	return b.startTetherdOn(name, append(b.workerURLs(), extra...))
+}
+
+// startTetherdOn starts a tetherd with the workers (and other flags) of
+// workerArgs instead of the demo workers.
+func (b *bench) startTetherdOn(name string, workerArgs []string) (*instance, error) {
 	var pinDir string
 	p, port, err := b.m.startServer(b.ctx, name, b.tetherdBin, func(port int) ([]string, error) {
 		args := []string{"--listen", fmt.Sprintf("127.0.0.1:%d", port)}
-		args = append(args, b.workerURLs()...)
-		args = append(args, extra...)
+		args = append(args, workerArgs...)
 		if b.pinDir != "" {
 			// A fresh pin dir per instance: counters in pinned maps
 			// outlive a tetherd, and must not add up across instances.
@@ -973,6 +982,10 @@ func (b *bench) main() int {
 	if b.o.phases["scaling"] && b.ctx.Err() == nil {
 		scaling = b.phaseScaling()
 	}
+	var pdRows []pdRow
+	if b.o.phases["pd"] && b.ctx.Err() == nil {
+		pdRows = b.phasePD()
+	}
 	var soaks []soakRow
 	if b.o.phases["soak"] && b.ctx.Err() == nil {
 		b.soaking = true
@@ -984,6 +997,7 @@ func (b *bench) main() int {
 	}
 	report += latencyReport(lat)
 	report += scalingReport(scaling)
+	report += pdReport(pdRows, b.pdConns(), b.o.threads, b.o.dur)
 	report += soakReport(soaks)
 	fmt.Println(report)
 	if b.o.out != "-" {

@@ -259,6 +259,7 @@ func New(opts Options) (*Daemon, error) {
 	}
 	d.Router = &route.Router{Table: d.Table}
 	d.Router.SetBadSession(bad)
+	d.pd.chooser.router = d.Router // P/D placements counted with the router's
 	if d.routing, err = setupRouting(opts, d.Group, d.Router, d.shareSessions(opts), d.Fleet, d.fleetSync()); err != nil {
 		return nil, err
 	}

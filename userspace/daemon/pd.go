@@ -82,7 +82,7 @@ func newPDPlane(d *Daemon, opts Options) *pdPlane {
 		proto:   proto,
 		sglang:  pd.New(sg),
 		vllm:    pd.New(vl),
-		chooser: &pairChooser{table: d.Table, fleet: d.Fleet, keyHeaders: keyHeadersOf(keys)},
+		chooser: &pairChooser{table: d.Table, fleet: d.Fleet, keyHeaders: keyHeadersOf(keys), observe: d.observe},
 		client:  workerclient.New(workerclient.Options{Timeout: 5 * time.Second, DisableCompression: true, APIKey: opts.WorkerAPIKey}),
 	}
 }
@@ -287,7 +287,9 @@ func (p *pdPlane) register(reg *prometheus.Registry) {
 			{"gave_up", "502s after the last attempt failed", c.GaveUp.Load},
 			{"no_pair", "503s: no pair available", c.NoPair.Load},
 			{"bad_request", "400s: the body is not a JSON object", c.BadRequest.Load},
-			{"refused_n", "400s: n > 1", c.RefusedN.Load},
+			{"refused_n", "400s: n > 1 in a form not split (streamed, seeded, a client's request id, a batch)", c.RefusedN.Load},
+			{"expanded", "requests for n samples served as n requests of one sample", c.Expanded.Load},
+			{"merge_failed", "502s: the samples' answers could not be made one", c.MergeFailed.Load},
 			{"mid_stream", "decodes failed after the client had bytes (the answer ended visibly)", c.MidStream.Load},
 			{"client_gone", "clients that left: both legs cancelled", c.ClientGone.Load},
 			{"legs_cancelled", "legs cancelled by a failure or a departure", c.LegsCancelled.Load},

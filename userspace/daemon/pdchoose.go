@@ -12,6 +12,7 @@ import (
 	"github.com/tether-rl/tether/userspace/jsonpeek"
 	"github.com/tether-rl/tether/userspace/keyhash"
 	"github.com/tether-rl/tether/userspace/pd"
+	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/worker"
 )
 
@@ -23,12 +24,18 @@ import (
 // moves only its own keys), the decode by load (the engine signals and
 // tetherd's in-flight count, EngineScore); a pair whose sides are on
 // different weight versions (fleet.Version) takes no work. Both sides
-// count the request from Choose (their gate and in-flight count) until
-// Release.
+// count the request as a routed request counts on its worker: from Choose
+// their gate, in-flight and request counts and a decision (pd_prefill,
+// pd_decode: GET /workers' decisions, tether_worker_decisions_total and
+// tether_route_decisions_total) until Release (errors); the answer's
+// status class and time on both (Observe: tether_responses_total,
+// tether_request_duration_seconds).
 type pairChooser struct {
 	table      *worker.Table
 	fleet      *fleet.Fleet
 	keyHeaders []string
+	router     *route.Router                              // counts the decisions (nil: on the workers only)
+	observe    func(slot, codeClass int, d time.Duration) // the proxy's Config.Observe (nil: none)
 
 	mu    sync.Mutex
 	taken map[pairSide]*worker.Worker // the worker objects counted, for Release
@@ -159,6 +166,8 @@ func (c *pairChooser) choose(req *pd.Request, failed *pd.Pair) (pd.Pair, error) 
 			}
 			p.w.Stats.Begin()
 			d.w.Stats.Begin()
+			c.placed(p.w, route.ReasonPDPrefill)
+			c.placed(d.w, route.ReasonPDDecode)
 			r := reason
 			if pi > 0 && why != "" {
 				r = "prefill-" + why + "-spill"
@@ -180,6 +189,25 @@ func (c *pairChooser) choose(req *pd.Request, failed *pd.Pair) (pd.Pair, error) 
 		p.w.Leave()
 	}
 	return pd.Pair{}, pd.ErrNoPair
+}
+
+// placed counts a side's decision, with the router's where there is one.
+func (c *pairChooser) placed(w *worker.Worker, r route.Reason) {
+	if c.router != nil {
+		c.router.Placed(w, r)
+		return
+	}
+	w.CountDecision(int(r))
+}
+
+// Observe implements pd.Observer: both sides see the answer's status
+// class and time, as a routed request's worker does.
+func (c *pairChooser) Observe(p pd.Pair, status int, took time.Duration) {
+	if c.observe == nil {
+		return
+	}
+	c.observe(p.Prefill.Slot, status/100, took)
+	c.observe(p.Decode.Slot, status/100, took)
 }
 
 // version is w's weight version as the fleet knows it ("" unknown).

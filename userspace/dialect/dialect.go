@@ -161,8 +161,10 @@ type Dialect struct {
 	// serves over a prefill/decode pair (userspace/pd).
 	Generation []string
 	// PDProtocol: the prefill/decode protocol this engine's P/D fleets
-	// speak (userspace/pd's: "sglang", bootstrap rooms; "vllm", NIXL).
+	// speak (userspace/pd's: "sglang", bootstrap rooms; "vllm", NIXL),
+	// and PD its wire (pd.go).
 	PDProtocol string
+	PD         *PDWire
 	// ServerInfo: the call that tells an engine's P/D mode
 	// (ParseDisaggregation reads its answer); nil: the engine has none.
 	ServerInfo *Call
@@ -249,8 +251,9 @@ func register(d *Dialect) {
 	order = append(order, d)
 	slices.SortFunc(order, func(a, b *Dialect) int { return int(a.Kind) - int(b.Kind) })
 	served, neverHeld, metrics = map[string]Endpoint{}, map[string]bool{}, map[string]metricOf{}
-	idFields, idQuoted, prompts, verFields = nil, nil, nil, nil
+	idFields, idQuoted, prompts, verFields, pdSamples = nil, nil, nil, nil, nil
 	for _, d := range order {
+		registerPD(d)
 		for p, ep := range d.Serves {
 			ep.Kind = d.Kind
 			served[p] = ep

@@ -60,6 +60,7 @@ var sglang = &Dialect{
 
 	Generation: []string{"/generate", "/v1/completions", "/v1/chat/completions"},
 	PDProtocol: "sglang",
+	PD:         sglangPD,
 	ServerInfo: &Call{Method: "GET", Path: "/server_info"},
 
 	PauseInBody: true,
@@ -209,6 +210,43 @@ func parseSGLangLoads(body []byte) (Load, error) {
 		s.HitRate = hit / float64(nHit)
 	}
 	return s, nil
+}
+
+// sglangPD is SGLang's P/D protocol (disaggregation/prefill.py,
+// decode.py; sgl-model-gateway's pd_router): the same body to the prefill
+// and the decode, with bootstrap_host, bootstrap_port and bootstrap_room
+// at its top level (lists, one per item, for a batch of text, input_ids
+// or prompt); both legs carry one rid, and either is aborted by it
+// (/abort_request). With return_logprob the prefill's
+// meta_info.input_token_logprobs go in front of the decode's. n, on the
+// OpenAI paths, and sampling_params.n (an object, or a list for a batch)
+// ask for several samples; the native answer to n is a list of n answers,
+// the OpenAI paths' one object with n choices.
+var sglangPD = &PDWire{
+	Samples: []FieldPath{{Field: "n"}, {Field: "sampling_params", Inner: "n"}},
+	Batch: []BatchField{
+		{Name: "text"},                      // a list of prompts
+		{Name: "input_ids", FirstItem: "["}, // a list of lists of ids
+		{Name: "prompt", FirstItem: `"[`},   // a list of strings or of id lists
+	},
+	BootstrapHost:  "bootstrap_host",
+	BootstrapPort:  "bootstrap_port",
+	BootstrapRoom:  "bootstrap_room",
+	RequestIDField: "rid",
+	AbortsByID:     true,
+	LogprobFlag:    "return_logprob",
+	InputLogprobs:  FieldPath{Field: "meta_info", Inner: "input_token_logprobs"},
+	ItemIndex:      "index",
+
+	Stream:           "stream",
+	Seeds:            []FieldPath{{Field: "seed"}, {Field: "sampling_params", Inner: "sampling_seed"}},
+	Choices:          "choices",
+	ChoiceIndex:      "index",
+	Usage:            "usage",
+	PromptTokens:     "prompt_tokens",
+	CompletionTokens: "completion_tokens",
+	TotalTokens:      "total_tokens",
+	ListOfAnswers:    true,
 }
 
 // SGLang's P/D disaggregation: GET /server_info names the engine's mode

@@ -33,6 +33,7 @@ var vllm = &Dialect{
 
 	Generation: []string{"/v1/completions", "/v1/chat/completions"},
 	PDProtocol: "vllm",
+	PD:         vllmPD,
 	Serves: map[string]Endpoint{
 		"/abort_requests": {Op: OpAbort},
 		"/pause":          {Op: OpPause},
@@ -153,4 +154,38 @@ func vllmMode(m Mode, quiet bool) string {
 		return string(PauseKeep)
 	}
 	return string(m)
+}
+
+// vllmPD is vLLM's NIXL P/D protocol (NixlConnector; its
+// disagg_proxy_server example and the llm-d sidecar): one X-Request-Id on
+// both legs; the prefill gets the client's body with kv_transfer_params
+// asking for a remote decode, not streamed, for one token (max_tokens, and
+// max_completion_tokens where given), one sample, no minimum; it answers
+// with the kv_transfer_params the decode is then sent in the client's
+// body. Closing a leg's connection aborts it. n asks for several samples
+// (one handoff has one consumer).
+var vllmPD = &PDWire{
+	Samples:         []FieldPath{{Field: "n"}},
+	RequestIDHeader: "X-Request-ID", // as a request names its id
+	KVParams:        "kv_transfer_params",
+	PrefillEdits: []FieldEdit{
+		{Name: "kv_transfer_params", Value: []byte(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,` +
+			`"remote_block_ids":null,"remote_host":null,"remote_port":null}`)},
+		{Name: "stream", Value: []byte("false")},
+		{Name: "stream_options"},
+		{Name: "max_tokens", Value: []byte("1")},
+		{Name: "min_tokens"},
+		{Name: "min_completion_tokens"},
+		{Name: "max_completion_tokens", Value: []byte("1"), IfPresent: true},
+		{Name: "n", Value: []byte("1"), IfPresent: true},
+	},
+
+	Stream:           "stream",
+	Seeds:            []FieldPath{{Field: "seed"}},
+	Choices:          "choices",
+	ChoiceIndex:      "index",
+	Usage:            "usage",
+	PromptTokens:     "prompt_tokens",
+	CompletionTokens: "completion_tokens",
+	TotalTokens:      "total_tokens",
 }

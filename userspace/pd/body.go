@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 
+	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/jsonedit"
 )
 
@@ -16,53 +18,88 @@ import (
 type request struct {
 	obj     *jsonedit.Object
 	batch   int      // items of a batch; 0 for one prompt
-	logprob bool     // return_logprob set (SGLang's merge)
+	logprob bool     // input logprobs asked for (the bootstrap protocol's merge)
 	rids    []string // the client's rid(s); nil when it sent none
 }
 
 // errSamples is a request for more than one sample.
-var errSamples = errors.New("n > 1 is not served over prefill/decode pairs: each sample needs its own " +
-	"bootstrap room or KV handoff (a NIXL handoff has one consumer; a shared room hangs); send n requests with n = 1")
+var errSamples = errors.New("n > 1 is served over prefill/decode pairs only as n requests of one sample, " +
+	"each with its own bootstrap room or KV handoff (a NIXL handoff has one consumer; a shared room hangs): " +
+	"not streamed, without a seed, a request id of the client's or a batch, n at most " + strconv.Itoa(MaxSamples) +
+	"; send n requests with n = 1")
 
+// The protocols' words are dialect's (each engine's file): rooms is the
+// bootstrap protocol's wire, handoff the NIXL protocol's.
+var (
+	rooms   = wireOf(SGLang)
+	handoff = wireOf(VLLM)
+)
+
+func wireOf(p Protocol) *dialect.PDWire {
+	w := dialect.PD(p.String())
+	if w == nil {
+		panic("pd: no engine in userspace/dialect speaks the " + p.String() + " P/D protocol")
+	}
+	return w
+}
+
+// inspect reads a client's body: a request for several samples in any
+// engine's words is refused whatever the protocol; the batch, logprob and
+// rid reads are the bootstrap protocol's (the NIXL protocol uses none).
 func inspect(body []byte) (*request, error) {
 	o, err := jsonedit.Parse(body)
 	if err != nil {
 		return nil, err
 	}
 	r := &request{obj: o}
-	if v, ok := o.Get("n"); ok && moreThanOne(v) {
-		return nil, errSamples
-	}
-	if v, ok := o.Get("sampling_params"); ok {
-		if sp, err := jsonedit.Parse(v); err == nil {
-			if n, ok := sp.Get("n"); ok && moreThanOne(n) {
-				return nil, errSamples
-			}
-		} else if els, err := jsonedit.Elements(v); err == nil {
-			for _, e := range els {
-				if sp, err := jsonedit.Parse(e); err == nil {
-					if n, ok := sp.Get("n"); ok && moreThanOne(n) {
-						return nil, errSamples
-					}
-				}
-			}
+	for _, f := range dialect.PDSamples() {
+		if v, ok := o.Get(f.Field); ok && samples(v, f.Inner) {
+			return nil, errSamples
 		}
 	}
 	r.batch = batchSize(o)
-	if v, ok := o.Get("return_logprob"); ok {
-		r.logprob = truthy(v)
+	if rooms.LogprobFlag != "" {
+		if v, ok := o.Get(rooms.LogprobFlag); ok {
+			r.logprob = truthy(v)
+		}
 	}
-	if v, ok := o.Get("rid"); ok {
-		var one string
-		var many []string
-		switch {
-		case json.Unmarshal(v, &one) == nil:
-			r.rids = []string{one}
-		case json.Unmarshal(v, &many) == nil:
-			r.rids = many
+	if rooms.RequestIDField != "" {
+		if v, ok := o.Get(rooms.RequestIDField); ok {
+			var one string
+			var many []string
+			switch {
+			case json.Unmarshal(v, &one) == nil:
+				r.rids = []string{one}
+			case json.Unmarshal(v, &many) == nil:
+				r.rids = many
+			}
 		}
 	}
 	return r, nil
+}
+
+// samples reports whether v asks for more than one sample: v itself (inner
+// ""), or its field inner, v an object or a list of them.
+func samples(v []byte, inner string) bool {
+	if inner == "" {
+		return moreThanOne(v)
+	}
+	if sp, err := jsonedit.Parse(v); err == nil {
+		n, ok := sp.Get(inner)
+		return ok && moreThanOne(n)
+	}
+	els, err := jsonedit.Elements(v)
+	if err != nil {
+		return false
+	}
+	for _, e := range els {
+		if sp, err := jsonedit.Parse(e); err == nil {
+			if n, ok := sp.Get(inner); ok && moreThanOne(n) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func moreThanOne(v []byte) bool {
@@ -86,11 +123,12 @@ func truthy(v []byte) bool {
 	return false
 }
 
-// batchSize is the number of items of a batch (text a list, input_ids a
-// list of lists, prompt a list of strings or of lists), 0 for one prompt.
+// batchSize is the number of items of a batch (the first of the
+// bootstrap protocol's Batch fields present, a list of what makes one), 0
+// for one prompt.
 func batchSize(o *jsonedit.Object) int {
-	for _, key := range []string{"text", "input_ids", "prompt"} {
-		v, ok := o.Get(key)
+	for _, f := range rooms.Batch {
+		v, ok := o.Get(f.Name)
 		if !ok {
 			continue
 		}
@@ -98,7 +136,7 @@ func batchSize(o *jsonedit.Object) int {
 		if err != nil || first == nil {
 			return 0
 		}
-		if c := first[0]; key == "text" || c == '[' || (c == '"' && key == "prompt") {
+		if f.FirstItem == "" || strings.IndexByte(f.FirstItem, first[0]) >= 0 {
 			n, _ := jsonedit.Len(v)
 			return n
 		}
@@ -135,34 +173,34 @@ func sglangBody(r *request, p Worker) ([]byte, []string, error) {
 	rids := r.rids
 	if r.batch == 0 {
 		edits = append(edits,
-			jsonedit.Set("bootstrap_host", hostJSON),
-			jsonedit.Set("bootstrap_port", port),
-			jsonedit.Set("bootstrap_room", strconv.AppendUint(nil, newRoom(), 10)))
+			jsonedit.Set(rooms.BootstrapHost, hostJSON),
+			jsonedit.Set(rooms.BootstrapPort, port),
+			jsonedit.Set(rooms.BootstrapRoom, strconv.AppendUint(nil, newRoom(), 10)))
 		if rids == nil {
 			rids = []string{newID("pd-")}
-			edits = append(edits, jsonedit.SetString("rid", rids[0]))
+			edits = append(edits, jsonedit.SetString(rooms.RequestIDField, rids[0]))
 		}
 	} else {
-		hosts, ports, rooms := []byte{'['}, []byte{'['}, []byte{'['}
+		hosts, ports, roomList := []byte{'['}, []byte{'['}, []byte{'['}
 		newRids := rids == nil
 		for i := 0; i < r.batch; i++ {
 			if i > 0 {
-				hosts, ports, rooms = append(hosts, ','), append(ports, ','), append(rooms, ',')
+				hosts, ports, roomList = append(hosts, ','), append(ports, ','), append(roomList, ',')
 			}
 			hosts = append(hosts, hostJSON...)
 			ports = append(ports, port...)
-			rooms = strconv.AppendUint(rooms, newRoom(), 10)
+			roomList = strconv.AppendUint(roomList, newRoom(), 10)
 			if newRids {
 				rids = append(rids, newID("pd-"))
 			}
 		}
 		edits = append(edits,
-			jsonedit.Set("bootstrap_host", append(hosts, ']')),
-			jsonedit.Set("bootstrap_port", append(ports, ']')),
-			jsonedit.Set("bootstrap_room", append(rooms, ']')))
+			jsonedit.Set(rooms.BootstrapHost, append(hosts, ']')),
+			jsonedit.Set(rooms.BootstrapPort, append(ports, ']')),
+			jsonedit.Set(rooms.BootstrapRoom, append(roomList, ']')))
 		if newRids {
 			l, _ := json.Marshal(rids)
-			edits = append(edits, jsonedit.Set("rid", l))
+			edits = append(edits, jsonedit.Set(rooms.RequestIDField, l))
 		}
 	}
 	body, err := r.obj.Apply(edits...)
@@ -172,37 +210,30 @@ func sglangBody(r *request, p Worker) ([]byte, []string, error) {
 	return body, rids, nil
 }
 
-// prefillKVParams is what a vLLM prefill leg asks for.
-var prefillKVParams = []byte(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,` +
-	`"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
-
-// vllmPrefillBody is the prefill leg's body: one token, not streamed.
+// vllmPrefillBody is the prefill leg's body: the client's with the NIXL
+// protocol's PrefillEdits (one token, not streamed, a remote decode).
 func vllmPrefillBody(r *request) ([]byte, error) {
-	edits := []jsonedit.Edit{
-		jsonedit.Set("kv_transfer_params", prefillKVParams),
-		jsonedit.Set("stream", []byte("false")),
-		jsonedit.Delete("stream_options"),
-		jsonedit.Set("max_tokens", []byte("1")),
-		jsonedit.Delete("min_tokens"),
-		jsonedit.Delete("min_completion_tokens"),
-	}
-	if r.obj.Has("max_completion_tokens") {
-		edits = append(edits, jsonedit.Set("max_completion_tokens", []byte("1")))
-	}
-	if r.obj.Has("n") {
-		edits = append(edits, jsonedit.Set("n", []byte("1")))
+	edits := make([]jsonedit.Edit, 0, len(handoff.PrefillEdits))
+	for _, e := range handoff.PrefillEdits {
+		switch {
+		case e.IfPresent && !r.obj.Has(e.Name):
+		case e.Value == nil:
+			edits = append(edits, jsonedit.Delete(e.Name))
+		default:
+			edits = append(edits, jsonedit.Set(e.Name, e.Value))
+		}
 	}
 	return r.obj.Apply(edits...)
 }
 
-// kvParams returns the kv_transfer_params object of a prefill's answer,
-// nil when it has none (absent, null, not an object).
+// kvParams returns the handoff object of a prefill's answer, nil when it
+// has none (absent, null, not an object).
 func kvParams(answer []byte) []byte {
 	o, err := jsonedit.Parse(answer)
 	if err != nil {
 		return nil
 	}
-	v, ok := o.Get("kv_transfer_params")
+	v, ok := o.Get(handoff.KVParams)
 	if !ok || len(v) == 0 || v[0] != '{' {
 		return nil
 	}

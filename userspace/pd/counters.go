@@ -22,8 +22,10 @@ type Counters struct {
 	AbortsFailed   atomic.Uint64 // abort calls that failed
 	LateCancels    atomic.Uint64 // prefills still running PrefillGrace after D ended
 	LogprobMerges  atomic.Uint64 // answers or events with P's input logprobs merged in
+	Expanded       atomic.Uint64 // requests for n samples served as n requests of one (each counted as a request's outcome)
+	MergeFailed    atomic.Uint64 // 502: the samples' answers could not be made one
 
-	MissingKVParams       atomic.Uint64 // vLLM P answered 2xx without kv_transfer_params
+	MissingKVParams       atomic.Uint64 // a NIXL P answered 2xx without its KV handoff
 	PassedWithoutKVParams atomic.Uint64 // ... and D got the body anyway (LetMissingKVParamsThrough)
 }
 
@@ -31,7 +33,7 @@ type Counters struct {
 type CounterValues struct {
 	Requests, Served, Retries, PrefillFailed, DecodeFailed, PrefillRefused, DecodeRefused,
 	GaveUp, NoPair, BadRequest, RefusedN, MidStream, ClientGone, LegsCancelled,
-	AbortsSent, AbortsFailed, LateCancels, LogprobMerges,
+	AbortsSent, AbortsFailed, LateCancels, LogprobMerges, Expanded, MergeFailed,
 	MissingKVParams, PassedWithoutKVParams uint64
 }
 
@@ -46,7 +48,8 @@ func (c *Counters) Values() CounterValues {
 		RefusedN: c.RefusedN.Load(), MidStream: c.MidStream.Load(), ClientGone: c.ClientGone.Load(),
 		LegsCancelled: c.LegsCancelled.Load(), AbortsSent: c.AbortsSent.Load(),
 		AbortsFailed: c.AbortsFailed.Load(), LateCancels: c.LateCancels.Load(),
-		LogprobMerges: c.LogprobMerges.Load(), MissingKVParams: c.MissingKVParams.Load(),
+		LogprobMerges: c.LogprobMerges.Load(), Expanded: c.Expanded.Load(), MergeFailed: c.MergeFailed.Load(),
+		MissingKVParams:       c.MissingKVParams.Load(),
 		PassedWithoutKVParams: c.PassedWithoutKVParams.Load(),
 	}
 }

@@ -81,7 +81,7 @@ func (s *Server) legRequest(ctx context.Context, w Worker, req *Request, body []
 		hr.Header.Set("Content-Type", "application/json")
 	}
 	if id != "" {
-		hr.Header.Set("X-Request-Id", id)
+		hr.Header.Set(s.wire.RequestIDHeader, id)
 	}
 	return hr, nil
 }
@@ -166,12 +166,11 @@ func (s *Server) drop(ch <-chan legResult) {
 	}()
 }
 
-// abort asks an SGLang engine to abort rids (its abort by id, in
-// dialect's words), all at once, each bounded by AbortTimeout, and waits
-// for them.
+// abort asks an engine to abort rids (its abort by id, in dialect's
+// words), all at once, each bounded by AbortTimeout, and waits for them.
 func (s *Server) abort(w Worker, rids []string) {
 	var wg sync.WaitGroup
-	for _, call := range dialect.For(dialect.SGLang).AbortIDs(rids, nil) {
+	for _, call := range dialect.For(s.wire.Kind).AbortIDs(rids, nil) {
 		rid := strings.Join(call.IDs, ",")
 		wg.Add(1)
 		go func() {
@@ -214,10 +213,10 @@ func ridsIf(cond bool, rids []string) []string {
 	return nil
 }
 
-// abortAll makes SGLang abort calls at once and waits for them (each
-// bounded by AbortTimeout).
+// abortAll makes the abort calls at once, where the protocol aborts by id,
+// and waits for them (each bounded by AbortTimeout).
 func (s *Server) abortAll(calls ...abortCall) {
-	if s.cfg.Protocol != SGLang {
+	if !s.wire.AbortsByID {
 		return
 	}
 	var wg sync.WaitGroup
@@ -241,7 +240,8 @@ func (s *Server) closeLeg(cancel context.CancelFunc, ch <-chan legResult) {
 	s.drop(ch)
 }
 
-// cancelLeg closes a leg's connection and, for SGLang, aborts its rids.
+// cancelLeg closes a leg's connection and, where the protocol aborts by
+// id, aborts its rids.
 func (s *Server) cancelLeg(cancel context.CancelFunc, ch <-chan legResult, w Worker, rids []string) {
 	s.closeLeg(cancel, ch)
 	s.abortAll(abortCall{w, rids})

@@ -19,44 +19,55 @@
 // pause, weight updates, flush) are the engine package's to fan out to
 // every prefill and decode engine.
 //
-// # SGLang (Protocol SGLang)
+// The protocols are spoken in the engines' words, which are
+// userspace/dialect's (dialect.PDWire, from each engine's file: sglang.go
+// for the bootstrap protocol, vllm.go for NIXL): pd names no body field,
+// header or path of an engine.
 //
-// bootstrap_host (the prefill's host), bootstrap_port (the prefill's, null
-// for the engine's default) and bootstrap_room (uniform in 0..2^63-1, new
-// for every attempt) are set at the top level of the body, replacing any
-// the client sent; a batch (text a list, input_ids a list of lists, prompt
-// a list) gets lists, one room per item. A rid is added where the client
-// sent none (one per item for a batch), the same on both legs, so both
-// sides can be aborted by it (POST /abort_request {"rid"}). The same body
-// goes to P and D at once; the client gets D's status, headers and stream.
-// P's answer is read and discarded, except with return_logprob: P's
-// meta_info.input_token_logprobs are put in front of D's, in the whole
-// answer or in each SSE event ([DONE] passes untouched). Only the top
-// level of the body and of the merged objects is touched ([jsonedit]).
+// # Bootstrap rooms (Protocol SGLang)
 //
-// # vLLM NIXL (Protocol VLLM)
+// The prefill's host, its bootstrap port (null for the engine's default)
+// and a room (uniform in 0..2^63-1, new for every attempt) are set at the
+// top level of the body, replacing any the client sent; a batch gets
+// lists, one room per item. A request id is added where the client sent
+// none (one per item for a batch), the same on both legs, so both sides
+// can be aborted by it. The same body goes to P and D at once; the client
+// gets D's status, headers and stream. P's answer is read and discarded,
+// except when the client asked for input logprobs: P's are put in front
+// of D's, in the whole answer or in each SSE event ([DONE] passes
+// untouched). Only the top level of the body and of the merged objects is
+// touched ([jsonedit]).
 //
-// One X-Request-Id (the client's, or a new one) on both legs. P gets the
-// body with kv_transfer_params {do_remote_decode: true, the rest null},
-// stream false, no stream_options, max_tokens 1 (and max_completion_tokens
-// 1 where present), no min_tokens or min_completion_tokens, n 1 where
-// present. D then gets the client's body with the kv_transfer_params
-// object P returned, and D's answer goes to the client. P answering
-// without kv_transfer_params is counted (MissingKVParams) and answered 502
-// unless Config.LetMissingKVParamsThrough (D then recomputes the prompt:
-// PassedWithoutKVParams). Closing a leg's connection aborts it in vLLM.
+// # KV handoff (Protocol VLLM, NIXL)
+//
+// One request id header (the client's, or a new one) on both legs. P gets
+// the client's body with the protocol's prefill edits (a remote decode
+// asked for, not streamed, one token, one sample, no minimum). D then gets
+// the client's body with the handoff object P returned, and D's answer
+// goes to the client. P answering without one is counted
+// (MissingKVParams) and answered 502 unless
+// Config.LetMissingKVParamsThrough (D then recomputes the prompt:
+// PassedWithoutKVParams). Closing a leg's connection aborts it.
 //
 // # n > 1
 //
-// A request for several samples (n, or sampling_params.n, above 1) is
-// refused with a 400 that says why: every sample needs its own room or
-// handoff (one NIXL handoff has one consumer), and sharing one hangs.
+// Every sample needs its own room or handoff (one NIXL handoff has one
+// consumer), and sharing one hangs. A request for n samples in the
+// protocol's words that is not streamed, has no seed, no request id of
+// the client's in its body and one prompt is sent as n requests of one
+// sample, at once, each over a pair of its own (a client's request id
+// header gets "-<i>" for sample i), and their answers make one: the
+// OpenAI paths' choices, indexed 0..n-1, with the usage summed, or a list
+// of the n answers (SGLang's native answer to n); a sample answered
+// otherwise than 2xx is the answer. Any other request for several
+// samples (in any engine's words: dialect.PDSamples) is refused with a
+// 400 that says why.
 //
 // # Failures
 //
 // Before the client has a byte (D's answer is held until its first body
 // bytes, or its end), a leg that fails or answers 5xx cancels the other at
-// once (its connection closed, and for SGLang an abort by rid), then the
+// once (its connection closed, and an abort by id where the protocol has one), then the
 // request is tried once more on a new pair ([PairChooser.Choose] is told
 // the pair that failed) with new rooms. P's 4xx goes to the client as it
 // is; so does D's 4xx, and the last attempt's 5xx. After the first byte a
@@ -90,6 +101,8 @@ import (
 	"net/url"
 	"sync"
 	"time"
+
+	"github.com/tether-rl/tether/userspace/dialect"
 )
 
 // Protocol is how a pair is driven.
@@ -98,8 +111,8 @@ type Protocol int
 const (
 	// SGLang: bootstrap rooms, both legs at once.
 	SGLang Protocol = iota
-	// VLLM: NIXL, prefill first, then decode with the prefill's
-	// kv_transfer_params.
+	// VLLM: NIXL, prefill first, then decode with the prefill's KV
+	// handoff.
 	VLLM
 )
 
@@ -158,14 +171,45 @@ type PairChooser interface {
 	Release(p Pair, failed bool)
 }
 
+// Observer, when a PairChooser is one too, is told of every request
+// answered over a pair: the pair of the attempt that answered (a failed
+// attempt retried on another pair is not observed), the status the client
+// got (0: none, the client left first) and the time from the pair's
+// choice to the answer's end. Serve calls it after Release.
+type Observer interface {
+	Observe(p Pair, status int, took time.Duration)
+}
+
+// statusWriter keeps the status written through it (for an Observer).
+type statusWriter struct {
+	w      ResponseWriter
+	status int
+}
+
+func (s *statusWriter) Header() http.Header { return s.w.Header() }
+func (s *statusWriter) Write(p []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	return s.w.Write(p)
+}
+func (s *statusWriter) Flush() { flush(s.w) }
+
+func (s *statusWriter) WriteHeader(status int) {
+	if s.status == 0 {
+		s.status = status
+	}
+	s.w.WriteHeader(status)
+}
+
 // Config holds a Server's settings.
 type Config struct {
 	Protocol Protocol
 	// Transport for both legs; nil: NewTransport().
 	Transport http.RoundTripper
-	// LetMissingKVParamsThrough sends D the client's body when a vLLM
-	// prefill answers without kv_transfer_params (D recomputes the
-	// prompt), instead of a 502.
+	// LetMissingKVParamsThrough sends D the client's body when a NIXL
+	// prefill answers without its KV handoff (D recomputes the prompt),
+	// instead of a 502.
 	LetMissingKVParamsThrough bool
 	// RouteHeader, if set, names a response field that shows the pair
 	// ("p<slot>+d<slot>" and the chooser's reason).
@@ -196,11 +240,13 @@ func NewTransport() *http.Transport {
 
 // Server drives pairs. Its methods are safe for concurrent use.
 type Server struct {
-	cfg      Config
-	client   *http.Client
-	Counters Counters
-	bg       sync.WaitGroup
-	own      *http.Transport
+	cfg        Config
+	wire       *dialect.PDWire // the protocol's words
+	sampleKeys [][]byte        // its sample fields, quoted (samples.go)
+	client     *http.Client
+	Counters   Counters
+	bg         sync.WaitGroup
+	own        *http.Transport
 }
 
 // New returns a Server with cfg's defaults filled in.
@@ -217,7 +263,8 @@ func New(cfg Config) *Server {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg}
+	s := &Server{cfg: cfg, wire: wireOf(cfg.Protocol)}
+	s.sampleKeys = sampleKeys(s.wire)
 	rt := cfg.Transport
 	if rt == nil {
 		s.own = NewTransport()
@@ -244,6 +291,14 @@ var ErrNoPair = errors.New("pd: no prefill/decode pair available")
 // Serve answers req over a pair from chooser: see the package comment.
 func (s *Server) Serve(ctx context.Context, w ResponseWriter, req *Request, chooser PairChooser) error {
 	s.Counters.Requests.Add(1)
+	if plan, ok := s.planSamples(req.Body); ok {
+		return s.serveSamples(ctx, w, req, chooser, plan)
+	}
+	return s.serveOne(ctx, w, req, chooser)
+}
+
+// serveOne answers a request over one pair (one attempt, and a retry).
+func (s *Server) serveOne(ctx context.Context, w ResponseWriter, req *Request, chooser PairChooser) error {
 	if s.cfg.Protocol == VLLM {
 		return s.serveVLLM(ctx, w, req, chooser)
 	}

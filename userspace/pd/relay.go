@@ -14,7 +14,7 @@ import (
 // merger puts a prefill's input logprobs in front of the decode's, by
 // item index (0 for one prompt).
 type merger struct {
-	prefill map[int][]byte // index -> P's meta_info.input_token_logprobs
+	prefill map[int][]byte // item index -> P's input logprobs (rooms.InputLogprobs)
 	n       *atomic.Uint64
 }
 
@@ -57,7 +57,7 @@ func inputLogprobs(obj []byte) []byte {
 	if err != nil {
 		return nil
 	}
-	mi, ok := o.Get("meta_info")
+	mi, ok := o.Get(rooms.InputLogprobs.Field)
 	if !ok {
 		return nil
 	}
@@ -65,7 +65,7 @@ func inputLogprobs(obj []byte) []byte {
 	if err != nil {
 		return nil
 	}
-	lp, ok := mo.Get("input_token_logprobs")
+	lp, ok := mo.Get(rooms.InputLogprobs.Inner)
 	if !ok || len(lp) == 0 || lp[0] != '[' {
 		return nil
 	}
@@ -77,7 +77,7 @@ func eventIndex(obj []byte) int {
 	if err != nil {
 		return 0
 	}
-	if v, ok := o.Get("index"); ok {
+	if v, ok := o.Get(rooms.ItemIndex); ok {
 		if i, err := strconv.Atoi(string(v)); err == nil {
 			return i
 		}
@@ -105,7 +105,7 @@ func (m *merger) one(obj []byte, idx int) []byte {
 	if err != nil {
 		return obj
 	}
-	mi, ok := o.Get("meta_info")
+	mi, ok := o.Get(rooms.InputLogprobs.Field)
 	if !ok {
 		return obj
 	}
@@ -114,16 +114,16 @@ func (m *merger) one(obj []byte, idx int) []byte {
 		return obj
 	}
 	lp := plp
-	if dlp, ok := mo.Get("input_token_logprobs"); ok && len(dlp) > 0 && dlp[0] == '[' {
+	if dlp, ok := mo.Get(rooms.InputLogprobs.Inner); ok && len(dlp) > 0 && dlp[0] == '[' {
 		if lp, err = jsonedit.ConcatArrays(plp, dlp); err != nil {
 			return obj
 		}
 	}
-	mi2, err := mo.Apply(jsonedit.Set("input_token_logprobs", lp))
+	mi2, err := mo.Apply(jsonedit.Set(rooms.InputLogprobs.Inner, lp))
 	if err != nil {
 		return obj
 	}
-	out, err := o.Apply(jsonedit.Set("meta_info", mi2))
+	out, err := o.Apply(jsonedit.Set(rooms.InputLogprobs.Field, mi2))
 	if err != nil {
 		return obj
 	}

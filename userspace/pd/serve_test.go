@@ -113,19 +113,26 @@ func TestServeUnderLoad(t *testing.T) {
 	}
 }
 
-// TestRefuseSamples: n > 1 is refused with a 400 that says why, and no
-// engine sees it.
+// TestRefuseSamples: n > 1 in a form not split into requests of one
+// sample (streamed, seeded, with the client's rid, a batch, too many) is
+// refused with a 400 that says why, and no engine sees it.
 func TestRefuseSamples(t *testing.T) {
 	for _, proto := range protocols {
 		t.Run(proto.String(), func(t *testing.T) {
 			f := newFleet(t, proto, 1, 1, fakepd.Options{}, fakepd.Options{})
 			r := newRouter(t, f, pd.Config{})
 			cases := []struct{ path, body string }{
-				{"/v1/completions", body("/v1/completions", "x", 4, false, `"n":2`)},
+				{"/v1/completions", body("/v1/completions", "x", 4, false, `"n":2,"seed":7`)},
 				{"/v1/chat/completions", body("/v1/chat/completions", "x", 4, true, `"n":4`)},
+				{"/v1/completions", body("/v1/completions", "x", 4, false, `"n":65`)},
+				{"/v1/completions", body("/v1/completions", "x", 4, false, `"n":2.5`)},
+				{"/v1/completions", body("/v1/completions", "x", 4, false, `"n":2,"request_id":"mine"`)},
 			}
 			if proto == pd.SGLang {
-				cases = append(cases, struct{ path, body string }{"/generate", `{"text":"x","sampling_params":{"n":3,"max_new_tokens":2}}`})
+				cases = append(cases,
+					struct{ path, body string }{"/generate", `{"text":"x","rid":"mine","sampling_params":{"n":3,"max_new_tokens":2}}`},
+					struct{ path, body string }{"/generate", `{"text":["x","y"],"sampling_params":{"n":3,"max_new_tokens":2}}`},
+					struct{ path, body string }{"/generate", `{"text":"x","sampling_params":{"n":3,"sampling_seed":1}}`})
 			}
 			for _, c := range cases {
 				resp, out := r.post(t, c.path, c.body)

@@ -52,6 +52,9 @@ const (
 	ReasonGroup       // keyless: where the earlier samples of its prompt are
 	ReasonEngineLeast // free to go anywhere: the engine with the least expected time to serve
 	ReasonKVPrefix    // token ids: the engine with the least expected work given what it holds (kvprefix.go)
+	// Prefill/decode pairs (placed by the daemon's pair chooser: Placed).
+	ReasonPDPrefill // the prefill of a P/D request's pair
+	ReasonPDDecode  // the decode of a P/D request's pair
 	NumReasons
 )
 
@@ -61,7 +64,7 @@ var _ [worker.MaxReasons - NumReasons]struct{}
 var reasonNames = [NumReasons]string{"session", "spread", "bad_session_spread", "bad_session_reject", "no_worker", "panic",
 	"target", "bad_target", "hash", "hash_spill", "hash_spilled", "hash_return", "hash_failover",
 	"sticky", "sticky_new", "sticky_failover", "prefix", "rid", "learned", "reroute",
-	"veto", "group", "engine-least", "kv_prefix"}
+	"veto", "group", "engine-least", "kv_prefix", "pd_prefill", "pd_decode"}
 
 func (r Reason) String() string { return reasonNames[r] }
 
@@ -129,6 +132,14 @@ func (rt *Router) Route(req *httphead.Request, body []byte) Decision {
 		d.Worker.CountDecision(int(d.Reason))
 	}
 	return d
+}
+
+// Placed counts a placement made outside Route (a P/D pair's sides, by
+// the daemon's pair chooser) as Route counts its own: for reason r, in
+// all and on w.
+func (rt *Router) Placed(w *worker.Worker, r Reason) {
+	rt.reasons[r].Add(1)
+	w.CountDecision(int(r))
 }
 
 // Decisions returns the requests routed to w by reason (the reasons with

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"time"
 )
 
 // refuse answers a request Serve cannot take.
@@ -26,14 +27,22 @@ func (s *Server) refuse(w ResponseWriter, err error) error {
 type attemptFunc func(ctx context.Context, w ResponseWriter, req *Request, r *request, p Pair, attempt int, last bool) (retry bool, err error)
 
 // serve runs the attempts: one, and one more on a new pair after a
-// failure before the client had a byte.
+// failure before the client had a byte. A chooser that is an Observer is
+// told of the attempt that answered (not of one retried).
 func (s *Server) serve(ctx context.Context, w ResponseWriter, req *Request, chooser PairChooser, run attemptFunc) error {
 	r, err := inspect(req.Body)
 	if err != nil {
 		return s.refuse(w, err)
 	}
+	ob, _ := chooser.(Observer)
+	var sw *statusWriter
+	if ob != nil {
+		sw = &statusWriter{w: w}
+		w = sw
+	}
 	var failed *Pair
 	for attempt := 0; ; attempt++ {
+		start := time.Now()
 		pair, err := chooser.Choose(ctx, req, attempt, failed)
 		if err != nil {
 			s.Counters.NoPair.Add(1)
@@ -50,12 +59,18 @@ func (s *Server) serve(ctx context.Context, w ResponseWriter, req *Request, choo
 			// The legs failed because the client left (their contexts
 			// ended): no retry, no answer.
 			s.Counters.ClientGone.Add(1)
+			if ob != nil {
+				ob.Observe(pair, sw.status, time.Since(start))
+			}
 			return ctx.Err()
 		}
 		if retry && !last {
 			s.cfg.Log.Debug("pd: retrying on a new pair", "pair", pair.String(), "err", err)
 			failed = &pair
 			continue
+		}
+		if ob != nil {
+			ob.Observe(pair, sw.status, time.Since(start))
 		}
 		return err
 	}

@@ -13,10 +13,11 @@ func (s *Server) serveVLLM(ctx context.Context, w ResponseWriter, req *Request, 
 	return s.serve(ctx, w, req, chooser, s.vllmAttempt)
 }
 
-// requestID is the X-Request-Id both legs of an attempt carry: the
-// client's (marked on a retry), or a new one.
+// requestID is the id both legs of an attempt carry (in the NIXL
+// protocol's RequestIDHeader): the client's (marked on a retry), or a new
+// one.
 func requestID(req *Request, attempt int) string {
-	id := req.Header.Get("X-Request-Id")
+	id := req.Header.Get(handoff.RequestIDHeader)
 	if id == "" {
 		return newID("pd-")
 	}
@@ -62,14 +63,14 @@ func (s *Server) vllmAttempt(ctx context.Context, w ResponseWriter, req *Request
 	}
 	dbody := req.Body
 	if params := kvParams(p.body); params != nil {
-		if dbody, err = r.obj.Apply(jsonedit.Set("kv_transfer_params", params)); err != nil {
+		if dbody, err = r.obj.Apply(jsonedit.Set(handoff.KVParams, params)); err != nil {
 			writeError(w, http.StatusBadGateway, "upstream_error", err.Error())
 			return false, err
 		}
 	} else {
 		s.Counters.MissingKVParams.Add(1)
 		if !s.cfg.LetMissingKVParamsThrough {
-			err := errors.New("the prefill answered without kv_transfer_params: the decode would recompute the whole prompt")
+			err := errors.New("the prefill answered without " + handoff.KVParams + ": the decode would recompute the whole prompt")
 			writeError(w, http.StatusBadGateway, "upstream_error", err.Error())
 			return false, fmt.Errorf("pd: %w", err)
 		}
