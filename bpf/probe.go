@@ -27,8 +27,9 @@ const (
 	FormBounded Form = "bounded"
 	// FormBoundedSelect is steerBounded attached as SK_REUSEPORT_SELECT
 	// (5.10 to 5.13). Queued connections of a retired listener are drained
-	// before it closes (userspace/listener), or moved by
-	// net.ipv4.tcp_migrate_req=1.
+	// before it closes (userspace/listener); what is left at the drain
+	// timeout is reset (the kernel's own move, net.ipv4.tcp_migrate_req,
+	// is 5.14 too: Debian's 5.10 shows the sysctl, without the move).
 	FormBoundedSelect Form = "bounded-select"
 )
 
@@ -54,7 +55,7 @@ func (k Kernel) Best() (Form, string) {
 		missing = append(missing, "no bpf_loop (5.17): bounded loops, choices counted with an atomic add")
 	}
 	if k.Migrate != nil {
-		missing = append(missing, "no SK_REUSEPORT_SELECT_OR_MIGRATE (5.14): a retired listener's queue is drained before it closes, or moved by net.ipv4.tcp_migrate_req=1")
+		missing = append(missing, "no SK_REUSEPORT_SELECT_OR_MIGRATE (5.14): a retired listener's queue is drained before it closes")
 	}
 	switch {
 	case k.Loop == nil && k.Migrate == nil:

@@ -52,7 +52,8 @@ run_test() {
     # The failing tests by name, and their first messages, in the summary
     # itself: CI shows the summary, not the guest's logs.
     put "test.$name.failed" "$(grep -o -- '--- FAIL: [^ ]*' "$OUT/test-$name.log" | cut -d' ' -f3 | sort -u | tr '\n' ' ' | cut -c1-300)"
-    put "test.$name.first_error" "$(grep -m1 -E -- '_test.go:[0-9]+:|^panic' "$OUT/test-$name.log" | sed 's/^[[:space:]]*//' | cut -c1-300)"
+    # go test -v prints a test's messages before its --- FAIL line.
+    put "test.$name.first_error" "$(grep -m1 -B1 -E -- '--- FAIL|^panic' "$OUT/test-$name.log" | head -n1 | sed 's/^[[:space:]]*//' | cut -c1-300)"
     grep -E -- '--- FAIL|^(FAIL|panic)|_test.go:[0-9]+:' "$OUT/test-$name.log" | head -n 40 | sed 's/^/  | /'
   fi
 }
@@ -118,7 +119,8 @@ if [[ $MODE == *tests* ]]; then
   grep 'level=WARN\|level=ERROR' "$OUT/smoke-default.log" | sed 's/^/  | /'
   # tcp_migrate_req: queued connections of a drained listener move (kernel
   # hash path; the BPF program migrates itself), 5.14+.
-  if [ -e /proc/sys/net/ipv4/tcp_migrate_req ]; then put kernel.tcp_migrate_req present; else put kernel.tcp_migrate_req absent; fi
+  # (Debian's 5.10 shows the sysctl without the migration behind it.)
+  if [ -e /proc/sys/net/ipv4/tcp_migrate_req ]; then put kernel.tcp_migrate_req "present (moves queues from 5.14 only)"; else put kernel.tcp_migrate_req absent; fi
 
   # --bpf=required: serves with steering, or refuses to start and says why.
   r=$(smoke required --bpf=required)
