@@ -236,7 +236,7 @@ func run(args []string) error {
 		defer cancel()
 		idle := time.Duration(0)
 		if stored {
-			idle = daemon.RetireIdleGrace
+			idle = daemon.StopIdleGrace
 		}
 		err := d.ShutdownGently(ctx, idle)
 		if c.pidfile != "" {
