@@ -17,11 +17,11 @@ package proxy
 //     (ShutdownGently with KeepIdle): every connection's next request is
 //     served and answered with Connection: close, and an idle one is
 //     closed only when a serving process would have closed it too, at
-//     Config.IdleTimeout (longer than the idle timeouts of client pools:
-//     Go's 90 s, httpx's 5 s, aiohttp's 15 s, so the client usually closes
-//     first). The process then exits within IdleTimeout of the upgrade,
-//     or once its longest request in flight ends, bounded by its drain
-//     timeout.
+//     Config.IdleTimeout (longer than the idle timeouts of client pools,
+//     which usually close first: Go's default transport 90 s, httpx 5 s,
+//     aiohttp 15 s). The process then exits within IdleTimeout of the
+//     upgrade, or once its longest request in flight ends, bounded by its
+//     drain timeout.
 
 import (
 	"time"
