@@ -14,11 +14,10 @@ import (
 )
 
 // A process that hands its clients to a successor (ShutdownGently with
-// KeepIdle) closes no idle keep-alive connection before the idle timeout:
-// a client that pauses and then sends on its pooled connection, on the
+// KeepIdle) closes no idle keep-alive connection on its own account: a
+// client that pauses and then sends on its pooled connection, on the
 // loop's path and on a goroutine's, is answered (with Connection: close),
-// and a connection that stays idle closes at the idle timeout, after which
-// the shutdown returns.
+// and the shutdown returns once the clients' connections ended.
 func TestRetireKeepsIdleConnections(t *testing.T) {
 	// ParkAfter -1: a connection a goroutine served stays with it, idle;
 	// 300 ms: it goes back to the loop after a while, retiring or not.
@@ -27,13 +26,35 @@ func TestRetireKeepsIdleConnections(t *testing.T) {
 	}
 }
 
-func retireKeepsIdle(t *testing.T, park time.Duration) {
-	be := httpBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+func retireBackend(t *testing.T) string {
+	return httpBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		io.WriteString(w, "ok")
 	}))
-	const idle = 6 * time.Second
-	p := startProxy(t, []string{be}, func(c *Config) { c.IdleTimeout = idle; c.ParkAfter = park })
+}
+
+// retireGently starts ShutdownGently(KeepIdle) and returns once the
+// listener is closed (the server is retiring), with the channel of its
+// result.
+func retireGently(t *testing.T, p *testProxy) chan error {
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		done <- p.srv.ShutdownGently(ctx, KeepIdle)
+	}()
+	testenv.WaitFor(t, "the listener closed", func() bool {
+		c, err := net.DialTimeout("tcp", p.addr(), time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	})
+	return done
+}
+
+func retireKeepsIdle(t *testing.T, park time.Duration) {
+	p := startProxy(t, []string{retireBackend(t)}, func(c *Config) { c.IdleTimeout = time.Minute; c.ParkAfter = park })
 	loopConn, loopBR := p.dial()
 	io.WriteString(loopConn, "GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
 	if resp, body := readResp(t, loopBR, false); resp.StatusCode != 200 || body != "ok" || resp.Close {
@@ -45,25 +66,8 @@ func retireKeepsIdle(t *testing.T, park time.Duration) {
 	if resp, body := readResp(t, gorBR, false); resp.StatusCode != 200 || body != "ok" || resp.Close {
 		t.Fatalf("before, goroutine: %d %q close=%v", resp.StatusCode, body, resp.Close)
 	}
-	idleConn, idleBR := p.dial()
-	io.WriteString(idleConn, "GET /c HTTP/1.1\r\nHost: x\r\n\r\n")
-	readResp(t, idleBR, false)
-	testenv.WaitFor(t, "the loop's connections parked", func() bool { return p.srv.Counters().Parked.Load() >= 2 })
-
-	done := make(chan error, 1)
-	start := time.Now()
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		done <- p.srv.ShutdownGently(ctx, KeepIdle)
-	}()
-	testenv.WaitFor(t, "the listener closed", func() bool {
-		c, err := net.DialTimeout("tcp", p.addr(), time.Second)
-		if err == nil {
-			c.Close()
-		}
-		return err != nil
-	})
+	testenv.WaitFor(t, "the loop's connection parked", func() bool { return p.srv.Counters().Parked.Load() >= 1 })
+	done := retireGently(t, p)
 	// The clients' pause between two requests (the workload: longer than
 	// the 1 s an idle connection was given before).
 	time.Sleep(1500 * time.Millisecond)
@@ -87,16 +91,30 @@ func retireKeepsIdle(t *testing.T, park time.Duration) {
 			t.Fatalf("%s: after the Connection: close answer: %v, want EOF", name, err)
 		}
 	}
-	// The one left idle closes at the idle timeout; then the shutdown is done.
-	idleConn.SetReadDeadline(time.Now().Add(time.Minute))
-	if _, err := idleBR.ReadByte(); err != io.EOF {
-		t.Fatalf("idle connection: %v, want EOF at the idle timeout", err)
-	}
 	if err := <-done; err != nil {
 		t.Fatalf("shutdown: %v", err)
 	}
-	if d := time.Since(start); d < idle/2 {
-		t.Fatalf("shutdown returned after %v: an idle connection was closed before the idle timeout (%v)", d, idle)
+}
+
+// What bounds a retiring process: a connection left idle closes at the
+// idle timeout, never before, and then the shutdown returns.
+func TestRetireClosesAtIdleTimeout(t *testing.T) {
+	const idle = 2 * time.Second
+	p := startProxy(t, []string{retireBackend(t)}, func(c *Config) { c.IdleTimeout = idle })
+	c, br := p.dial()
+	sent := time.Now() // before the connection went idle
+	io.WriteString(c, "GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+	readResp(t, br, false)
+	done := retireGently(t, p)
+	c.SetReadDeadline(time.Now().Add(time.Minute))
+	if _, err := br.ReadByte(); err != io.EOF {
+		t.Fatalf("idle connection: %v, want EOF at the idle timeout", err)
+	}
+	if d := time.Since(sent); d < idle {
+		t.Fatalf("closed %v after its last request, before the idle timeout (%v)", d, idle)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("shutdown: %v", err)
 	}
 }
 
