@@ -518,6 +518,84 @@ func TestUpgradePooledClients(t *testing.T) {
 	syscall.Kill(pids[len(pids)-1], syscall.SIGTERM)
 }
 
+// After an upgrade the admin API is the new process's alone: the old one,
+// kept alive by a client's idle keep-alive connection (it closes none
+// before --idle-timeout), accepts no admin connection, so a worker added
+// or a metric read then is the new process's.
+func TestUpgradeAdminGoesToSuccessor(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds tetherd")
+	}
+	bin := build(t, t.TempDir(), "github.com/tether-rl/tether/cmd/tetherd")
+	w, err := demo.Start("127.0.0.1:0", demo.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	pidfile := filepath.Join(t.TempDir(), "tetherd.pid")
+	cmd := exec.Command(bin, "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--listeners", "2", "--bpf", "off",
+		"--pidfile", pidfile, "--worker", w.URL(), "--idle-timeout", "10m")
+	stderr, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var logs logWatch
+	go logs.run(stderr)
+	data := logs.wait(t, `msg="tetherd serving" listen=(\S+)`)
+	admin := logs.wait(t, `msg="admin API serving" admin=(\S+)`)
+	old := cmd.Process.Pid
+	pids := []int{old}
+	defer func() {
+		for _, p := range pids {
+			syscall.Kill(p, syscall.SIGKILL)
+		}
+		cmd.Wait()
+	}()
+	testenv.WaitFor(t, "the pidfile", func() bool { return readPid(pidfile) == old })
+	// A client's keep-alive connection, idle across the upgrade.
+	c, err := net.Dial("tcp", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	fmt.Fprintf(c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+	c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("before the upgrade: %v %v", resp, err)
+	} else {
+		io.Copy(io.Discard, resp.Body)
+	}
+	syscall.Kill(old, syscall.SIGUSR2)
+	testenv.WaitForWithin(t, "the new tetherd in the pidfile", time.Minute, func() bool {
+		p := readPid(pidfile)
+		return p != 0 && p != old
+	})
+	pids = append(pids, readPid(pidfile))
+	testenv.WaitFor(t, "the old tetherd retiring", func() bool { return logs.count(`msg="retiring: the admin API is the new tetherd's"`) > 0 })
+	// Each on a connection of its own: the old process counted one upgrade
+	// handed over, the new one none.
+	fresh := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	for i := 0; i < 20; i++ {
+		resp, err := fresh.Get("http://" + admin + "/metrics")
+		if err != nil {
+			t.Fatalf("admin request %d after the upgrade: %v", i, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !strings.Contains(string(b), `tether_upgrades_total{outcome="handed_over"} 0`) {
+			t.Fatalf("admin request %d after the upgrade answered by the old process (%d %.200q)", i, resp.StatusCode, b)
+		}
+	}
+	if !alive(old) {
+		t.Fatalf("the old tetherd exited with a client's keep-alive connection open: nothing was checked")
+	}
+	// The client goes: the old process, left with nothing, exits.
+	c.Close()
+	testenv.WaitForWithin(t, "the old tetherd to exit", time.Minute, func() bool { return !alive(old) })
+	syscall.Kill(pids[1], syscall.SIGTERM)
+}
+
 // A new binary that cannot start: the old tetherd keeps serving and says
 // why; tetherctl upgrade reports the failure. With a good binary at the
 // path again, tetherctl upgrade reports the new process.

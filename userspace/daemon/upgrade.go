@@ -197,6 +197,18 @@ func (d *Daemon) Ready() error { return d.opts.Inherited.Ready() }
 // closes what is left.
 func (d *Daemon) Retire(ctx context.Context) error {
 	d.retired.Store(true)
+	if srv := d.ctl.adminSrv; srv != nil {
+		// The admin API is the successor's from now on (the admin socket
+		// lives on there): no admin request may change or read this
+		// process for the minutes it may still keep idle connections.
+		// Shutdown with a context already done closes the listener and
+		// the idle connections and returns; the requests in progress are
+		// answered (stopControl waits for them).
+		now, cancel := context.WithCancel(ctx)
+		cancel()
+		srv.Shutdown(now)
+		d.log.Info("retiring: the admin API is the new tetherd's")
+	}
 	if d.Proxy != nil {
 		go func() {
 			// Only once this process accepts nothing more: a forwarded
