@@ -74,7 +74,7 @@ func (c *cli) settings() []config.Setting {
 		config.Num(&c.demo, "demo", 0, config.Any, fmt.Sprintf("start N built-in demo session workers on loopback and route to them (at most %d)", maxDemo)).Type("int"),
 		config.Num(&c.opts.Listeners, "listeners", defaultListeners(runtime.NumCPU()), config.Positive, fmt.Sprintf("listener sockets in the SO_REUSEPORT group (default: one per CPU, at most %d)", stats.MaxSlots)).Type("int").HideDefault(),
 		config.Num(&c.grace, "shutdown-grace", 30*time.Second, config.NonNegative, "on SIGTERM, time given to requests in progress (0: none, they are cut)").Type("duration"),
-		config.Num(&c.drainTimeout, "drain-timeout", 15*time.Minute, config.Positive, "after an upgrade (SIGUSR2), time the old process gives its requests and streams in flight (generations can be long)").Type("duration"),
+		config.Num(&c.drainTimeout, "drain-timeout", 15*time.Minute, config.Positive, "after an upgrade (SIGUSR2), the longest the old process stays: it answers its requests and streams in flight (generations can be long) and the requests still sent on its keep-alive connections, which it closes once idle for --idle-timeout").Type("duration"),
 		config.Num(&c.upgradeWait, "upgrade-timeout", time.Minute, config.Positive, "on SIGUSR2, time the new process gets to serve; past it, or if it exits, the old one keeps serving").Type("duration"),
 		config.Str(&c.pidfile, "pidfile", "", "write the PID of the current tetherd here (atomically; the new process rewrites it after an upgrade)", nil),
 		config.Mode(&c.logLevel, "log-level", logLevel(slog.LevelInfo), "debug, info, warn or error", parseLogLevel),
@@ -236,7 +236,7 @@ func run(args []string) error {
 		defer cancel()
 		idle := time.Duration(0)
 		if stored {
-			idle = daemon.RetireIdleGrace
+			idle = daemon.StopIdleGrace
 		}
 		err := d.ShutdownGently(ctx, idle)
 		if c.pidfile != "" {

@@ -145,7 +145,7 @@ if [[ $MODE == *tests* ]]; then
   run_test listener 900 userspace/listener/listener.test
   burst=$(grep -o 'burst of [0-9]* connections over [0-9]* listeners.*' "$OUT/test-listener.log" | head -n1)
   put listener.burst_balance "${burst:-missing}"
-  run_test upgrade 1500 cmd/tetherd/tetherd.test -test.run '^TestUpgradeUnderLoad$'
+  run_test upgrade 1500 cmd/tetherd/tetherd.test -test.run '^(TestUpgradeUnderLoad|TestUpgradePooledClients)$'
   run_test proxy-uring "${VM_PROXY_TIMEOUT:-1500}" userspace/proxy/proxy.test
   run_test proxy-syscalls "${VM_PROXY_TIMEOUT:-1500}" userspace/proxy/proxy.test -syscalls
   kill "${demos[@]}" 2>/dev/null

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/tether-rl/tether/userspace/fleet"
+	"github.com/tether-rl/tether/userspace/proxy"
 	"github.com/tether-rl/tether/userspace/registry"
 	"github.com/tether-rl/tether/userspace/stats"
 	"github.com/tether-rl/tether/userspace/sysd"
@@ -182,11 +183,32 @@ func (d *Daemon) Ready() error { return d.opts.Inherited.Ready() }
 
 // Retire finishes this process after an upgrade handed its sockets over:
 // it stops accepting (the sockets stay open in the new process, with the
-// connections queued on them), answers what it has in flight (bounded by
-// ctx; client connections are told Connection: close), and releases its
-// descriptors without touching the pinned slots.
+// connections queued on them), answers what it has in flight and every
+// request still sent on its keep-alive connections, each with Connection:
+// close, and releases its descriptors without touching the pinned slots.
+//
+// It closes no idle keep-alive connection before the idle timeout
+// (--idle-timeout, as while serving: proxy.KeepIdle): a client that wrote
+// on a pooled connection as it closed would lose that request, and a
+// retiring process still has its workers to answer it. So it exits once
+// its last connection ended: within --idle-timeout of the upgrade
+// (default 2m) or of the end of its longest request, whichever is later,
+// and at the latest when ctx ends (--drain-timeout, default 15m), which
+// closes what is left.
 func (d *Daemon) Retire(ctx context.Context) error {
 	d.retired.Store(true)
+	if srv := d.ctl.adminSrv; srv != nil {
+		// The admin API is the successor's from now on (the admin socket
+		// lives on there): no admin request may change or read this
+		// process for the minutes it may still keep idle connections.
+		// Shutdown with a context already done closes the listener and
+		// the idle connections and returns; the requests in progress are
+		// answered (stopControl waits for them).
+		now, cancel := context.WithCancel(ctx)
+		cancel()
+		srv.Shutdown(now)
+		d.log.Info("retiring: the admin API is the new tetherd's")
+	}
 	if d.Proxy != nil {
 		go func() {
 			// Only once this process accepts nothing more: a forwarded
@@ -195,13 +217,17 @@ func (d *Daemon) Retire(ctx context.Context) error {
 			d.forwardHeld()
 		}()
 	}
-	return d.ShutdownGently(ctx, RetireIdleGrace)
+	return d.ShutdownGently(ctx, proxy.KeepIdle)
 }
 
-// RetireIdleGrace: after an upgrade, the old process closes a keep-alive
-// connection only once it has been idle this long (proxy.ShutdownGently);
-// the others get Connection: close on their next response.
-const RetireIdleGrace = time.Second
+// StopIdleGrace: stopped with its sockets in systemd's fd store (a
+// restart), tetherd closes a keep-alive connection once it has been idle
+// this long (proxy.ShutdownGently); the others get Connection: close on
+// their next response. A stop cannot wait out the idle timeout (no process
+// accepts until this one has exited), so a client that writes on such a
+// connection just as it closes can still lose that request: an upgrade
+// (Retire) is the way without that risk.
+const StopIdleGrace = time.Second
 
 // Sockets returns new descriptors of the listening sockets by name
 // (data-<slot>, admin), for systemd's file-descriptor store: a restarted

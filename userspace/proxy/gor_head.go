@@ -81,9 +81,16 @@ func (c *conn) readHead() error {
 			}
 			c.c.SetReadDeadline(deadline)
 			err := c.readIdle()
+			if err != nil && isTimeout(err) {
+				// A request that came with the deadline is served, not
+				// closed on (idleclose.go).
+				err = c.readPending(err)
+			}
 			if err != nil {
-				if park && isTimeout(err) && !c.s.closing.Load() {
-					c.wantPark = true // still idle: serve parks it
+				if park && isTimeout(err) && !c.idleGraceOver(since) {
+					// Still idle: serve parks it (shutting down gently
+					// too, until the idle grace: the loop closes it then).
+					c.wantPark = true
 					return err
 				}
 				c.idle.Store(false)
@@ -132,6 +139,24 @@ func (c *conn) readIdle() error {
 		return c.idleErr
 	}
 	return nil
+}
+
+// readPending reads what came on an idle connection whose wait ended at
+// its deadline (the deadline's error err, unless bytes or EOF came). A
+// RawConn.Control, not Read: the deadline passed.
+func (c *conn) readPending(err error) error {
+	c.idleErr = nil
+	c.raw.Control(func(fd uintptr) { c.idleRead(fd) }) // (non-blocking)
+	if c.buf != nil {
+		return nil
+	}
+	return err
+}
+
+// idleGraceOver reports whether the server shuts down and a connection idle
+// since then must close now (ShutdownGently's idle grace).
+func (c *conn) idleGraceOver(since time.Time) bool {
+	return c.s.closing.Load() && time.Since(since) >= time.Duration(c.s.idleGrace.Load())
 }
 
 // idleRead is readIdle's RawConn.Read callback.

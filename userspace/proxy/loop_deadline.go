@@ -40,7 +40,8 @@ func (l *loop) sweep() {
 	for _, c := range l.conns {
 		idle := !c.busy && c.buf == nil && !c.linger.on()
 		if closing && idle && now-c.idleSince.Load() >= grace {
-			l.leave(c, leaveClose)
+			// (A request that came meanwhile is served: idleclose.go.)
+			l.drive(c, l.closeIdle(c))
 			continue
 		}
 		if c.deadline != 0 && now >= c.deadline {
@@ -102,5 +103,15 @@ func (l *loop) expire(c *conn) step {
 		l.s.rejectVerdict(408)
 		return l.toGoroutine(c, handoff{reject: 408})
 	}
-	return leaveClose // idle timeout
+	return l.closeIdle(c) // idle timeout
+}
+
+// closeIdle closes an idle connection, unless a request came on it since
+// the loop last looked (idleclose.go): then it is read and served.
+func (l *loop) closeIdle(c *conn) step {
+	if hasPending(c.fd) {
+		c.readable = true
+		return stepRead
+	}
+	return leaveClose
 }

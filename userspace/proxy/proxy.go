@@ -376,19 +376,21 @@ func (s *Server) Counters() *Counters { return &s.counters }
 // them until ctx ends; then it closes what is left.
 func (s *Server) Shutdown(ctx context.Context) error { return s.ShutdownGently(ctx, 0) }
 
-// ShutdownGently is Shutdown for a process that hands its clients to
-// another (an upgrade): every response from now on says Connection: close,
-// and a keep-alive connection is closed only once it has been idle for
-// idleGrace. A client that picks a pooled connection and writes its next
-// request while tetherd closes it loses that request (a POST is not
-// retried); closing only connections idle for a while makes that
-// coincidence vanishingly rare, where closing them all at once meets every
-// client that was about to send.
 // WaitAcceptStopped returns once every accept loop has returned (after
 // ShutdownGently or Close began).
 func (s *Server) WaitAcceptStopped() { s.accepting.Wait() }
 
+// ShutdownGently is Shutdown for a process that hands its clients to
+// another (an upgrade, or systemd's fd store): every response from now on
+// says Connection: close, a request read on a keep-alive connection is
+// still served, and a keep-alive connection is closed only once it has
+// been idle for idleGrace (KeepIdle: only at the idle timeout, as while
+// serving; idleclose.go says why). It returns once every connection
+// ended, or when ctx ends: then it closes what is left (Close).
 func (s *Server) ShutdownGently(ctx context.Context, idleGrace time.Duration) error {
+	if idleGrace < 0 {
+		idleGrace = s.cfg.IdleTimeout
+	}
 	s.idleGrace.Store(int64(idleGrace))
 	s.closing.Store(true)
 	s.mu.Lock()
