@@ -120,8 +120,9 @@ func (s *Server) sglangAttempt(ctx context.Context, w ResponseWriter, req *Reque
 	if r.logprob {
 		keep = s.cfg.MaxPrefillAnswer
 	}
-	pch := s.whole(pctx, pair.Prefill, req, body, "", keep)
-	dch := s.first(dctx, pair.Decode, req, body, "")
+	h := s.legHeader(req, "")
+	pch := s.whole(pctx, pair.Prefill, req, h, body, keep)
+	dch := s.first(dctx, pair.Decode, req, h, body)
 	var p, d *legResult
 	for d == nil || d.status() < 200 || d.status() > 299 || (r.logprob && p == nil) {
 		select {
