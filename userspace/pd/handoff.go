@@ -38,15 +38,16 @@ func (s *Server) vllmAttempt(ctx context.Context, w ResponseWriter, req *Request
 		writeError(w, http.StatusBadGateway, "upstream_error", err.Error())
 		return false, err
 	}
+	// The legs run one after the other, each in this goroutine: a client
+	// that leaves ends ctx, which closes the leg's connection (how vLLM
+	// aborts) and so ends the leg at once.
+	h := s.legHeader(req, id)
 	pctx, pcancel := context.WithCancel(ctx)
-	pch := s.whole(pctx, pair.Prefill, req, pbody, id, s.cfg.MaxPrefillAnswer)
-	var p legResult
-	select {
-	case p = <-pch:
-		pcancel()
-	case <-ctx.Done():
+	p := s.wholeNow(pctx, pair.Prefill, req, h, pbody, s.cfg.MaxPrefillAnswer)
+	pcancel()
+	if ctx.Err() != nil {
 		s.Counters.ClientGone.Add(1)
-		s.cancelLeg(pcancel, pch, pair.Prefill, nil) // the closed connection aborts it
+		s.Counters.LegsCancelled.Add(1) // its connection closed: aborted
 		return false, ctx.Err()
 	}
 	switch {
@@ -78,13 +79,11 @@ func (s *Server) vllmAttempt(ctx context.Context, w ResponseWriter, req *Request
 	}
 	dctx, dcancel := context.WithCancel(ctx)
 	defer dcancel()
-	dch := s.first(dctx, pair.Decode, req, dbody, id)
-	var d legResult
-	select {
-	case d = <-dch:
-	case <-ctx.Done():
+	d := s.firstNow(dctx, pair.Decode, req, h, dbody)
+	if ctx.Err() != nil {
+		d.done()
 		s.Counters.ClientGone.Add(1)
-		s.cancelLeg(dcancel, dch, pair.Decode, nil)
+		s.Counters.LegsCancelled.Add(1) // its connection closed: aborted
 		return false, ctx.Err()
 	}
 	switch {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -57,7 +58,42 @@ var hopByHop = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-A
 	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length", "Host",
 	"Accept-Encoding"}
 
-func (s *Server) legRequest(ctx context.Context, w Worker, req *Request, body []byte, id string) (*http.Request, error) {
+// legHeader is the header of both legs of an attempt: the client's
+// end-to-end fields (none of hopByHop, nor any its Connection field
+// lists), a Content-Type, and id in the protocol's request id header
+// (id ""; none). The legs share it: the transport only reads it.
+func (s *Server) legHeader(req *Request, id string) http.Header {
+	var listed []string
+	if c := req.Header.Get("Connection"); c != "" {
+		for _, f := range strings.Split(c, ",") {
+			listed = append(listed, http.CanonicalHeaderKey(strings.TrimSpace(f)))
+		}
+	}
+	h := make(http.Header, len(req.Header)+2)
+	for k, v := range req.Header {
+		if !isHopByHop(k) && !slices.Contains(listed, k) {
+			h[k] = v
+		}
+	}
+	if len(h["Content-Type"]) == 0 || h["Content-Type"][0] == "" {
+		h["Content-Type"] = []string{"application/json"}
+	}
+	if id != "" {
+		h.Set(s.wire.RequestIDHeader, id)
+	}
+	return h
+}
+
+func isHopByHop(k string) bool {
+	for _, h := range hopByHop {
+		if k == h {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Server) legRequest(ctx context.Context, w Worker, req *Request, h http.Header, body []byte) (*http.Request, error) {
 	method := req.Method
 	if method == "" {
 		method = http.MethodPost
@@ -66,91 +102,92 @@ func (s *Server) legRequest(ctx context.Context, w Worker, req *Request, body []
 	if err != nil {
 		return nil, fmt.Errorf("pd: %w", err)
 	}
-	for k, v := range req.Header {
-		hr.Header[k] = v
-	}
-	for _, k := range hopByHop {
-		hr.Header.Del(k)
-	}
-	if c := req.Header.Get("Connection"); c != "" {
-		for _, f := range strings.Split(c, ",") {
-			hr.Header.Del(strings.TrimSpace(f))
-		}
-	}
-	if hr.Header.Get("Content-Type") == "" {
-		hr.Header.Set("Content-Type", "application/json")
-	}
-	if id != "" {
-		hr.Header.Set(s.wire.RequestIDHeader, id)
-	}
+	hr.Header = h
 	return hr, nil
 }
 
 // whole sends a leg and reads its whole answer, keeping up to keep bytes
-// (the rest is read and dropped).
-func (s *Server) whole(ctx context.Context, w Worker, req *Request, body []byte, id string, keep int64) <-chan legResult {
+// (the rest is read and dropped), on a goroutine of its own.
+func (s *Server) whole(ctx context.Context, w Worker, req *Request, h http.Header, body []byte, keep int64) <-chan legResult {
 	ch := make(chan legResult, 1)
-	hr, err := s.legRequest(ctx, w, req, body, id)
+	hr, err := s.legRequest(ctx, w, req, h, body)
 	if err != nil {
 		ch <- legResult{err: err}
 		return ch
 	}
-	go func() {
-		resp, err := s.client.Do(hr)
-		if err != nil {
-			ch <- legResult{err: err}
-			return
-		}
-		b, err := io.ReadAll(io.LimitReader(resp.Body, keep))
-		if err == nil {
-			_, err = io.Copy(io.Discard, resp.Body)
-		}
-		resp.Body.Close()
-		ch <- legResult{resp: resp, body: b, err: err}
-	}()
+	go func() { ch <- s.wholeOf(hr, keep) }()
 	return ch
+}
+
+// wholeNow is whole in the caller's goroutine.
+func (s *Server) wholeNow(ctx context.Context, w Worker, req *Request, h http.Header, body []byte, keep int64) legResult {
+	hr, err := s.legRequest(ctx, w, req, h, body)
+	if err != nil {
+		return legResult{err: err}
+	}
+	return s.wholeOf(hr, keep)
+}
+
+func (s *Server) wholeOf(hr *http.Request, keep int64) legResult {
+	resp, err := s.client.Do(hr)
+	if err != nil {
+		return legResult{err: err}
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, keep))
+	if err == nil {
+		_, err = io.Copy(io.Discard, resp.Body)
+	}
+	resp.Body.Close()
+	return legResult{resp: resp, body: b, err: err}
 }
 
 // first sends a leg and waits for its head and, for a 2xx, its first body
 // bytes (body, or nothing at an empty body's end); another status's body
-// is read whole.
-func (s *Server) first(ctx context.Context, w Worker, req *Request, body []byte, id string) <-chan legResult {
+// is read whole. It runs on a goroutine of its own.
+func (s *Server) first(ctx context.Context, w Worker, req *Request, h http.Header, body []byte) <-chan legResult {
 	ch := make(chan legResult, 1)
-	hr, err := s.legRequest(ctx, w, req, body, id)
+	hr, err := s.legRequest(ctx, w, req, h, body)
 	if err != nil {
 		ch <- legResult{err: err}
 		return ch
 	}
-	go func() {
-		resp, err := s.client.Do(hr)
-		if err != nil {
-			ch <- legResult{err: err}
-			return
-		}
-		if resp.StatusCode < 200 || resp.StatusCode > 299 {
-			b, err := io.ReadAll(io.LimitReader(resp.Body, s.cfg.MaxPrefillAnswer))
-			resp.Body.Close()
-			ch <- legResult{resp: resp, body: b, err: err}
-			return
-		}
-		buf := getBuf()
-		for {
-			n, err := resp.Body.Read(*buf)
-			if n > 0 || err != nil {
-				if err == io.EOF {
-					err = nil
-				} else if err != nil {
-					putBuf(buf)
-					resp.Body.Close()
-					ch <- legResult{resp: resp, err: err}
-					return
-				}
-				ch <- legResult{resp: resp, body: (*buf)[:n], buf: buf}
-				return
-			}
-		}
-	}()
+	go func() { ch <- s.firstOf(hr) }()
 	return ch
+}
+
+// firstNow is first in the caller's goroutine.
+func (s *Server) firstNow(ctx context.Context, w Worker, req *Request, h http.Header, body []byte) legResult {
+	hr, err := s.legRequest(ctx, w, req, h, body)
+	if err != nil {
+		return legResult{err: err}
+	}
+	return s.firstOf(hr)
+}
+
+func (s *Server) firstOf(hr *http.Request) legResult {
+	resp, err := s.client.Do(hr)
+	if err != nil {
+		return legResult{err: err}
+	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		b, err := io.ReadAll(io.LimitReader(resp.Body, s.cfg.MaxPrefillAnswer))
+		resp.Body.Close()
+		return legResult{resp: resp, body: b, err: err}
+	}
+	buf := getBuf()
+	for {
+		n, err := resp.Body.Read(*buf)
+		if n > 0 || err != nil {
+			if err == io.EOF {
+				err = nil
+			} else if err != nil {
+				putBuf(buf)
+				resp.Body.Close()
+				return legResult{resp: resp, err: err}
+			}
+			return legResult{resp: resp, body: (*buf)[:n], buf: buf}
+		}
+	}
 }
 
 // drop closes whatever a cancelled leg still brings (in the background).

@@ -80,14 +80,16 @@
 //
 // # Transport
 //
-// The legs use net/http's client on a transport of their own (keep-alive
-// per engine, no proxy from the environment, no compression, HTTP/1.1
-// only): cancelling a leg's context closes its connection, which is how
+// The legs use net/http's client on a transport of pd's own (transport.go:
+// keep-alive per engine, no proxy from the environment, no compression,
+// HTTP/1.1 only, each exchange in its caller's goroutine, framed by
+// net/http's Request.Write and ReadResponse; Config.Transport may replace
+// it): cancelling a leg's context closes its connection, which is how
 // vLLM aborts a request; chunked and length-framed answers are decoded for
-// the logprob merge and the first-byte hold. Raw HTTP/1.1 on a net.Conn
-// would save the client's allocations (see BenchmarkServe) but repeat the
-// framing code the proxy already has; the proxy's own splice path is not
-// used because an answer must be held and may be rewritten.
+// the logprob merge and the first-byte hold. vLLM's two legs run in
+// Serve's goroutine, one after the other; SGLang's two at once, each on a
+// goroutine. The proxy's own splice path is not used because an answer
+// must be held and may be rewritten.
 package pd
 
 import (
@@ -225,7 +227,9 @@ type Config struct {
 	Log              *slog.Logger
 }
 
-// NewTransport is the legs' default transport.
+// NewTransport is a net/http transport with the legs' settings; the legs'
+// default is one of pd's own over the same settings (legTransport: each
+// exchange in its caller's goroutine).
 func NewTransport() *http.Transport {
 	return &http.Transport{
 		DialContext:         (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
@@ -246,7 +250,7 @@ type Server struct {
 	client     *http.Client
 	Counters   Counters
 	bg         sync.WaitGroup
-	own        *http.Transport
+	own        interface{ CloseIdleConnections() }
 }
 
 // New returns a Server with cfg's defaults filled in.
@@ -267,8 +271,8 @@ func New(cfg Config) *Server {
 	s.sampleKeys = sampleKeys(s.wire)
 	rt := cfg.Transport
 	if rt == nil {
-		s.own = NewTransport()
-		rt = s.own
+		own := newLegTransport()
+		s.own, rt = own, own
 	}
 	s.client = &http.Client{Transport: rt, CheckRedirect: func(*http.Request, []*http.Request) error {
 		return http.ErrUseLastResponse

@@ -120,12 +120,14 @@ func (s *Server) sglangAttempt(ctx context.Context, w ResponseWriter, req *Reque
 	if r.logprob {
 		keep = s.cfg.MaxPrefillAnswer
 	}
-	pch := s.whole(pctx, pair.Prefill, req, body, "", keep)
-	dch := s.first(dctx, pair.Decode, req, body, "")
+	h := s.legHeader(req, "")
+	pch := s.whole(pctx, pair.Prefill, req, h, body, keep)
+	dch := s.first(dctx, pair.Decode, req, h, body)
 	var p, d *legResult
 	for d == nil || d.status() < 200 || d.status() > 299 || (r.logprob && p == nil) {
-		select {
-		case l := <-pch:
+		ev, l := nextLeg(ctx, pch, dch)
+		switch ev {
+		case prefillEv:
 			pch, p = nil, &l
 			pcancel()
 			switch {
@@ -148,7 +150,7 @@ func (s *Server) sglangAttempt(ctx context.Context, w ResponseWriter, req *Reque
 				forward(w, p, route, s.cfg.RouteHeader)
 				return false, legErr("prefill", p)
 			}
-		case l := <-dch:
+		case decodeEv:
 			dch, d = nil, &l
 			switch {
 			case d.failed():
@@ -173,7 +175,7 @@ func (s *Server) sglangAttempt(ctx context.Context, w ResponseWriter, req *Reque
 				forward(w, d, route, s.cfg.RouteHeader)
 				return false, legErr("decode", d)
 			}
-		case <-ctx.Done():
+		case clientEv:
 			s.Counters.ClientGone.Add(1)
 			var prefill []string
 			if pch != nil {
@@ -235,6 +237,33 @@ func (s *Server) sglangAttempt(ctx context.Context, w ResponseWriter, req *Reque
 	}
 	s.abortAll(abortCall{pair.Prefill, prefill}, abortCall{pair.Decode, rids})
 	return false, err
+}
+
+// The events of an attempt with both legs at once.
+const (
+	prefillEv = iota
+	decodeEv
+	clientEv
+)
+
+// nextLeg waits for the next leg's result (a nil channel: that leg is
+// done) or the client's departure. A prefill's result that is already in
+// comes first: a prefill that failed makes its decode fail soon after
+// (its room gone), and the cause is the one counted and acted on.
+func nextLeg(ctx context.Context, pch, dch <-chan legResult) (int, legResult) {
+	select {
+	case l := <-pch:
+		return prefillEv, l
+	default:
+	}
+	select {
+	case l := <-pch:
+		return prefillEv, l
+	case l := <-dch:
+		return decodeEv, l
+	case <-ctx.Done():
+		return clientEv, legResult{}
+	}
 }
 
 func isSSE(h http.Header) bool {

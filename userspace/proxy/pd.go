@@ -15,6 +15,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/tether-rl/tether/userspace/httphead"
@@ -80,8 +81,15 @@ func (c *conn) servePD() bool {
 	c.c.SetReadDeadline(time.Time{})
 	if gone {
 		c.s.count(countClientAborted)
+		w.release()
 		return false
 	}
+	// The connection stays on its goroutine while idle (to IdleTimeout)
+	// instead of going back to its loop: every generation request of a
+	// P/D fleet is served here, and the handover each way (a descriptor
+	// lent as a net.Conn and given back) cost more than the rest of the
+	// proxy's work on a request.
+	c.noPark = true
 	return w.finish(serr)
 }
 
@@ -132,7 +140,8 @@ func (w *pdWriter) WriteHeader(code int) {
 		return
 	}
 	w.wrote, w.status = true, code
-	w.bw = bufio.NewWriterSize(deadlineWriter{w.c}, 32<<10)
+	w.bw = pdBufs.Get().(*bufio.Writer)
+	w.bw.Reset(deadlineWriter{w.c})
 	h := w.h
 	for _, k := range []string{"Connection", "Keep-Alive", "Transfer-Encoding", "Trailer", "Upgrade", "Proxy-Connection"} {
 		h.Del(k)
@@ -237,11 +246,28 @@ func (w *pdWriter) finish(serr error) bool {
 		complete = false // ends with the connection
 	}
 	w.Flush()
-	if w.err != nil {
-		return false
-	}
-	return complete && w.keep && serr == nil
+	ok := w.err == nil && complete && w.keep && serr == nil
+	w.release()
+	return ok
 }
+
+// pdBufs are pdWriter's buffers, one per answer being written.
+var pdBufs = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 32<<10) }}
+
+// release gives the writer's buffer back; nothing is written after.
+func (w *pdWriter) release() {
+	if w.bw != nil {
+		w.bw.Reset(nil)
+		pdBufs.Put(w.bw)
+		w.bw = nil
+		if w.err == nil {
+			w.err = errAnswerDone
+		}
+	}
+}
+
+// errAnswerDone: a write after the answer was finished.
+var errAnswerDone = errors.New("proxy: the prefill/decode answer is finished")
 
 func isEventStream(h http.Header) bool {
 	ct := h.Get("Content-Type")
