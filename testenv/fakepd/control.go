@@ -155,3 +155,6 @@ func (s *server) update(w http.ResponseWriter, r *http.Request) {
 	s.mu.Unlock()
 	writeJSON(w, http.StatusOK, map[string]any{"success": true, "message": "Succeeded to update model weights.", "weight_version": v.Version})
 }
+
+// Statistics is the engine's counters.
+func (s *server) Statistics() *Stats { return &s.Stats }
