@@ -2,6 +2,7 @@ package pd
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -61,7 +62,19 @@ func (s *Server) vllmAttempt(ctx context.Context, w ResponseWriter, req *Request
 		return false, legErr("prefill", &p)
 	}
 	dbody := req.Body
-	if params := kvParams(p.body); params != nil {
+	params := kvParams(p.body)
+	if params == nil && prefillAborted(p.body) {
+		// Aborted (a pause in abort mode, an abort by id): no KV to hand
+		// over. As a failed leg: once more on a new pair (which waits out
+		// a pause in the hold); the last attempt's answer goes to the
+		// client as it is.
+		s.Counters.PrefillFailed.Add(1)
+		if last {
+			s.giveUp(w, &p, route, "prefill")
+		}
+		return true, errors.New("pd: the prefill was aborted")
+	}
+	if params != nil {
 		if dbody, err = r.obj.Apply(jsonedit.Set("kv_transfer_params", params)); err != nil {
 			writeError(w, http.StatusBadGateway, "upstream_error", err.Error())
 			return false, err
@@ -110,4 +123,23 @@ func (s *Server) vllmAttempt(ctx context.Context, w ResponseWriter, req *Request
 		s.Counters.MidStream.Add(1)
 	}
 	return false, err
+}
+
+// prefillAborted reports a prefill's answer with finish reason abort (vLLM's
+// connector hands over no KV for an aborted request).
+func prefillAborted(answer []byte) bool {
+	var a struct {
+		Choices []struct {
+			FinishReason string `json:"finish_reason"`
+		} `json:"choices"`
+	}
+	if json.Unmarshal(answer, &a) != nil {
+		return false
+	}
+	for _, c := range a.Choices {
+		if c.FinishReason == "abort" {
+			return true
+		}
+	}
+	return false
 }
