@@ -124,6 +124,8 @@ type server struct {
 	dead   bool
 	failN  int
 	failSt int
+	slowN  int
+	slowD  time.Duration
 	rids   map[string]*tracked
 	ridSeq uint64
 	ctl    control // control.go
@@ -161,6 +163,24 @@ func (s *server) FailNext(status, n int) {
 	s.mu.Lock()
 	s.failSt, s.failN = status, n
 	s.mu.Unlock()
+}
+
+// SlowNext makes the next n prompts it computes take d longer (a
+// prefill that a fault should find busy).
+func (s *server) SlowNext(d time.Duration, n int) {
+	s.mu.Lock()
+	s.slowD, s.slowN = d, n
+	s.mu.Unlock()
+}
+
+func (s *server) slow() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.slowN > 0 {
+		s.slowN--
+		return s.slowD
+	}
+	return 0
 }
 
 func (s *server) fault() int {

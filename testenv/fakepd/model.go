@@ -136,7 +136,7 @@ func (s *server) compute(ctx context.Context, prompt []int) (cached int, version
 	}
 	defer s.prefillSlots.release()
 	cached = s.cache.take(prompt)
-	d := s.opts.PrefillDelay + time.Duration(len(prompt)-cached)*s.opts.PrefillPerToken
+	d := s.opts.PrefillDelay + time.Duration(len(prompt)-cached)*s.opts.PrefillPerToken + s.slow()
 	if !sleep(ctx, d) {
 		return 0, "", false
 	}
