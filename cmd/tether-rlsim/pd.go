@@ -125,6 +125,19 @@ func (f *pdFleet) held() (prefill, decode int) {
 	return
 }
 
+// heldIDs names what the prefills hold, for the report.
+func (f *pdFleet) heldIDs(phase string) []string {
+	var out []string
+	for i, p := range f.prefills {
+		if h, ok := p.(interface{ HeldIDs() []string }); ok {
+			for _, id := range h.HeldIDs() {
+				out = append(out, fmt.Sprintf("%s: prefill %d: %s", phase, i, id))
+			}
+		}
+	}
+	return out
+}
+
 func (f *pdFleet) sum(get func(*fakepd.Stats) int64) int64 {
 	var n int64
 	for _, e := range f.all() {

@@ -36,7 +36,9 @@ type pdRun struct {
 	parked, mixed         int64
 	atVersion, engines    int
 	syncHeldP, syncHeldD  int
+	orphans               []string // what the prefills held after a phase
 	pauseS, updS, resumeS float64
+	syncRetries           float64 // tetherd's second attempts (a leg that failed, or an aborted vLLM prefill)
 }
 
 func (r *pdRun) throughput(c *pdClient, span time.Duration) float64 {
@@ -67,6 +69,9 @@ func (r *pdRun) Zeros() []string {
 	}
 	add("answers that differ between tetherd and the direct client", int64(r.mismatched))
 	add("orphaned on prefills", int64(r.heldPrefill+r.syncHeldP))
+	if len(r.orphans) > 0 {
+		bad = append(bad, "orphans: "+strings.Join(r.orphans, ", "))
+	}
 	add("held by decodes", int64(r.heldDec+r.syncHeldD))
 	add("recomputes", r.recomputes)
 	add("protocol errors", r.protocolErrs)
@@ -172,6 +177,7 @@ func phasePD(c, other config, pc pdConfig, r *pdRun) error {
 	r.tetherSpan, r.directSpan = both(c, other, r.wl, r.tether, r.direct)
 	probe(r)
 	r.heldPrefill, r.heldDec = settle(f)
+	r.orphans = append(r.orphans, f.heldIDs("pd")...)
 	r.recomputes = f.sum(func(s *fakepd.Stats) int64 { return s.Recomputes.Load() }) + int64(pdMetric(d, "passed_without_kv_params", r.proto))
 	r.protocolErrs = f.sum(func(s *fakepd.Stats) int64 { return s.Refused.Load() + s.BadPrefill.Load() + s.Timeouts.Load() })
 	r.retries, r.missingKV = pdMetric(d, "retries", r.proto), pdMetric(d, "missing_kv_params", r.proto)
@@ -301,6 +307,8 @@ func phaseSync(c config, pc pdConfig, r *pdRun) error {
 	}
 	<-done
 	r.syncHeldP, r.syncHeldD = settle(f)
+	r.orphans = append(r.orphans, f.heldIDs("sync")...)
+	r.syncRetries = pdMetric(d, "retries", r.proto)
 	r.parked = f.sum(func(s *fakepd.Stats) int64 { return s.ParkedWhilePaused.Load() })
 	r.mixed = f.sum(func(s *fakepd.Stats) int64 { return s.MixedVersionOutputs.Load() })
 	for _, e := range f.all() {
@@ -329,16 +337,16 @@ func printPD(w io.Writer, runs []*pdRun) {
 			r.tether.wrong+r.direct.wrong, r.heldPrefill, r.heldDec, r.recomputes, r.protocolErrs, tt, td, tt/td,
 			r.tether.hit(), r.direct.hit(), reg, r.retries)
 	}
-	fmt.Fprintf(w, "\n| engine | workload | weight sync under load: requests | aborted, sent again | failed | hung | parked | spanning (answers, engines) | at v1 | pause, update, resume | error |\n")
-	fmt.Fprintf(w, "|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(w, "\n| engine | workload | weight sync under load: requests | aborted, sent again | failed | hung | parked | spanning (answers, engines) | at v1 | pause, update, resume | retries | error |\n")
+	fmt.Fprintf(w, "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range runs {
 		if r.synced == nil {
 			continue
 		}
 		s := r.synced
-		fmt.Fprintf(w, "| %s | %s | %d | %d | %d | %d | %d | %d, %d | %d/%d | %.2f s, %.2f s, %.2f s | %s |\n",
+		fmt.Fprintf(w, "| %s | %s | %d | %d | %d | %d | %d | %d, %d | %d/%d | %.2f s, %.2f s, %.2f s | %.0f | %s |\n",
 			r.proto, r.wl, s.requests, s.aborted, s.failed, s.hung, r.parked, s.spanning, r.mixed, r.atVersion, r.engines,
-			r.pauseS, r.updS, r.resumeS, r.syncErr)
+			r.pauseS, r.updS, r.resumeS, r.syncRetries, r.syncErr)
 	}
 	fmt.Fprintln(w)
 }

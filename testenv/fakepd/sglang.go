@@ -3,6 +3,7 @@ package fakepd
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -395,4 +396,17 @@ func (d *SGLangDecode) await(ctx context.Context, host string, port int, id uint
 			return handoffAnswer{}, ctx.Err()
 		}
 	}
+}
+
+// HeldIDs names the rooms it holds (a diagnosis).
+func (p *SGLangPrefill) HeldIDs() []string {
+	p.roomsMu.Lock()
+	defer p.roomsMu.Unlock()
+	var ids []string
+	for id, r := range p.rooms {
+		if r.held {
+			ids = append(ids, fmt.Sprintf("room %d (ready %v)", id, r.ready))
+		}
+	}
+	return ids
 }

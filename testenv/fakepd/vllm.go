@@ -332,3 +332,14 @@ func (d *VLLMDecode) generate(w http.ResponseWriter, r *http.Request) {
 		d.Stats.Aborted.Add(1)
 	}
 }
+
+// HeldIDs names the handoffs whose blocks it keeps pinned (a diagnosis).
+func (p *VLLMPrefill) HeldIDs() []string {
+	p.leaseMu.Lock()
+	defer p.leaseMu.Unlock()
+	var ids []string
+	for id, l := range p.leases {
+		ids = append(ids, fmt.Sprintf("%s (%d blocks)", id, len(l.blocks)))
+	}
+	return ids
+}
