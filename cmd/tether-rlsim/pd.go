@@ -252,8 +252,9 @@ type pdClient struct {
 
 	outstanding []atomic.Int64 // direct: per decode
 
-	mu       sync.Mutex
-	requests int64
+	mu        sync.Mutex
+	byPrefill map[string]int64 // requests per prefill (tetherd's route header, or the direct client's pick)
+	requests  int64
 	failed   int64
 	hung     int64
 	wrong    int64
@@ -366,6 +367,8 @@ func (c *pdClient) send(key string, ids []int, maxNew int, rid string) (int, []b
 			return 0, nil, isTimeout(err), err
 		}
 		defer resp.Body.Close()
+		p, _, _ := strings.Cut(resp.Header.Get(daemon.RouteHeaderName), "+")
+		c.countPrefill(p)
 		b, err := io.ReadAll(resp.Body)
 		return resp.StatusCode, b, isTimeout(err), err
 	}
@@ -386,6 +389,7 @@ func (c *pdClient) send(key string, ids []int, maxNew int, rid string) (int, []b
 			di, least = i, n
 		}
 	}
+	c.countPrefill("p" + strconv.Itoa(pi))
 	c.outstanding[di].Add(1)
 	defer c.outstanding[di].Add(-1)
 	ctx, cancel := context.WithTimeout(context.Background(), c.http.Timeout)
@@ -400,6 +404,28 @@ func (c *pdClient) send(key string, ids []int, maxNew int, rid string) (int, []b
 		st, out, err = fakepd.DirectVLLM(ctx, c.http, p, d, path, body)
 	}
 	return st, out, ctx.Err() != nil, err
+}
+
+func (c *pdClient) countPrefill(p string) {
+	c.mu.Lock()
+	if c.byPrefill == nil {
+		c.byPrefill = map[string]int64{}
+	}
+	c.byPrefill[p]++
+	c.mu.Unlock()
+}
+
+// busiest is the share of the requests the busiest prefill (or regular
+// engine) took.
+func (c *pdClient) busiest() float64 {
+	var most, all int64
+	for _, n := range c.byPrefill {
+		most, all = max(most, n), all+n
+	}
+	if all == 0 {
+		return 0
+	}
+	return float64(most) / float64(all)
 }
 
 func isTimeout(err error) bool {

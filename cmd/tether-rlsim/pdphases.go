@@ -188,14 +188,21 @@ func phasePD(c, other config, pc pdConfig, r *pdRun) error {
 // that differ.
 func probe(r *pdRun) {
 	// The workload's own figures stay the workload's.
-	type figures struct{ requests, outToks, prompt, cached int64 }
+	type figures struct {
+		requests, outToks, prompt, cached int64
+		byPrefill                         map[string]int64
+	}
 	saved := [2]figures{}
 	for i, c := range []*pdClient{r.tether, r.direct} {
-		saved[i] = figures{c.requests, c.outToks, c.prompt, c.cached}
+		saved[i] = figures{c.requests, c.outToks, c.prompt, c.cached, map[string]int64{}}
+		for k, v := range c.byPrefill {
+			saved[i].byPrefill[k] = v
+		}
 	}
 	defer func() {
 		for i, c := range []*pdClient{r.tether, r.direct} {
-			c.requests, c.outToks, c.prompt, c.cached = saved[i].requests, saved[i].outToks, saved[i].prompt, saved[i].cached
+			f := saved[i]
+			c.requests, c.outToks, c.prompt, c.cached, c.byPrefill = f.requests, f.outToks, f.prompt, f.cached, f.byPrefill
 		}
 	}()
 	const n = 8
@@ -321,8 +328,8 @@ func phaseSync(c config, pc pdConfig, r *pdRun) error {
 }
 
 func printPD(w io.Writer, runs []*pdRun) {
-	fmt.Fprintf(w, "| engine | workload | requests (tetherd, direct) | failed | hung | wrong | orphaned rooms/blocks | decodes holding | silent recomputes | protocol errors | throughput tetherd | direct | ratio | hit tetherd | direct | regular (no P/D) | retries |\n")
-	fmt.Fprintf(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(w, "| engine | workload | requests (tetherd, direct) | failed | hung | wrong | orphaned rooms/blocks | decodes holding | silent recomputes | protocol errors | throughput tetherd | direct | ratio | hit tetherd | direct | regular (no P/D) | busiest prefill's share: tetherd, direct | retries |\n")
+	fmt.Fprintf(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range runs {
 		if r.tether == nil {
 			continue
@@ -332,10 +339,10 @@ func printPD(w io.Writer, runs []*pdRun) {
 		if r.regular != nil {
 			reg = fmt.Sprintf("%.3f", r.regular.hit())
 		}
-		fmt.Fprintf(w, "| %s | %s | %d, %d | %d | %d | %d | %d | %d | %d | %d | %.0f tok/s | %.0f tok/s | %.3f | %.3f | %.3f | %s | %.0f |\n",
+		fmt.Fprintf(w, "| %s | %s | %d, %d | %d | %d | %d | %d | %d | %d | %d | %.0f tok/s | %.0f tok/s | %.3f | %.3f | %.3f | %s | %.2f, %.2f | %.0f |\n",
 			r.proto, r.wl, r.tether.requests, r.direct.requests, r.tether.failed+r.direct.failed, r.tether.hung+r.direct.hung,
 			r.tether.wrong+r.direct.wrong, r.heldPrefill, r.heldDec, r.recomputes, r.protocolErrs, tt, td, tt/td,
-			r.tether.hit(), r.direct.hit(), reg, r.retries)
+			r.tether.hit(), r.direct.hit(), reg, r.tether.busiest(), r.direct.busiest(), r.retries)
 	}
 	fmt.Fprintf(w, "\n| engine | workload | weight sync under load: requests | aborted, sent again | failed | hung | parked | spanning (answers, engines) | at v1 | pause, update, resume | retries | error |\n")
 	fmt.Fprintf(w, "|---|---|---|---|---|---|---|---|---|---|---|---|\n")

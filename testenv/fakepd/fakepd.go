@@ -35,8 +35,15 @@
 // Every engine: Held() is what it still holds (rooms, waiting or running
 // requests, pinned blocks), Kill() closes its listeners and connections at
 // once (a crash: what it held goes with it), FailNext(status, n) answers
-// the next n generation requests with status. Output token i of a prompt
-// is fakeengine.OutputToken(prompt, seed, i).
+// the next n generation requests with status, SlowNext(d, n) makes the
+// next n prompts computed take d longer. Output token i of a prompt is
+// fakeengine.OutputToken(prompt, seed, i).
+//
+// model.go: the service model a load run needs (a prefix cache, compute
+// per uncached token, decode slots, all off by default), weight versions
+// on every answer (the prefill's KV and each decoded token), requests
+// parked while paused, aborts answered with their partial output, and
+// Regular mode (a prefill engine serving whole requests).
 package fakepd
 
 import (
