@@ -255,15 +255,15 @@ type pdClient struct {
 	mu        sync.Mutex
 	byPrefill map[string]int64 // requests per prefill (tetherd's route header, or the direct client's pick)
 	requests  int64
-	failed   int64
-	hung     int64
-	wrong    int64
-	aborted  int64
-	spanning int64
-	outToks  int64
-	prompt   int64
-	cached   int64
-	errs     []string
+	failed    int64
+	hung      int64
+	wrong     int64
+	aborted   int64
+	spanning  int64
+	outToks   int64
+	prompt    int64
+	cached    int64
+	errs      []string
 }
 
 func newPDClient(name, proto, base string, f *pdFleet, timeout time.Duration) *pdClient {
