@@ -70,6 +70,8 @@ type pdConfig struct {
 	vllmPause        string
 	notify           bool
 	phases           string
+	groupKey         bool
+	together         bool
 	out              io.Writer
 	quietEngineStats bool
 }
@@ -85,6 +87,8 @@ func pdFlags(pc *pdConfig) {
 	flag.StringVar(&pc.vllmPause, "pd-vllm-pause", "wait", "P/D run, sync phase: vLLM's pause mode (abort, wait, keep)")
 	flag.BoolVar(&pc.notify, "pd-notify", false, "P/D run: the engines tell each other of aborts (newer engines)")
 	flag.StringVar(&pc.phases, "pd-phases", "pd,regular,sync", "P/D run: phases, comma-separated")
+	flag.BoolVar(&pc.together, "pd-together", false, "P/D run: tetherd and the direct client at once on one fleet (the direct client's prompts on tokens of its own), not one after the other on fleets of their own")
+	flag.BoolVar(&pc.groupKey, "pd-group-key", false, "P/D run: GRPO through tetherd sends its group as X-Session-ID (default keyless, as slime sends it)")
 }
 
 // pdEngine is what the run asks of a fake P/D engine.
@@ -244,6 +248,9 @@ type pdClient struct {
 	fleet  *pdFleet
 	http   *http.Client
 	resend bool // an answer aborted by a pause is sent again
+	// groupKey: a keyless GRPO sample (rid w<wave>-p<prompt>-s<sample>)
+	// is sent with its group as its key.
+	groupKey bool
 	// shift is added to every prompt token sent: the direct client's
 	// workload is the tetherd client's (the same seed: the same lengths,
 	// arrivals, sharing) on tokens of its own (no cache entry of one
@@ -437,6 +444,9 @@ func isTimeout(err error) bool {
 // engines' output (token i of a prompt is fakeengine.OutputToken), sent
 // again while a pause aborts it (c.resend).
 func (c *pdClient) generate(key string, ids []int, maxNew int, rid string) ([]int, int, error) {
+	if i := strings.LastIndex(rid, "-s"); c.groupKey && key == "" && i > 0 {
+		key = rid[:i]
+	}
 	return c.generateShifted(key, ids, maxNew, rid, c.shift)
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tether-rl/tether/testenv/fakeengine"
 	"github.com/tether-rl/tether/testenv/fakepd"
+	"github.com/tether-rl/tether/userspace/daemon"
 )
 
 // pdRun is one protocol's and workload's figures, phase by phase.
@@ -25,6 +26,7 @@ type pdRun struct {
 	recomputes             int64 // decodes that recomputed (silently, in vLLM)
 	protocolErrs           int64 // refused legs, bad prefill legs, room timeouts
 	retries, missingKV     float64
+	legFailed              [2]float64 // tetherd's prefill and decode legs failed before the client had a byte
 	probes, mismatched     int // the same prompts by both clients: different answers
 
 	// regular: the same workload on regular engines.
@@ -159,29 +161,59 @@ func both(c, other config, wl string, a, b *pdClient) (time.Duration, time.Durat
 }
 
 func phasePD(c, other config, pc pdConfig, r *pdRun) error {
-	f, err := startPDFleet(c, pc, r.proto, false)
+	fa, err := startPDFleet(c, pc, r.proto, false)
 	if err != nil {
 		return err
 	}
-	defer f.close()
-	d, err := f.tetherd()
+	defer fa.close()
+	d, err := fa.tetherd()
 	if err != nil {
 		return err
 	}
 	defer d.Shutdown(context.Background())
-	r.tether = newPDClient("tetherd", r.proto, "http://"+d.Addr(), f, pc.timeout)
-	r.direct = newPDClient("direct", r.proto, "", f, pc.timeout)
-	r.direct.shift = fakeengine.Vocab
+	r.tether = newPDClient("tetherd", r.proto, "http://"+d.Addr(), fa, pc.timeout)
+	r.tether.groupKey = pc.groupKey
 	defer r.tether.http.CloseIdleConnections()
+	if pc.together {
+		r.direct = newPDClient("direct", r.proto, "", fa, pc.timeout)
+		r.direct.shift = fakeengine.Vocab
+		defer r.direct.http.CloseIdleConnections()
+		r.tetherSpan, r.directSpan = both(c, other, r.wl, r.tether, r.direct)
+		probe(r)
+		r.measure(fa, d)
+		return nil
+	}
+	// One after the other, each alone on a fleet of its own (the same
+	// engines' settings, fresh): the same workload.
+	r.tetherSpan, _ = runWorkload(c, r.wl, r.tether)
+	fb, err := startPDFleet(c, pc, r.proto, false)
+	if err != nil {
+		return err
+	}
+	defer fb.close()
+	r.direct = newPDClient("direct", r.proto, "", fb, pc.timeout)
 	defer r.direct.http.CloseIdleConnections()
-	r.tetherSpan, r.directSpan = both(c, other, r.wl, r.tether, r.direct)
+	r.directSpan, _ = runWorkload(c, r.wl, r.direct)
 	probe(r)
-	r.heldPrefill, r.heldDec = settle(f)
-	r.orphans = append(r.orphans, f.heldIDs("pd")...)
-	r.recomputes = f.sum(func(s *fakepd.Stats) int64 { return s.Recomputes.Load() }) + int64(pdMetric(d, "passed_without_kv_params", r.proto))
-	r.protocolErrs = f.sum(func(s *fakepd.Stats) int64 { return s.Refused.Load() + s.BadPrefill.Load() + s.Timeouts.Load() })
-	r.retries, r.missingKV = pdMetric(d, "retries", r.proto), pdMetric(d, "missing_kv_params", r.proto)
+	r.measure(fa, d)
+	r.measure(fb, nil)
 	return nil
+}
+
+// measure adds what f's engines (and tetherd d in front of them) still
+// hold and counted once a phase is over.
+func (r *pdRun) measure(f *pdFleet, d *daemon.Daemon) {
+	p, dec := settle(f)
+	r.heldPrefill += p
+	r.heldDec += dec
+	r.orphans = append(r.orphans, f.heldIDs("pd")...)
+	r.recomputes += f.sum(func(s *fakepd.Stats) int64 { return s.Recomputes.Load() })
+	r.protocolErrs += f.sum(func(s *fakepd.Stats) int64 { return s.Refused.Load() + s.BadPrefill.Load() + s.Timeouts.Load() })
+	if d != nil {
+		r.recomputes += int64(pdMetric(d, "passed_without_kv_params", r.proto))
+		r.retries, r.missingKV = pdMetric(d, "retries", r.proto), pdMetric(d, "missing_kv_params", r.proto)
+		r.legFailed = [2]float64{pdMetric(d, "prefill_failed", r.proto), pdMetric(d, "decode_failed", r.proto)}
+	}
 }
 
 // probe sends the same prompts by both clients and counts the answers
@@ -233,9 +265,15 @@ func phaseRegular(c, other config, pc pdConfig, r *pdRun) error {
 	defer d.Shutdown(context.Background())
 	base := "http://" + d.Addr()
 	r.regular = newPDClient("regular", r.proto, base, f, pc.timeout)
+	defer r.regular.http.CloseIdleConnections()
+	if !pc.together {
+		runWorkload(c, r.wl, r.regular)
+		settle(f)
+		return nil
+	}
+	// Both workloads, as the P/D phase ran them.
 	r.regularOther = newPDClient("regular-other", r.proto, base, f, pc.timeout)
 	r.regularOther.shift = fakeengine.Vocab
-	defer r.regular.http.CloseIdleConnections()
 	defer r.regularOther.http.CloseIdleConnections()
 	both(c, other, r.wl, r.regular, r.regularOther)
 	settle(f)
@@ -328,7 +366,7 @@ func phaseSync(c config, pc pdConfig, r *pdRun) error {
 }
 
 func printPD(w io.Writer, runs []*pdRun) {
-	fmt.Fprintf(w, "| engine | workload | requests (tetherd, direct) | failed | hung | wrong | orphaned rooms/blocks | decodes holding | silent recomputes | protocol errors | throughput tetherd | direct | ratio | hit tetherd | direct | regular (no P/D) | busiest prefill's share: tetherd, direct | retries |\n")
+	fmt.Fprintf(w, "| engine | workload | requests (tetherd, direct) | failed | hung | wrong | orphaned rooms/blocks | decodes holding | silent recomputes | protocol errors | throughput tetherd | direct | ratio | hit tetherd | direct | regular (no P/D) | busiest prefill's share: tetherd, direct | retries (prefill, decode failed) |\n")
 	fmt.Fprintf(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range runs {
 		if r.tether == nil {
@@ -339,10 +377,10 @@ func printPD(w io.Writer, runs []*pdRun) {
 		if r.regular != nil {
 			reg = fmt.Sprintf("%.3f", r.regular.hit())
 		}
-		fmt.Fprintf(w, "| %s | %s | %d, %d | %d | %d | %d | %d | %d | %d | %d | %.0f tok/s | %.0f tok/s | %.3f | %.3f | %.3f | %s | %.2f, %.2f | %.0f |\n",
+		fmt.Fprintf(w, "| %s | %s | %d, %d | %d | %d | %d | %d | %d | %d | %d | %.0f tok/s | %.0f tok/s | %.3f | %.3f | %.3f | %s | %.2f, %.2f | %.0f (%.0f, %.0f) |\n",
 			r.proto, r.wl, r.tether.requests, r.direct.requests, r.tether.failed+r.direct.failed, r.tether.hung+r.direct.hung,
 			r.tether.wrong+r.direct.wrong, r.heldPrefill, r.heldDec, r.recomputes, r.protocolErrs, tt, td, tt/td,
-			r.tether.hit(), r.direct.hit(), reg, r.tether.busiest(), r.direct.busiest(), r.retries)
+			r.tether.hit(), r.direct.hit(), reg, r.tether.busiest(), r.direct.busiest(), r.retries, r.legFailed[0], r.legFailed[1])
 	}
 	fmt.Fprintf(w, "\n| engine | workload | weight sync under load: requests | aborted, sent again | failed | hung | parked | spanning (answers, engines) | at v1 | pause, update, resume | retries | error |\n")
 	fmt.Fprintf(w, "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
