@@ -27,7 +27,7 @@ type pdRun struct {
 	protocolErrs           int64 // refused legs, bad prefill legs, room timeouts
 	retries, missingKV     float64
 	legFailed              [2]float64 // tetherd's prefill and decode legs failed before the client had a byte
-	probes, mismatched     int // the same prompts by both clients: different answers
+	probes, mismatched     int        // the same prompts by both clients: different answers
 
 	// regular: the same workload on regular engines.
 	regular, regularOther *pdClient
