@@ -70,11 +70,17 @@ func (p *SGLangPrefill) BootstrapPort() int { return p.bootLn.Addr().(*net.TCPAd
 
 // Kill closes both servers and drops every room (a crash).
 func (p *SGLangPrefill) Kill() {
-	p.kill()
+	// The rooms go first: a request its cancel ends finds its room gone
+	// and tells no decode (a crash notifies nobody); then the servers.
+	drop := func() {
+		p.roomsMu.Lock()
+		p.rooms = map[uint64]*room{}
+		p.roomsMu.Unlock()
+	}
+	drop()
 	p.boot.Close()
-	p.roomsMu.Lock()
-	p.rooms = map[uint64]*room{}
-	p.roomsMu.Unlock()
+	p.kill()
+	drop() // any a decode's poll made meanwhile
 }
 
 // Close is Kill.
