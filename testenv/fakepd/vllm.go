@@ -146,6 +146,15 @@ func (p *VLLMPrefill) generate(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
+	if p.wasAborted(tr) {
+		// Aborted as its compute ended: as above, nothing pinned.
+		p.Stats.Aborted.Add(1)
+		answer(ctx, w, g, 1, p.newOut(ctx, tr, decoding{}), 0, nil)
+		return
+	}
+	// Computed: the answer is written whole even if an abort comes now
+	// (the request is over; its blocks wait for the decode).
+	ctx = context.WithoutCancel(ctx)
 	if p.omitParams.Load() != 0 {
 		answer(ctx, w, g, 1, nil, handoff.CachedTokens, nil)
 		p.Stats.Served.Add(1)
