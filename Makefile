@@ -122,3 +122,11 @@ RLSIM_FLAGS ?=
 .PHONY: rlsim
 rlsim:
 	$(GO) run ./cmd/tether-rlsim $(RLSIM_FLAGS)
+
+# The P/D figures (docs/pd.md): GRPO and agent load on a fake fleet of 2
+# prefill + 6 decode engines of each engine, through tetherd and by a
+# direct P/D client at once, the same fleet without P/D, and a weight
+# sync under load (cmd/tether-rlsim -pd; about 10 minutes).
+.PHONY: rlsim-pd
+rlsim-pd:
+	$(GO) run ./cmd/tether-rlsim -pd sglang,vllm -workload grpo,sessions $(RLSIM_FLAGS)

@@ -102,8 +102,18 @@ func main() {
 	flag.DurationVar(&c.restartAfter, "restart-after", 2*time.Second, "restart workload: engine 0 restarts this long after the start")
 	runs := flag.Int("runs", 1, "runs per cell (the median makespan's run is reported)")
 	seed := flag.Uint64("seed", 1, "workload seed")
+	var pc pdConfig
+	pdFlags(&pc)
 	flag.Parse()
 	c.seed = *seed
+	if pc.protocols != "" {
+		// The P/D run (pd.go) instead of the routing modes.
+		if err := runPDAll(c, pc, strings.Split(*workloads, ",")); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *form == "array" {
 		c.kvForm = kvevents.ArrayForm
 	}
@@ -301,6 +311,12 @@ func allKnown(d *daemon.Daemon) bool {
 	return true
 }
 
+// generator sends one generation request: its output ids and the engine
+// slot that served it (-1: not known).
+type generator interface {
+	generate(key string, ids []int, maxNew int, rid string) ([]int, int, error)
+}
+
 type client struct {
 	http     *http.Client
 	target   string // tetherd; "": a random engine per request
@@ -369,7 +385,7 @@ func (c *client) generate(key string, ids []int, maxNew int, rid string) ([]int,
 
 // runGRPO: waves of prompts × samples sent at once; it returns the mean
 // number of engines a prompt's samples went to.
-func runGRPO(c config, cl *client) (float64, error) {
+func runGRPO(c config, cl generator) (float64, error) {
 	rng := rand.New(rand.NewPCG(c.seed, 1))
 	sys := make([]int, c.sysTokens)
 	for i := range sys {
@@ -432,7 +448,7 @@ func runGRPO(c config, cl *client) (float64, error) {
 // outputs and tool results). One session in skewEvery has skew× the
 // context: a task (document, repository) that long; its turns add what
 // the others' do.
-func runSessions(c config, cl *client, skew int, keyed bool) error {
+func runSessions(c config, cl generator, skew int, keyed bool) error {
 	rng := rand.New(rand.NewPCG(c.seed, 2))
 	sys := make([]int, c.sysTokens)
 	for i := range sys {

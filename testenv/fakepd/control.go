@@ -19,6 +19,7 @@ import (
 // control is an engine's RL-loop state.
 type control struct {
 	paused  bool
+	resumed chan struct{} // closed at the resume (model.go's serving)
 	version string
 	calls   map[string]int // by path
 }
@@ -72,9 +73,9 @@ func (s *server) controlRoutes(mux *http.ServeMux) {
 		b, _ := io.ReadAll(r.Body)
 		json.Unmarshal(b, &v)
 		s.mu.Lock()
-		for rid, cancel := range s.rids {
+		for rid, t := range s.rids {
 			if len(v.IDs) == 0 || contains(v.IDs, rid) {
-				cancel()
+				abortLocked(t)
 			}
 		}
 		s.mu.Unlock()
@@ -115,8 +116,8 @@ func (s *server) pause(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	s.ctl.paused = true
 	if mode == "" || mode == "abort" {
-		for _, cancel := range s.rids {
-			cancel()
+		for _, t := range s.rids {
+			abortLocked(t)
 		}
 	}
 	s.mu.Unlock()
@@ -127,6 +128,10 @@ func (s *server) resume(w http.ResponseWriter, r *http.Request) {
 	s.count(r.URL.Path)
 	s.mu.Lock()
 	s.ctl.paused = false
+	if s.ctl.resumed != nil {
+		close(s.ctl.resumed)
+		s.ctl.resumed = nil
+	}
 	s.mu.Unlock()
 	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "message": "Generation continued successfully."})
 }
@@ -150,3 +155,6 @@ func (s *server) update(w http.ResponseWriter, r *http.Request) {
 	s.mu.Unlock()
 	writeJSON(w, http.StatusOK, map[string]any{"success": true, "message": "Succeeded to update model weights.", "weight_version": v.Version})
 }
+
+// Statistics is the engine's counters.
+func (s *server) Statistics() *Stats { return &s.Stats }

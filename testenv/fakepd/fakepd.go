@@ -35,8 +35,15 @@
 // Every engine: Held() is what it still holds (rooms, waiting or running
 // requests, pinned blocks), Kill() closes its listeners and connections at
 // once (a crash: what it held goes with it), FailNext(status, n) answers
-// the next n generation requests with status. Output token i of a prompt
-// is fakeengine.OutputToken(prompt, seed, i).
+// the next n generation requests with status, SlowNext(d, n) makes the
+// next n prompts computed take d longer. Output token i of a prompt is
+// fakeengine.OutputToken(prompt, seed, i).
+//
+// model.go: the service model a load run needs (a prefix cache, compute
+// per uncached token, decode slots, all off by default), weight versions
+// on every answer (the prefill's KV and each decoded token), requests
+// parked while paused, aborts answered with their partial output, and
+// Regular mode (a prefill engine serving whole requests).
 package fakepd
 
 import (
@@ -63,7 +70,18 @@ type Options struct {
 	WaitTimeout  time.Duration // SGLang: a room's wait on either side (default 300 s)
 	Lease        time.Duration // vLLM: pinned blocks' lease (default 30 s)
 	Notify       bool          // abort notification between the sides
-	BlockTokens  int           // vLLM: tokens per KV block (default 16)
+	BlockTokens  int           // tokens per KV block (default 16)
+
+	// The service model (model.go), all off by default.
+	PrefillPerToken time.Duration // compute per uncached prompt token
+	MaxPrefill      int           // prompts computed at once (0: no bound)
+	MaxRunning      int           // requests decoding at once (0: no bound)
+	CacheTokens     int           // prefix cache size in tokens (0: none)
+	// Regular: a prefill engine also serves a generation request without
+	// P/D fields whole (compute, then decode), as a regular worker (an
+	// SGLang prefill refuses it otherwise; a vLLM prefill serves it
+	// either way, this only adds the decode's slots).
+	Regular bool
 }
 
 func (o *Options) defaults() {
@@ -92,6 +110,12 @@ type Stats struct {
 	LeaseExpiry atomic.Int64 // vLLM: blocks freed by the lease's end
 	Recomputes  atomic.Int64 // vLLM decode: prompts recomputed (no params, or a failed pull)
 	BadPrefill  atomic.Int64 // vLLM prefill: a leg body against the protocol
+
+	PromptTokens        atomic.Int64 // prompt tokens computed or found cached (model.go)
+	CachedTokens        atomic.Int64 // of those, found in the prefix cache
+	OutputTokens        atomic.Int64 // tokens decoded
+	ParkedWhilePaused   atomic.Int64 // generation requests that arrived while paused
+	MixedVersionOutputs atomic.Int64 // answers whose KV and tokens span weight versions
 }
 
 // server is what every fake engine shares: the HTTP server, the kill, the
@@ -107,8 +131,15 @@ type server struct {
 	dead   bool
 	failN  int
 	failSt int
-	rids   map[string]context.CancelFunc
+	slowN  int
+	slowD  time.Duration
+	rids   map[string]*tracked
+	ridSeq uint64
 	ctl    control // control.go
+
+	cache        *prefixCache // model.go
+	prefillSlots slots
+	decodeSlots  slots
 }
 
 func (s *server) start(h http.Handler) error {
@@ -117,7 +148,9 @@ func (s *server) start(h http.Handler) error {
 		return fmt.Errorf("fakepd: %w", err)
 	}
 	s.ln, s.url = ln, "http://"+ln.Addr().String()
-	s.rids = map[string]context.CancelFunc{}
+	s.rids = map[string]*tracked{}
+	s.cache = newPrefixCache(s.opts.CacheTokens, s.opts.BlockTokens)
+	s.prefillSlots, s.decodeSlots = newSlots(s.opts.MaxPrefill), newSlots(s.opts.MaxRunning)
 	if m, ok := h.(*http.ServeMux); ok {
 		s.controlRoutes(m)
 	}
@@ -139,6 +172,24 @@ func (s *server) FailNext(status, n int) {
 	s.mu.Unlock()
 }
 
+// SlowNext makes the next n prompts it computes take d longer (a
+// prefill that a fault should find busy).
+func (s *server) SlowNext(d time.Duration, n int) {
+	s.mu.Lock()
+	s.slowD, s.slowN = d, n
+	s.mu.Unlock()
+}
+
+func (s *server) slow() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.slowN > 0 {
+		s.slowN--
+		return s.slowD
+	}
+	return 0
+}
+
 func (s *server) fault() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -149,18 +200,21 @@ func (s *server) fault() int {
 	return 0
 }
 
-// track registers rid's cancel for /abort_request; the returned func
-// unregisters it.
-func (s *server) track(rid string, cancel context.CancelFunc) func() {
-	if rid == "" {
-		return func() {}
-	}
+// track registers rid's cancel for /abort_request, /abort_requests and
+// a pause (a request without a rid is found by abort all and the pause);
+// the returned func unregisters it.
+func (s *server) track(rid string, cancel context.CancelFunc) (*tracked, func()) {
+	t := &tracked{cancel: cancel}
 	s.mu.Lock()
-	s.rids[rid] = cancel
+	s.ridSeq++
+	key := ridKey(rid, s.ridSeq)
+	s.rids[key] = t
 	s.mu.Unlock()
-	return func() {
+	return t, func() {
 		s.mu.Lock()
-		delete(s.rids, rid)
+		if s.rids[key] == t {
+			delete(s.rids, key)
+		}
 		s.mu.Unlock()
 	}
 }
@@ -177,9 +231,9 @@ func (s *server) abortRequest(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.mu.Lock()
-	for rid, cancel := range s.rids {
+	for rid, t := range s.rids {
 		if body.AbortAll || rid == body.Rid {
-			cancel()
+			abortLocked(t)
 		}
 	}
 	s.mu.Unlock()
@@ -195,8 +249,8 @@ func (s *server) kill() {
 	// answer (an empty 200) before its connection goes, as a crash.
 	s.srv.Close()
 	s.mu.Lock()
-	for _, cancel := range s.rids {
-		cancel()
+	for _, t := range s.rids {
+		t.cancel()
 	}
 	s.mu.Unlock()
 }

@@ -3,6 +3,7 @@ package fakepd
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -23,6 +24,7 @@ type room struct {
 	pulled  bool          // the decode took it
 	aborted bool          // dropped, and the decode told (Notify)
 	changed chan struct{} // closed on every change
+	handoff handoffAnswer // the KV's version and cached tokens, once ready
 }
 
 // SGLangPrefill is a fake SGLang prefill engine with its bootstrap server.
@@ -68,11 +70,17 @@ func (p *SGLangPrefill) BootstrapPort() int { return p.bootLn.Addr().(*net.TCPAd
 
 // Kill closes both servers and drops every room (a crash).
 func (p *SGLangPrefill) Kill() {
-	p.kill()
+	// The rooms go first: a request its cancel ends finds its room gone
+	// and tells no decode (a crash notifies nobody); then the servers.
+	drop := func() {
+		p.roomsMu.Lock()
+		p.rooms = map[uint64]*room{}
+		p.roomsMu.Unlock()
+	}
+	drop()
 	p.boot.Close()
-	p.roomsMu.Lock()
-	p.rooms = map[uint64]*room{}
-	p.roomsMu.Unlock()
+	p.kill()
+	drop() // any a decode's poll made meanwhile
 }
 
 // Close is Kill.
@@ -156,6 +164,10 @@ func (p *SGLangPrefill) generate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	_, _, id, ok := bootstrap(g)
+	if !ok && p.opts.Regular {
+		p.serveWhole(w, r, g)
+		return
+	}
 	if !ok {
 		p.Stats.Refused.Add(1)
 		writeJSON(w, http.StatusBadRequest, map[string]any{"error": map[string]any{"message": noRoom, "code": 400}})
@@ -163,7 +175,8 @@ func (p *SGLangPrefill) generate(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), p.opts.WaitTimeout)
 	defer cancel()
-	defer p.track(g.rid, cancel)()
+	_, untrack := p.track(g.rid, cancel)
+	defer untrack()
 	p.roomsMu.Lock()
 	rm := p.roomLocked(id)
 	rm.held = true
@@ -182,13 +195,20 @@ func (p *SGLangPrefill) generate(w http.ResponseWriter, r *http.Request) {
 		}
 		delete(p.rooms, id)
 	}
-	if !sleep(ctx, p.opts.PrefillDelay) {
+	var handoff handoffAnswer
+	if p.admit(ctx) {
+		handoff.CachedTokens, handoff.WeightVersion, ok = p.compute(ctx, g.prompt)
+	} else {
+		ok = false
+	}
+	if !ok {
 		p.ended(ctx, r)
 		free(p.opts.Notify)
 		return
 	}
 	p.roomsMu.Lock()
 	rm.ready = true
+	rm.handoff = handoff
 	rm.signal()
 	p.roomsMu.Unlock()
 	for {
@@ -210,7 +230,7 @@ func (p *SGLangPrefill) generate(w http.ResponseWriter, r *http.Request) {
 	p.Stats.Served.Add(1)
 	if g.path == "/generate" {
 		// A finish of length 0, with the prompt's logprob rows.
-		ans := generateAnswer(g, "", nil, true)
+		ans := generateAnswer(g, "", nil, "length", nil, handoff.CachedTokens)
 		if g.logprob {
 			ans["meta_info"].(map[string]any)["input_token_logprobs"] = promptLogprobs(g.prompt)
 		}
@@ -223,7 +243,7 @@ func (p *SGLangPrefill) generate(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, ans)
 		return
 	}
-	answer(ctx, w, g, 0, func() bool { return true }, nil)
+	answer(ctx, w, g, 0, nil, handoff.CachedTokens, nil)
 }
 
 // ended counts a request ended early: aborted or timed out.
@@ -256,8 +276,9 @@ func (p *SGLangPrefill) kv(w http.ResponseWriter, r *http.Request) {
 		case rm.ready:
 			rm.pulled = true
 			rm.signal()
+			h := rm.handoff
 			p.roomsMu.Unlock()
-			w.WriteHeader(http.StatusOK)
+			writeJSON(w, http.StatusOK, h)
 			return
 		}
 		ch := rm.changed
@@ -328,9 +349,18 @@ func (d *SGLangDecode) generate(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), d.opts.WaitTimeout)
 	defer cancel()
-	defer d.track(g.rid, cancel)()
+	tr, untrack := d.track(g.rid, cancel)
+	defer untrack()
+	// Parked while paused, then a slot (its KV memory), then the room.
 	d.waiting.Add(1)
-	err := d.await(ctx, host, port, id)
+	var h handoffAnswer
+	var err error
+	if !d.admit(ctx) || !d.decodeSlots.acquire(ctx) {
+		err = ctx.Err()
+	} else {
+		defer d.decodeSlots.release()
+		h, err = d.await(ctx, host, port, id)
+	}
 	d.waiting.Add(-1)
 	if err != nil {
 		d.ended(ctx, r)
@@ -339,8 +369,8 @@ func (d *SGLangDecode) generate(w http.ResponseWriter, r *http.Request) {
 	}
 	d.running.Add(1)
 	defer d.running.Add(-1)
-	delay := func() bool { return sleep(ctx, d.opts.TokenDelay) }
-	if answer(ctx, w, g, g.maxNew, delay, nil) {
+	o := d.newOut(ctx, tr, decoding{before: []string{h.WeightVersion}})
+	if answer(ctx, w, g, g.maxNew, o, h.CachedTokens, nil) {
 		d.Stats.Served.Add(1)
 	} else {
 		d.ended(ctx, r)
@@ -350,24 +380,39 @@ func (d *SGLangDecode) generate(w http.ResponseWriter, r *http.Request) {
 // await waits for its room: polls the prefill's bootstrap server until the
 // room is ready, dropped (410), or ctx ends; a prefill it cannot reach is
 // tried again every 20 ms.
-func (d *SGLangDecode) await(ctx context.Context, host string, port int, id uint64) error {
+func (d *SGLangDecode) await(ctx context.Context, host string, port int, id uint64) (handoffAnswer, error) {
 	url := "http://" + net.JoinHostPort(host, strconv.Itoa(port)) + "/kv?room=" + strconv.FormatUint(id, 10)
 	for {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		resp, err := d.client.Do(req)
 		if err == nil {
-			io.Copy(io.Discard, resp.Body)
+			b, rerr := io.ReadAll(resp.Body)
 			resp.Body.Close()
-			switch resp.StatusCode {
-			case http.StatusOK:
-				return nil
-			case http.StatusGone:
+			switch {
+			case resp.StatusCode == http.StatusOK && rerr == nil:
+				var h handoffAnswer
+				err := json.Unmarshal(b, &h)
+				return h, err
+			case resp.StatusCode == http.StatusGone:
 				d.Stats.Notified.Add(1)
-				return errGone
+				return handoffAnswer{}, errGone
 			}
 		}
 		if !sleep(ctx, 20*time.Millisecond) {
-			return ctx.Err()
+			return handoffAnswer{}, ctx.Err()
 		}
 	}
+}
+
+// HeldIDs names the rooms it holds (a diagnosis).
+func (p *SGLangPrefill) HeldIDs() []string {
+	p.roomsMu.Lock()
+	defer p.roomsMu.Unlock()
+	var ids []string
+	for id, r := range p.rooms {
+		if r.held {
+			ids = append(ids, fmt.Sprintf("room %d (ready %v)", id, r.ready))
+		}
+	}
+	return ids
 }

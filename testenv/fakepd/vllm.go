@@ -1,6 +1,7 @@
 package fakepd
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -14,8 +15,9 @@ import (
 
 // lease is a prefill's pinned blocks for one handoff.
 type lease struct {
-	blocks []int
-	timer  *time.Timer
+	blocks  []int
+	timer   *time.Timer
+	handoff handoffAnswer // the KV's version and cached tokens
 }
 
 // VLLMPrefill is a fake vLLM prefill engine (NIXL producer).
@@ -119,22 +121,42 @@ func (p *VLLMPrefill) generate(w http.ResponseWriter, r *http.Request) {
 	g.rid = r.Header.Get("X-Request-Id")
 	var kv kvParams
 	if raw, ok := g.raw["kv_transfer_params"]; !ok || json.Unmarshal(raw, &kv) != nil || !kv.DoRemoteDecode {
-		// An ordinary request: served whole.
-		if answer(r.Context(), w, g, g.maxNew, func() bool { return true }, nil) {
-			p.Stats.Served.Add(1)
-		}
+		p.serveWhole(w, r, g) // an ordinary request
 		return
 	}
 	if badPrefill(g) {
 		p.Stats.BadPrefill.Add(1)
 	}
-	if !sleep(r.Context(), p.opts.PrefillDelay) {
-		p.Stats.Aborted.Add(1)
-		return
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	tr, untrack := p.track(g.rid, cancel)
+	defer untrack()
+	var handoff handoffAnswer
+	ok = p.admit(ctx)
+	if ok {
+		handoff.CachedTokens, handoff.WeightVersion, ok = p.compute(ctx, g.prompt)
 	}
 	g.stream = false
+	if !ok {
+		p.Stats.Aborted.Add(1)
+		if p.wasAborted(tr) {
+			// vLLM answers an aborted request with finish reason abort,
+			// and its connector gives no kv_transfer_params for it.
+			answer(ctx, w, g, 1, p.newOut(ctx, tr, decoding{}), 0, nil)
+		}
+		return
+	}
+	if p.wasAborted(tr) {
+		// Aborted as its compute ended: as above, nothing pinned.
+		p.Stats.Aborted.Add(1)
+		answer(ctx, w, g, 1, p.newOut(ctx, tr, decoding{}), 0, nil)
+		return
+	}
+	// Computed: the answer is written whole even if an abort comes now
+	// (the request is over; its blocks wait for the decode).
+	ctx = context.WithoutCancel(ctx)
 	if p.omitParams.Load() != 0 {
-		answer(r.Context(), w, g, 1, func() bool { return true }, nil)
+		answer(ctx, w, g, 1, nil, handoff.CachedTokens, nil)
 		p.Stats.Served.Add(1)
 		return
 	}
@@ -144,7 +166,7 @@ func (p *VLLMPrefill) generate(w http.ResponseWriter, r *http.Request) {
 		old.timer.Stop()
 	}
 	nb := (len(g.prompt) + p.opts.BlockTokens - 1) / p.opts.BlockTokens
-	l := &lease{}
+	l := &lease{handoff: handoff}
 	for i := 0; i < nb; i++ {
 		p.nextBlock++
 		l.blocks = append(l.blocks, p.nextBlock)
@@ -162,7 +184,7 @@ func (p *VLLMPrefill) generate(w http.ResponseWriter, r *http.Request) {
 	engine, host, port := fmt.Sprintf("fake-%d", p.Port()), "127.0.0.1", p.Port()
 	params := kvParams{DoRemotePrefill: true, RemoteEngineID: &engine, RemoteBlockIDs: [][]int{l.blocks},
 		RemoteRequestID: id, RemoteHost: &host, RemotePort: &port, TPSize: 1}
-	if answer(r.Context(), w, g, 1, func() bool { return true }, map[string]any{"kv_transfer_params": params}) {
+	if answer(ctx, w, g, 1, nil, handoff.CachedTokens, map[string]any{"kv_transfer_params": params}) {
 		p.Stats.Served.Add(1)
 	}
 }
@@ -173,34 +195,42 @@ type handoff struct {
 }
 
 // take frees a lease; false if it is gone or its blocks differ.
-func (p *VLLMPrefill) take(h *handoff) bool {
+func (p *VLLMPrefill) take(h *handoff) (handoffAnswer, bool) {
 	p.leaseMu.Lock()
 	defer p.leaseMu.Unlock()
 	l := p.leases[h.RemoteRequestID]
 	if l == nil || len(h.RemoteBlockIDs) != 1 || fmt.Sprint(h.RemoteBlockIDs[0]) != fmt.Sprint(l.blocks) {
-		return false
+		return handoffAnswer{}, false
 	}
 	l.timer.Stop()
 	delete(p.leases, h.RemoteRequestID)
-	return true
+	return l.handoff, true
 }
 
-// pull serves a decode's read of the blocks: the first frees them.
+// pull serves a decode's read of the blocks: the first frees them; the
+// answer says the version they were computed at.
 func (p *VLLMPrefill) pull(w http.ResponseWriter, r *http.Request) {
 	var h handoff
-	if json.NewDecoder(r.Body).Decode(&h) != nil || !p.take(&h) {
+	if json.NewDecoder(r.Body).Decode(&h) != nil {
+		http.Error(w, "bad handoff", http.StatusBadRequest)
+		return
+	}
+	a, ok := p.take(&h)
+	if !ok {
 		http.Error(w, "no such blocks", http.StatusGone)
 		return
 	}
 	p.Stats.Pulls.Add(1)
-	w.WriteHeader(http.StatusOK)
+	writeJSON(w, http.StatusOK, a)
 }
 
 // release serves a decode's notification that it will not pull.
 func (p *VLLMPrefill) release(w http.ResponseWriter, r *http.Request) {
 	var h handoff
-	if json.NewDecoder(r.Body).Decode(&h) == nil && p.take(&h) {
-		p.Stats.Notified.Add(1)
+	if json.NewDecoder(r.Body).Decode(&h) == nil {
+		if _, ok := p.take(&h); ok {
+			p.Stats.Notified.Add(1)
+		}
 	}
 	w.WriteHeader(http.StatusOK)
 }
@@ -241,17 +271,22 @@ func (d *VLLMDecode) Kill() {
 // Close is Kill.
 func (d *VLLMDecode) Close() { d.Kill() }
 
-// call posts a handoff to the prefill's side channel.
-func (d *VLLMDecode) call(kv *kvParams, what string) bool {
+// call posts a handoff to the prefill's side channel; a pull's answer
+// says the KV's version and cached tokens.
+func (d *VLLMDecode) call(kv *kvParams, what string) (handoffAnswer, bool) {
 	b, _ := json.Marshal(handoff{RemoteRequestID: kv.RemoteRequestID, RemoteBlockIDs: kv.RemoteBlockIDs})
 	url := fmt.Sprintf("http://%s:%d/_nixl/%s", *kv.RemoteHost, *kv.RemotePort, what)
 	resp, err := d.client.Post(url, "application/json", bytesReader(b))
 	if err != nil {
-		return false
+		return handoffAnswer{}, false
 	}
-	io.Copy(io.Discard, resp.Body)
+	out, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
+	var a handoffAnswer
+	if what == "pull" && (err != nil || json.Unmarshal(out, &a) != nil) {
+		return a, false
+	}
+	return a, err == nil && resp.StatusCode == http.StatusOK
 }
 
 func (d *VLLMDecode) generate(w http.ResponseWriter, r *http.Request) {
@@ -275,20 +310,45 @@ func (d *VLLMDecode) generate(w http.ResponseWriter, r *http.Request) {
 		release()
 		return
 	}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	tr, untrack := d.track(g.rid, cancel)
+	defer untrack()
 	d.running.Add(1)
 	defer d.running.Add(-1)
-	if ctx := r.Context(); ctx.Err() != nil {
+	if !d.admit(ctx) || !d.decodeSlots.acquire(ctx) {
 		d.Stats.Aborted.Add(1)
 		release()
+		if d.wasAborted(tr) {
+			answer(ctx, w, g, g.maxNew, d.newOut(ctx, tr, decoding{}), 0, nil)
+		}
 		return
 	}
-	if !complete || !d.call(&kv, "pull") {
-		d.Stats.Recomputes.Add(1) // vLLM logs a warning and recomputes the prompt
+	defer d.decodeSlots.release()
+	var h handoffAnswer
+	pulled := false
+	if complete {
+		h, pulled = d.call(&kv, "pull")
 	}
-	delay := func() bool { return sleep(r.Context(), d.opts.TokenDelay) }
-	if answer(r.Context(), w, g, g.maxNew, delay, nil) {
+	if !pulled {
+		// vLLM logs a warning and recomputes the prompt, at its own version.
+		d.Stats.Recomputes.Add(1)
+		h = handoffAnswer{WeightVersion: d.WeightVersion()}
+	}
+	if answer(ctx, w, g, g.maxNew, d.newOut(ctx, tr, decoding{before: []string{h.WeightVersion}}), h.CachedTokens, nil) {
 		d.Stats.Served.Add(1)
 	} else {
 		d.Stats.Aborted.Add(1)
 	}
+}
+
+// HeldIDs names the handoffs whose blocks it keeps pinned (a diagnosis).
+func (p *VLLMPrefill) HeldIDs() []string {
+	p.leaseMu.Lock()
+	defer p.leaseMu.Unlock()
+	var ids []string
+	for id, l := range p.leases {
+		ids = append(ids, fmt.Sprintf("%s (%d blocks)", id, len(l.blocks)))
+	}
+	return ids
 }

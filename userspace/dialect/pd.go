@@ -51,6 +51,10 @@ type PDWire struct {
 	// client's body into the prefill leg's, in order. "": no handoff.
 	KVParams     string
 	PrefillEdits []FieldEdit
+	// AbortedFinish: the finish reason of a prefill's answer (in each of
+	// its Choices' FinishReason) when it was aborted (a pause in abort
+	// mode, an abort by id) and has no KV to hand over. "": none.
+	FinishReason, AbortedFinish string
 
 	// A request for n samples that is not streamed is sent as n requests
 	// of one sample each (each with its own room or handoff), and their

@@ -179,6 +179,8 @@ var vllmPD = &PDWire{
 		{Name: "max_completion_tokens", Value: []byte("1"), IfPresent: true},
 		{Name: "n", Value: []byte("1"), IfPresent: true},
 	},
+	FinishReason:  "finish_reason",
+	AbortedFinish: "abort",
 
 	Stream:           "stream",
 	Seeds:            []FieldPath{{Field: "seed"}},

@@ -2,10 +2,12 @@ package pd
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 
+	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/jsonedit"
 )
 
@@ -63,7 +65,19 @@ func (s *Server) vllmAttempt(ctx context.Context, w ResponseWriter, req *Request
 		return false, legErr("prefill", &p)
 	}
 	dbody := req.Body
-	if params := kvParams(p.body); params != nil {
+	params := kvParams(p.body)
+	if params == nil && prefillAborted(handoff, p.body) {
+		// Aborted (a pause in abort mode, an abort by id): no KV to hand
+		// over. As a failed leg: once more on a new pair (which waits out
+		// a pause in the hold); the last attempt's answer goes to the
+		// client as it is.
+		s.Counters.PrefillFailed.Add(1)
+		if last {
+			s.giveUp(w, &p, route, "prefill")
+		}
+		return true, errors.New("pd: the prefill was aborted")
+	}
+	if params != nil {
 		if dbody, err = r.obj.Apply(jsonedit.Set(handoff.KVParams, params)); err != nil {
 			writeError(w, http.StatusBadGateway, "upstream_error", err.Error())
 			return false, err
@@ -110,4 +124,28 @@ func (s *Server) vllmAttempt(ctx context.Context, w ResponseWriter, req *Request
 		s.Counters.MidStream.Add(1)
 	}
 	return false, err
+}
+
+// prefillAborted: the prefill's answer says it was aborted (a pause in
+// abort mode, an abort by id), in its engine's words: it has no KV to
+// hand over, and is a failed leg, not a missing handoff.
+func prefillAborted(w *dialect.PDWire, answer []byte) bool {
+	if w.AbortedFinish == "" {
+		return false
+	}
+	var a map[string]json.RawMessage
+	if json.Unmarshal(answer, &a) != nil {
+		return false
+	}
+	var choices []map[string]json.RawMessage
+	if json.Unmarshal(a[w.Choices], &choices) != nil {
+		return false
+	}
+	for _, c := range choices {
+		var reason string
+		if json.Unmarshal(c[w.FinishReason], &reason) == nil && reason == w.AbortedFinish {
+			return true
+		}
+	}
+	return false
 }
