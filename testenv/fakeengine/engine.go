@@ -127,6 +127,9 @@ type Stats struct {
 	PromptTokens, CachedTokens, PrefillTokens int64
 	// GeneratedTokens counts the output tokens decoded.
 	GeneratedTokens int64
+	// RoutedRanks counts the SGLang requests that named a data-parallel
+	// rank (routed_dp_rank, as a DP-aware router pins one), by rank.
+	RoutedRanks [MaxDPRanks]int64
 	// Preemptions counts the running requests retracted to waiting because
 	// the KV cache ran out during decode (their blocks freed, recomputed
 	// later).

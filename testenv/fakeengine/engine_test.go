@@ -951,3 +951,38 @@ func TestStartFleetNames(t *testing.T) {
 		e.Close()
 	}
 }
+
+// TestRoutedDPRank: a fake SGLang engine takes routed_dp_rank (an integer
+// in range) in /generate and OpenAI bodies, counts it by rank, and
+// refuses another type or a rank out of range (400).
+func TestRoutedDPRank(t *testing.T) {
+	e, err := Start(Config{Kind: SGLang, DecodeStep: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	for _, c := range []struct {
+		path, body string
+		status     int
+	}{
+		{"/generate", `{"routed_dp_rank":3,"input_ids":[1,2,3],"sampling_params":{"max_new_tokens":2}}`, 200},
+		{"/v1/completions", `{"prompt":[1,2,3],"max_tokens":2,"routed_dp_rank":3}`, 200},
+		{"/generate", `{"input_ids":[1,2,3],"routed_dp_rank":1,"sampling_params":{"max_new_tokens":2}}`, 200},
+		{"/generate", `{"routed_dp_rank":"1","input_ids":[1,2,3]}`, 400},
+		{"/generate", `{"routed_dp_rank":8,"input_ids":[1,2,3]}`, 400},
+		{"/generate", `{"routed_dp_rank":null,"input_ids":[1,2,3],"sampling_params":{"max_new_tokens":2}}`, 200},
+	} {
+		resp, err := http.Post(e.URL()+c.path, "application/json", strings.NewReader(c.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.status {
+			t.Errorf("%s %s: %d, want %d", c.path, c.body, resp.StatusCode, c.status)
+		}
+	}
+	if got := e.Stats().RoutedRanks; got[3] != 2 || got[1] != 1 || got[0] != 0 {
+		t.Fatalf("routed ranks %v", got)
+	}
+}

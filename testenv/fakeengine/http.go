@@ -199,6 +199,9 @@ func (e *Engine) generate(w http.ResponseWriter, hr *http.Request, body []byte) 
 		return
 	}
 	e.ridN++
+	if g.rank >= 0 {
+		e.st.RoutedRanks[g.rank]++
+	}
 	r.rid = g.rid
 	if r.rid == "" {
 		r.rid = fmt.Sprintf("%s-%d", e.cfg.Name, e.ridN)

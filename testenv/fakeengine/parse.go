@@ -165,7 +165,12 @@ type genRequest struct {
 	seed   uint64
 	stream bool
 	model  string
+	rank   int // SGLang routed_dp_rank (-1: none)
 }
+
+// MaxDPRanks bounds the routed_dp_rank a fake SGLang engine takes (it
+// serves them all from one cache; Stats.RoutedRanks counts them).
+const MaxDPRanks = 8
 
 type samplingParams struct {
 	MaxNewTokens *int64          `json:"max_new_tokens"`
@@ -181,6 +186,7 @@ type rawRequest struct {
 	InputIDs       json.RawMessage `json:"input_ids"`
 	SamplingParams *samplingParams `json:"sampling_params"`
 	Rid            json.RawMessage `json:"rid"`
+	RoutedDPRank   json.RawMessage `json:"routed_dp_rank"`
 	// OpenAI
 	Prompt              json.RawMessage `json:"prompt"`
 	Messages            []ChatMessage   `json:"messages"`
@@ -319,6 +325,19 @@ func parseRequest(kind Kind, path string, body []byte, h http.Header) (*genReque
 		if g.rid == "" && h != nil {
 			g.rid = h.Get("X-Request-Id")
 		}
+	}
+	g.rank = -1
+	if kind == SGLang && present(raw.RoutedDPRank) {
+		// SGLang: an Optional[int] of GenerateReqInput and of its OpenAI
+		// requests; a rank the engine does not run is refused.
+		var r int
+		if err := json.Unmarshal(raw.RoutedDPRank, &r); err != nil {
+			return nil, errors.New("routed_dp_rank must be an integer")
+		}
+		if r < 0 || r >= MaxDPRanks {
+			return nil, fmt.Errorf("routed_dp_rank %d out of range [0, %d)", r, MaxDPRanks)
+		}
+		g.rank = r
 	}
 	if maxNew != nil {
 		if *maxNew < 1 || *maxNew > MaxNewTokens {

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"net"
 	"net/http/httptest"
 	"strconv"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/testenv/fakeengine"
+	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/kvevents"
 	"github.com/tether-rl/tether/userspace/worker"
 )
@@ -113,5 +115,77 @@ func TestKVEventsEndToEnd(t *testing.T) {
 	es[2].Restart()
 	for i := 0; i < 5; i++ {
 		gen(kvIDs(7000+100*i, 50))
+	}
+}
+
+// TestKVEventsSGLangRank: a worker of two data-parallel ranks (events at
+// the endpoint's port + rank); a request whose prefix rank 1 holds goes
+// to that worker with routed_dp_rank 1 in its body, which the fake SGLang
+// engine receives (it refuses a malformed body), and the answer is whole.
+func TestKVEventsSGLangRank(t *testing.T) {
+	es, urls := fakeFleet(t, 1, fakeengine.Config{Kind: fakeengine.SGLang, DecodeStep: time.Millisecond, BlockTokens: 16})
+	var pubs [2]*kvevents.Publisher
+	for try := 0; pubs[1] == nil; try++ {
+		if try == 50 {
+			t.Fatal("no two free consecutive ports for the ranks' publishers")
+		}
+		p0, err := kvevents.NewPublisher(kvevents.PublisherConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, port, _ := net.SplitHostPort(strings.TrimPrefix(p0.Endpoint(), "tcp://"))
+		n, _ := strconv.Atoi(port)
+		p1, err := kvevents.NewPublisher(kvevents.PublisherConfig{Addr: "127.0.0.1:" + strconv.Itoa(n+1)})
+		if err != nil {
+			p0.Close()
+			continue
+		}
+		pubs = [2]*kvevents.Publisher{p0, p1}
+	}
+	for _, p := range pubs {
+		t.Cleanup(p.Close)
+	}
+	d, do := runRouting(t, Options{Workers: urls, BPF: "off", Routing: RoutingOptions{RouteHeader: "X-Tether-Route",
+		StickyStore: "memory", KVEvents: KVEventsOptions{On: true, Ranks: 2}}})
+	if err := d.SetWorkerKVEvents(urls[0], pubs[0].Endpoint(), ""); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, "both ranks subscribed, the engine known as SGLang", func() bool {
+		w := d.Table.Snapshot()[0]
+		return pubs[0].Subscribers() > 0 && pubs[1].Subscribers() > 0 && w.Engine() == dialect.SGLang
+	})
+	toks := make([]uint32, 320) // 20 blocks
+	ev := kvevents.Event{Kind: kvevents.Stored, BlockSize: 16}
+	for i := range toks {
+		toks[i] = uint32(7000 + i)
+	}
+	for b := 0; b < 20; b++ {
+		ev.Hashes = append(ev.Hashes, uint64(100+b))
+	}
+	ev.Tokens = toks
+	if _, err := pubs[1].Publish(&kvevents.Batch{TS: 1, Rank: 1, Events: []kvevents.Event{ev}}, kvevents.MapForm, kvevents.HashInt); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, "rank 1's blocks indexed", func() bool {
+		st, _, _ := d.KVEventsStatus()
+		for _, s := range st[urls[0]] {
+			if s.Rank == 1 && s.Blocks >= 20 {
+				return true
+			}
+		}
+		return false
+	})
+	st, h, b := do("POST", "/generate", `{"input_ids":[`+kvIDs(7000, 320)+`,5,6,7],"sampling_params":{"max_new_tokens":4}}`)
+	if st != 200 || !strings.Contains(string(b), "output_ids") {
+		t.Fatalf("generate: %d %s", st, b)
+	}
+	if got := h.Get("X-Tether-Route"); got != "0 prefix 320" {
+		t.Fatalf("route %q", got)
+	}
+	if r := es[0].Stats().RoutedRanks; r[1] != 1 || r[0] != 0 {
+		t.Fatalf("the engine got ranks %v, want one request on rank 1", r)
+	}
+	if last := string(es[0].LastBody("/generate")); !strings.HasPrefix(last, `{"routed_dp_rank":1,"input_ids":[7000,`) {
+		t.Fatalf("body upstream %.80q", last)
 	}
 }

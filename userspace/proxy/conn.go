@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -221,16 +222,23 @@ func (c *conn) finish() {
 // target, HTTP/1.1, hop-by-hop fields removed, everything else
 // byte-identical, the DP rank named (appendRankHeader), X-Forwarded-For
 // appended.
-func (c *conn) appendUpstreamHead(out []byte, w *worker.Worker, rt routeNote) []byte {
+func (c *conn) appendUpstreamHead(out []byte, w *worker.Worker, rt *routeNote) []byte {
 	req := c.req
 	out = append(out, req.Method...)
 	out = append(out, ' ')
 	out = append(out, req.Path...)
 	out = append(out, " HTTP/1.1\r\n"...)
+	at, field := c.rankInBody(w, *rt)
+	rt.inBody, rt.bodyAt = at >= 0, int32(at)
 	for i := range req.Fields {
-		if f := &req.Fields[i]; !f.Drop {
+		if f := &req.Fields[i]; !f.Drop && !(rt.inBody && httphead.EqualFold(f.Name, "Content-Length")) {
 			out = append(out, f.Line...)
 		}
+	}
+	if rt.inBody {
+		out = append(out, "Content-Length: "...)
+		out = strconv.AppendInt(out, req.ContentLength+rankFieldLen(field, rt.rank), 10)
+		out = append(out, "\r\n"...)
 	}
 	if req.HostRewritten || req.Host == nil {
 		host := req.Host
@@ -241,7 +249,7 @@ func (c *conn) appendUpstreamHead(out []byte, w *worker.Worker, rt routeNote) []
 		out = append(out, host...)
 		out = append(out, "\r\n"...)
 	}
-	out = appendRankHeader(out, w, rt)
+	out = appendRankHeader(out, w, *rt)
 	out = append(out, "X-Forwarded-For: "...)
 	if len(req.XFF) > 0 {
 		out = append(out, req.XFF...)

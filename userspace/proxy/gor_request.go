@@ -24,7 +24,7 @@ func (c *conn) send(x *exchange) (keep, ended bool) {
 		return c.refusedOrFail(x, err), true
 	}
 	x.uc, x.prog.connected = up, true
-	out := c.appendUpstreamHead(c.out[:0], x.w, x.rt)
+	out := c.appendUpstreamHead(c.out[:0], x.w, &x.rt)
 	// Body bytes already buffered behind the head go in the same write,
 	// unless the client waits for 100 Continue.
 	waitContinue := req.Expect100 && req.HasBody()
@@ -140,7 +140,7 @@ func (c *conn) appendBuffered(out []byte, x *exchange) ([]byte, error) {
 		if int64(len(avail)) < take {
 			take = int64(len(avail))
 		}
-		out = append(out, avail[:take]...)
+		out = c.appendRankBody(out, avail[:take], x.w, x.rt)
 		c.r += int(take)
 		x.reqLeft -= take
 	case req.Chunked:

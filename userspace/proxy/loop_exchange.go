@@ -210,8 +210,8 @@ func (l *loop) begin(c *conn) step {
 		return l.noDescriptor(c, err)
 	}
 	u.cl = c
-	out := c.appendUpstreamHead(l.lendOut(c), w, x.rt)
-	out = append(out, c.buf[c.r:c.r+body]...)
+	out := c.appendUpstreamHead(l.lendOut(c), w, &x.rt)
+	out = c.appendRankBody(out, c.buf[c.r:c.r+body], w, x.rt)
 	c.out = out
 	c.r += body
 	x.send = out

@@ -1,9 +1,12 @@
 package proxy
 
 import (
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/tether-rl/tether/userspace/dialect"
+	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/worker"
 )
@@ -44,5 +47,65 @@ func TestRankHeader(t *testing.T) {
 	buf := make([]byte, 0, 64)
 	if a := testing.AllocsPerRun(100, func() { buf = appendRankHeader(buf[:0], vllm, n) }); a != 0 {
 		t.Fatalf("%v allocations", a)
+	}
+}
+
+// TestRankInBody: a decision on one rank of a multi-rank SGLang worker
+// names the rank in the body (routed_dp_rank right after the object's
+// '{', Content-Length raised by as much); a body it cannot take it that
+// way (chunked, 100-continue, not an object with a member buffered), a
+// vLLM worker (the header) or one rank go up unchanged.
+func TestRankInBody(t *testing.T) {
+	vllm, sgl := &worker.Worker{Slot: 1, Addr: "w:1"}, &worker.Worker{Slot: 2, Addr: "w:2"}
+	vllm.SetEngine(dialect.VLLM)
+	sgl.SetEngine(dialect.SGLang)
+	s := &Server{}
+	const body = ` {"input_ids":[1,2,3],"sampling_params":{}}`
+	cl := func(b string) string { return "Content-Length: " + strconv.Itoa(len(b)) + "\r\n" }
+	for _, tc := range []struct {
+		name, fields, body string
+		d                  route.Decision
+		wantCL, wantBody   string // "": unchanged
+	}{
+		{"sglang rank 2 of 4", cl(body), body, route.Decision{Worker: sgl, Reason: route.ReasonKVPrefix, Rank: 2, Ranks: 4},
+			"Content-Length: 62\r\n", ` {"routed_dp_rank":2,"input_ids":[1,2,3],"sampling_params":{}}`},
+		{"sglang rank 13, head only buffered in part", cl(body + "    "), body, route.Decision{Worker: sgl, Reason: route.ReasonKVPrefix, Rank: 13, Ranks: 16},
+			"Content-Length: 67\r\n", ` {"routed_dp_rank":13,"input_ids":[1,2,3],"sampling_params":{}}`},
+		{"sglang one rank", cl(body), body, route.Decision{Worker: sgl, Reason: route.ReasonKVPrefix, Rank: 0, Ranks: 1}, "", ""},
+		{"vllm (header)", cl(body), body, route.Decision{Worker: vllm, Reason: route.ReasonKVPrefix, Rank: 1, Ranks: 2}, "", ""},
+		{"chunked", "Transfer-Encoding: chunked\r\n", "2d\r\n" + body + "\r\n0\r\n\r\n", route.Decision{Worker: sgl, Reason: route.ReasonKVPrefix, Rank: 1, Ranks: 2}, "", ""},
+		{"100-continue", cl(body) + "Expect: 100-continue\r\n", "", route.Decision{Worker: sgl, Reason: route.ReasonKVPrefix, Rank: 1, Ranks: 2}, "", ""},
+		{"empty object", cl("{}"), "{}", route.Decision{Worker: sgl, Reason: route.ReasonKVPrefix, Rank: 1, Ranks: 2}, "", ""},
+		{"not an object", cl("[1]"), "[1]", route.Decision{Worker: sgl, Reason: route.ReasonKVPrefix, Rank: 1, Ranks: 2}, "", ""},
+		{"first member not buffered", cl(body), " {", route.Decision{Worker: sgl, Reason: route.ReasonKVPrefix, Rank: 1, Ranks: 2}, "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			raw := "POST /generate HTTP/1.1\r\nHost: w\r\n" + tc.fields + "\r\n" + tc.body
+			req := &httphead.Request{}
+			if err := httphead.ParseRequest([]byte(raw), httphead.Limits{}, req); err != nil {
+				t.Fatal(err)
+			}
+			c := &conn{s: s, req: req, buf: []byte(raw), r: req.HeadLen, w: len(raw)}
+			rt := s.routeNote(tc.d)
+			head := string(c.appendUpstreamHead(nil, tc.d.Worker, &rt))
+			got := string(c.appendRankBody(nil, c.buf[c.r:c.w], tc.d.Worker, rt))
+			if tc.wantBody == "" {
+				if got != tc.body || !strings.Contains(head, tc.fields) {
+					t.Fatalf("changed: head %q body %q", head, got)
+				}
+				return
+			}
+			if got != tc.wantBody || !strings.Contains(head, tc.wantCL) || strings.Count(head, "Content-Length") != 1 {
+				t.Fatalf("head %q body %q", head, got)
+			}
+			out := make([]byte, 0, 512)
+			if a := testing.AllocsPerRun(50, func() {
+				r := rt
+				out = c.appendUpstreamHead(out[:0], tc.d.Worker, &r)
+				out = c.appendRankBody(out, c.buf[c.r:c.w], tc.d.Worker, r)
+			}); a != 0 {
+				t.Fatalf("%v allocations", a)
+			}
+		})
 	}
 }

@@ -17,6 +17,10 @@ type routeNote struct {
 	reason  route.Reason
 	set     bool // Config.RouteHeader names it
 	ranked  bool // a worker of several DP ranks: appendRankHeader names rank
+	// inBody: the rank goes in the body at bodyAt (appendUpstreamHead
+	// decides, appendRankBody writes it).
+	inBody bool
+	bodyAt int32
 }
 
 // noteRoute records the decision the response head will name, for the
@@ -42,7 +46,7 @@ func (s *Server) routeNote(d route.Decision) routeNote {
 // X-data-parallel-rank) to the upstream head when the decision placed the
 // request on one rank of a worker with several, and w's engine takes the
 // rank in a header (dialect.Dialect.RankHeader; SGLang's routed_dp_rank
-// is a body field, not written here). No allocation.
+// is a body field: rankInBody). No allocation.
 func appendRankHeader(out []byte, w *worker.Worker, rt routeNote) []byte {
 	if !rt.ranked {
 		return out
@@ -76,4 +80,74 @@ func (c *conn) appendRouteHeader(out []byte, rt routeNote) []byte {
 	}
 	out = append(out, rt.reason.String()...)
 	return append(out, "\r\n"...)
+}
+
+// SGLang takes the rank in the body: routed_dp_rank, a top-level integer
+// of GenerateReqInput and of its OpenAI requests (dialect.Dialect.RankField).
+// The body is relayed unread (spliced past the bytes buffered with the
+// head), so the field goes in at its start: right after the object's '{',
+// "routed_dp_rank":<rank>, with the Content-Length raised by as much; the
+// rest of the body moves as before, nothing more is buffered. Only for a
+// Content-Length body whose buffered bytes open an object with a member,
+// and no 100-continue wait (the head would go up before the body is seen);
+// otherwise the engine's own balancer picks the rank, as without a rank.
+
+// rankInBody returns where in c's buffered body (c.buf[c.r:]) the rank
+// field goes (-1: it does not) and the field's name.
+func (c *conn) rankInBody(w *worker.Worker, rt routeNote) (int, string) {
+	req := c.req
+	if !rt.ranked || req.ContentLength <= 0 || req.Chunked || req.Expect100 {
+		return -1, ""
+	}
+	d := dialect.For(w.Engine())
+	if d == nil || d.RankField == "" || d.RankHeader != "" {
+		return -1, ""
+	}
+	b := c.buf[c.r:c.w]
+	if int64(len(b)) > req.ContentLength {
+		b = b[:req.ContentLength]
+	}
+	i := skipJSONSpace(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return -1, ""
+	}
+	if j := skipJSONSpace(b, i+1); j >= len(b) || b[j] != '"' {
+		return -1, "" // an empty object, or its first member not buffered
+	}
+	return i + 1, d.RankField
+}
+
+func skipJSONSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// appendRankField appends "<field>":<rank>, to out.
+func appendRankField(out []byte, field string, rank int32) []byte {
+	out = append(out, '"')
+	out = append(out, field...)
+	out = append(out, '"', ':')
+	out = strconv.AppendInt(out, int64(rank), 10)
+	return append(out, ',')
+}
+
+// rankFieldLen is the length of appendRankField's text.
+func rankFieldLen(field string, rank int32) int64 {
+	var b [24]byte
+	return int64(len(field) + 4 + len(strconv.AppendInt(b[:0], int64(rank), 10)))
+}
+
+// appendRankBody appends body, the request body's bytes buffered behind
+// the head, to out, with the rank field where appendUpstreamHead placed
+// it (rt.inBody). No allocation.
+func (c *conn) appendRankBody(out, body []byte, w *worker.Worker, rt routeNote) []byte {
+	if !rt.inBody || int(rt.bodyAt) > len(body) {
+		return append(out, body...)
+	}
+	d := dialect.For(w.Engine())
+	out = append(out, body[:rt.bodyAt]...)
+	out = appendRankField(out, d.RankField, rt.rank)
+	return append(out, body[rt.bodyAt:]...)
 }
