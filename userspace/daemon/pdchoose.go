@@ -7,9 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tether-rl/tether/userspace/dialect"
 	"github.com/tether-rl/tether/userspace/fleet"
-	"github.com/tether-rl/tether/userspace/jsonpeek"
 	"github.com/tether-rl/tether/userspace/keyhash"
 	"github.com/tether-rl/tether/userspace/pd"
 	"github.com/tether-rl/tether/userspace/route"
@@ -17,11 +15,12 @@ import (
 )
 
 // pairChooser places P/D requests over the worker table (pd.PairChooser):
-// the prefill by prefix affinity (the routing key of --key-header, else a
-// hash of the prompt's first bytes: a GRPO group's samples and a
-// session's turns reach the same prefill while it is healthy and under
-// twice the average load; rendezvous hashing, so a prefill that leaves
-// moves only its own keys), the decode by load (the engine signals and
+// the prefill by affinity (the routing key of --key-header, else the
+// prompt's group, route.PromptGroup: a session's turns and a GRPO group's
+// samples reach the same prefill while it is healthy and under its bounded
+// load, prefillBound; rendezvous hashing, so a prefill that leaves moves
+// only its own keys; prompts that share only a system prompt are other
+// groups, spread over the prefills), the decode by load (the engine signals and
 // tetherd's in-flight count, EngineScore); a pair whose sides are on
 // different weight versions (fleet.Version) takes no work. Both sides
 // count the request as a routed request counts on its worker: from Choose
@@ -46,8 +45,14 @@ type pairSide struct {
 	url  string
 }
 
-// prefixBytes of the prompt decide its prefill when no key is given.
-const prefixBytes = 256
+// prefillBound: a prefill takes work by affinity while its requests in
+// flight are under this many times the prefills' average, plus
+// prefillSlack (bounded-load consistent hashing; at 2, two prefills
+// could never spill: one holding all the load is under twice the average).
+const (
+	prefillBound = 1.25
+	prefillSlack = 2
+)
 
 // affinity returns the request's affinity hash and what it came from.
 func (c *pairChooser) affinity(req *pd.Request) (uint64, string) {
@@ -56,22 +61,10 @@ func (c *pairChooser) affinity(req *pd.Request) (uint64, string) {
 			return keyhash.String(v), "key"
 		}
 	}
-	o := jsonpeek.Open(req.Body)
-	for {
-		m, st := o.Next()
-		if st != jsonpeek.OK {
-			return 0, ""
-		}
-		for _, f := range dialect.PromptFields() {
-			if m.KeyIs(f) {
-				v := m.Value
-				if len(v) > prefixBytes {
-					v = v[:prefixBytes]
-				}
-				return keyhash.Sum(v), "prefix"
-			}
-		}
+	if h, ok := route.PromptGroup(req.Body); ok {
+		return h, "prompt"
 	}
+	return 0, ""
 }
 
 type scored struct {
@@ -137,7 +130,7 @@ func (c *pairChooser) choose(req *pd.Request, failed *pd.Pair) (pd.Pair, error) 
 		ds = avoid(ds, failed.Decode)
 	}
 	h, why := c.affinity(req)
-	bound := 2*load/float64(len(ps)) + 2
+	bound := prefillBound*load/float64(len(ps)) + prefillSlack
 	for i := range ps {
 		w := ps[i].w
 		if why != "" {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/tether-rl/tether/testenv"
@@ -132,5 +133,57 @@ func TestPairChooserHolds(t *testing.T) {
 	f.SetPhase(fleet.Serving, "")
 	if err := <-got; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestPairChooserSpreadsGroups: keyless prompts that share a long system
+// prompt are groups of their own, spread over the prefills (each group's
+// samples together); and with two prefills, one holding every request in
+// flight spills (a bound of twice the average never would: one prefill
+// with all the load is at twice the average of two).
+func TestPairChooserSpreadsGroups(t *testing.T) {
+	tab, ws := chooserTable(2, 2)
+	c := &pairChooser{table: tab, keyHeaders: keyHeadersOf([]string{"X-Session-ID"})}
+	ctx := context.Background()
+	system := strings.Repeat("You are a careful assistant. ", 200) // 5,800 bytes
+	used := map[int]int{}
+	for g := 0; g < 16; g++ {
+		prompt := system + fmt.Sprintf("Problem %d: add %d and %d.", g, g, 2*g)
+		var first pd.Pair
+		for s := 0; s < 4; s++ {
+			p, err := c.Choose(ctx, keyed("", prompt), 0, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s == 0 {
+				first = p
+				used[p.Prefill.Slot]++
+			} else if p.Prefill != first.Prefill {
+				t.Errorf("group %d: sample %d on prefill %d, sample 0 on %d", g, s, p.Prefill.Slot, first.Prefill.Slot)
+			}
+			c.Release(p, false)
+		}
+	}
+	if len(used) != 2 {
+		t.Errorf("16 groups behind one system prompt on prefills %v: want both", used)
+	}
+
+	// One key, its requests held: past 1.25 times the average plus 2 the
+	// other prefill takes them.
+	var held []pd.Pair
+	spilled := false
+	for i := 0; i < 12 && !spilled; i++ {
+		p, err := c.Choose(ctx, keyed("hot", "x"), 0, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, p)
+		spilled = p.Prefill != held[0].Prefill
+	}
+	if !spilled {
+		t.Errorf("12 requests in flight on prefill %d, none spilled to the other (in flight %d, %d)", held[0].Prefill.Slot, ws[0].Stats.Pending(), ws[1].Stats.Pending())
+	}
+	for _, p := range held {
+		c.Release(p, false)
 	}
 }

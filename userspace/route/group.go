@@ -34,7 +34,21 @@ var groupFields = dialect.PromptFields()
 // body holds no prompt field within the peeked bytes (or is no JSON
 // object).
 func GroupHash(req *httphead.Request, body []byte) (uint64, bool) {
-	b := PeekedBody(req, body)
+	rest := int64(-1)
+	if !req.Chunked {
+		rest = req.ContentLength
+	}
+	return groupHash(PeekedBody(req, body), rest)
+}
+
+// PromptGroup is GroupHash of a whole body (a request read to its end, as
+// a P/D request is): the same group for the same prompt, whatever else the
+// body holds.
+func PromptGroup(body []byte) (uint64, bool) { return groupHash(body, int64(len(body))) }
+
+// groupHash hashes the first prompt field of b, the body's first bytes;
+// length is the whole body's (-1: not known).
+func groupHash(b []byte, length int64) (uint64, bool) {
 	o := jsonpeek.Open(b)
 	for {
 		m, st := o.Next()
@@ -60,8 +74,8 @@ func GroupHash(req *httphead.Request, body []byte) (uint64, bool) {
 				end = i + cut
 			}
 			rest := int64(-1)
-			if !req.Chunked && req.ContentLength >= 0 {
-				rest = req.ContentLength - int64(i)
+			if length >= 0 {
+				rest = length - int64(i)
 			}
 			tag ^= uint64(rest) << 8
 		}
