@@ -13,24 +13,28 @@ import (
 // walk renders what an Object reads of b: each member as key=value (the
 // key decoded, the value as it stands, "…" after a cut one), then the
 // final state.
-func walk(b []byte) string {
-	var sb strings.Builder
+func walk(b []byte) string { return strings.Join(members(b), " ") }
+
+// members are b's members as walk writes them (key=value, … when cut),
+// then the status it ends with: one string each, whatever spaces a key or
+// value holds.
+func members(b []byte) []string {
+	var ms []string
 	o := Open(b)
 	for {
 		m, st := o.Next()
 		if st != OK {
-			sb.WriteString(st.String())
-			return sb.String()
+			return append(ms, st.String())
 		}
 		key, ok := Unescape(nil, m.Key)
 		if !ok {
 			panic("a member with a malformed key")
 		}
-		fmt.Fprintf(&sb, "%s=%s", key, m.Value)
+		s := fmt.Sprintf("%s=%s", key, m.Value)
 		if !m.Complete {
-			sb.WriteString("…")
+			s += "…"
 		}
-		sb.WriteString(" ")
+		ms = append(ms, s)
 	}
 }
 
@@ -118,10 +122,6 @@ func consistent(t *testing.T, b []byte) {
 			}
 		}
 	}
-}
-
-func members(b []byte) []string {
-	return strings.Split(walk(b), " ")
 }
 
 func TestPrefixes(t *testing.T) {
