@@ -279,7 +279,8 @@ func (p *pdPlane) register(reg *prometheus.Registry) {
 		}{
 			{"requests", "requests served over a prefill/decode pair", c.Requests.Load},
 			{"served", "decode answers relayed whole", c.Served.Load},
-			{"retries", "second attempts on a new pair", c.Retries.Load},
+			{"retries", "attempts after a request's first", c.Retries.Load},
+			{"paused_retries", "attempts after one a weight sync's pause failed (not charged to the pair)", c.PausedRetries.Load},
 			{"prefill_failed", "prefills failed or 5xx before the client had a byte", c.PrefillFailed.Load},
 			{"decode_failed", "decodes failed or 5xx before the client had a byte", c.DecodeFailed.Load},
 			{"prefill_refused", "prefill 4xx answers passed to the client", c.PrefillRefused.Load},

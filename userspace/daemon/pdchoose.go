@@ -78,6 +78,14 @@ func (c *pairChooser) holding() bool {
 	return c.fleet != nil && (c.fleet.Phase() != fleet.Serving || c.fleet.Forwarding() != nil)
 }
 
+// Holds implements pd.PauseCounter: the fleet's holds (none without one).
+func (c *pairChooser) Holds() (uint64, bool) {
+	if c.fleet == nil {
+		return 0, false
+	}
+	return c.fleet.Holds()
+}
+
 // Choose implements pd.PairChooser. While the fleet holds (a retry, or a
 // pause that began after the proxy's hold let the request through) it
 // waits in the hold first; a pair taken as a pause began is given back

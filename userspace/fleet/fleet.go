@@ -83,6 +83,9 @@ type Fleet struct {
 
 	// phase is read on every request that may generate: atomic.
 	phase atomic.Int32
+	// holds counts the times the phase in effect left serving (a pause
+	// here or through another replica, a lost store link): Holds.
+	holds atomic.Uint64
 	// local is the phase this replica set itself; remote the one the
 	// cluster store says; linkDown: this replica cannot see the store (it
 	// holds rather than admits). phase = the most restrictive.
@@ -187,6 +190,14 @@ func New(cfg Config) *Fleet {
 // Phase returns the phase in effect.
 func (f *Fleet) Phase() Phase { return Phase(f.phase.Load()) }
 
+// Holds reports how many times the phase in effect has left serving, and
+// whether it holds now: a request's work that failed while this changed
+// (or while it holds) may have been aborted by a pause, not by its
+// engine's fault.
+func (f *Fleet) Holds() (n uint64, holding bool) {
+	return f.holds.Load(), f.Phase() != Serving
+}
+
 // Timeout bounds a request's time in the hold.
 func (f *Fleet) Timeout() time.Duration { return f.cfg.HoldTimeout }
 
@@ -206,6 +217,9 @@ func (f *Fleet) effectiveLocked() {
 	old := Phase(f.phase.Swap(int32(p)))
 	if old != p {
 		f.since = f.cfg.Now()
+		if old == Serving {
+			f.holds.Add(1)
+		}
 	}
 	if p == Serving {
 		f.wakeLocked()

@@ -6,7 +6,8 @@ import "sync/atomic"
 type Counters struct {
 	Requests       atomic.Uint64 // Serve calls
 	Served         atomic.Uint64 // D's answer relayed whole (any status D chose)
-	Retries        atomic.Uint64 // second attempts on a new pair
+	Retries        atomic.Uint64 // attempts after the first
+	PausedRetries  atomic.Uint64 // ... of them after an attempt a pause failed (not charged)
 	PrefillFailed  atomic.Uint64 // P failed or answered 5xx before the client had a byte
 	DecodeFailed   atomic.Uint64 // D failed or answered 5xx before the client had a byte
 	PrefillRefused atomic.Uint64 // P's 4xx passed to the client
@@ -31,7 +32,7 @@ type Counters struct {
 
 // CounterValues is a snapshot of Counters.
 type CounterValues struct {
-	Requests, Served, Retries, PrefillFailed, DecodeFailed, PrefillRefused, DecodeRefused,
+	Requests, Served, Retries, PausedRetries, PrefillFailed, DecodeFailed, PrefillRefused, DecodeRefused,
 	GaveUp, NoPair, BadRequest, RefusedN, MidStream, ClientGone, LegsCancelled,
 	AbortsSent, AbortsFailed, LateCancels, LogprobMerges, Expanded, MergeFailed,
 	MissingKVParams, PassedWithoutKVParams uint64
@@ -41,7 +42,7 @@ type CounterValues struct {
 // instant).
 func (c *Counters) Values() CounterValues {
 	return CounterValues{
-		Requests: c.Requests.Load(), Served: c.Served.Load(), Retries: c.Retries.Load(),
+		Requests: c.Requests.Load(), Served: c.Served.Load(), Retries: c.Retries.Load(), PausedRetries: c.PausedRetries.Load(),
 		PrefillFailed: c.PrefillFailed.Load(), DecodeFailed: c.DecodeFailed.Load(),
 		PrefillRefused: c.PrefillRefused.Load(), DecodeRefused: c.DecodeRefused.Load(),
 		GaveUp: c.GaveUp.Load(), NoPair: c.NoPair.Load(), BadRequest: c.BadRequest.Load(),

@@ -248,6 +248,62 @@ func TestBothAttemptsFail(t *testing.T) {
 	}
 }
 
+// TestPausedAttemptsNotCharged: attempts that fail while a pause began
+// (a weight sync's abort, pd.PauseCounter) are tried again on the same
+// pair and released as not failed, however many pauses the request meets
+// up to pd's bound; an attempt that fails with no pause is charged as
+// before (one more, then the client has the engine's answer).
+func TestPausedAttemptsNotCharged(t *testing.T) {
+	for _, proto := range protocols {
+		t.Run(proto.String(), func(t *testing.T) {
+			for _, tc := range []struct {
+				name            string
+				pauses, fails   int
+				status          int
+				retries, paused uint64
+				released        []bool
+			}{
+				// Three attempts aborted by three pauses, the fourth answers.
+				{"three-pauses", 3, 3, 200, 3, 3, []bool{false, false, false, false}},
+				// Two aborted by pauses, one failed by its pair, then the
+				// answer: the pair's failure still has its one retry.
+				{"pauses-then-a-failure", 2, 3, 200, 3, 2, []bool{false, false, true, false}},
+				// Pauses on every attempt: the bound's last attempt answers
+				// the client with the engine's 500.
+				{"bounded", 100, 100, 500, 5, 5, []bool{false, false, false, false, false, false}},
+			} {
+				t.Run(tc.name, func(t *testing.T) {
+					f, r := faultFleet(t, proto, true, fakepd.Options{}, fakepd.Options{})
+					r.ch.fixed = nil
+					for range 8 {
+						r.ch.fixed = append(r.ch.fixed, r.ch.pair(0, 0))
+					}
+					r.ch.pauses = tc.pauses
+					f.decodes[0].FailNext(500, tc.fails)
+					c := r.start(context.Background(), "/v1/completions", body("/v1/completions", "paused", 3, false, ""))
+					testenv.WaitForWithin(t, "the client's answer", 10*time.Second, c.done.Load)
+					if c.status != tc.status {
+						t.Fatalf("answer %d %s", c.status, c.body)
+					}
+					if tc.status == 200 && textOf(t, "/v1/completions", c.body) != expected("paused", 3) {
+						t.Fatalf("answer %s", c.body)
+					}
+					testenv.WaitFor(t, "the fleet to hold nothing", func() bool { return f.held() == 0 })
+					r.settled(t)
+					if v := r.srv.Counters.Values(); v.Retries != tc.retries || v.PausedRetries != tc.paused {
+						t.Errorf("counters %+v", v)
+					}
+					r.ch.mu.Lock()
+					defer r.ch.mu.Unlock()
+					if fmt.Sprint(r.ch.released) != fmt.Sprint(tc.released) {
+						t.Errorf("released as failed: %v, want %v", r.ch.released, tc.released)
+					}
+				})
+			}
+		})
+	}
+}
+
 // TestClientLeaves: a client that leaves mid-request cancels both legs.
 func TestClientLeaves(t *testing.T) {
 	for _, m := range modes() {

@@ -29,7 +29,7 @@ func requestID(req *Request, attempt int) string {
 	return id
 }
 
-func (s *Server) vllmAttempt(ctx context.Context, w ResponseWriter, req *Request, r *request, pair Pair, attempt int, last bool) (bool, error) {
+func (s *Server) vllmAttempt(ctx context.Context, w ResponseWriter, req *Request, r *request, pair Pair, attempt int, last func() bool) (bool, error) {
 	route := pair.String()
 	if pair.Reason != "" {
 		route += " " + pair.Reason
@@ -55,7 +55,7 @@ func (s *Server) vllmAttempt(ctx context.Context, w ResponseWriter, req *Request
 	switch {
 	case p.failed():
 		s.Counters.PrefillFailed.Add(1)
-		if last {
+		if last() {
 			s.giveUp(w, &p, route, "prefill")
 		}
 		return true, legErr("prefill", &p)
@@ -72,7 +72,7 @@ func (s *Server) vllmAttempt(ctx context.Context, w ResponseWriter, req *Request
 		// a pause in the hold); the last attempt's answer goes to the
 		// client as it is.
 		s.Counters.PrefillFailed.Add(1)
-		if last {
+		if last() {
 			s.giveUp(w, &p, route, "prefill")
 		}
 		return true, errors.New("pd: the prefill was aborted")
@@ -103,7 +103,7 @@ func (s *Server) vllmAttempt(ctx context.Context, w ResponseWriter, req *Request
 	switch {
 	case d.failed():
 		s.Counters.DecodeFailed.Add(1)
-		if last {
+		if last() {
 			s.giveUp(w, &d, route, "decode")
 		}
 		return true, legErr("decode", &d)

@@ -145,10 +145,21 @@ type chooser struct {
 	chosen  atomic.Int64
 	retries atomic.Int64
 	fixed   []pd.Pair // if set: attempt i gets fixed[i]
+	// pauses: a pause begins during each of the first pauses attempts
+	// (Holds counts one more at their Choose).
+	pauses   int
+	holds    atomic.Uint64
+	released []bool // Release's failed, in order
 }
+
+// Holds implements pd.PauseCounter.
+func (c *chooser) Holds() (uint64, bool) { return c.holds.Load(), false }
 
 func (c *chooser) Choose(_ context.Context, _ *pd.Request, attempt int, failed *pd.Pair) (pd.Pair, error) {
 	c.chosen.Add(1)
+	if attempt < c.pauses {
+		c.holds.Add(1)
+	}
 	if attempt > 0 {
 		c.retries.Add(1)
 	}
@@ -171,7 +182,12 @@ func (c *chooser) Choose(_ context.Context, _ *pd.Request, attempt int, failed *
 	return p, nil
 }
 
-func (c *chooser) Release(pd.Pair, bool) { c.load.Add(-1) }
+func (c *chooser) Release(_ pd.Pair, failed bool) {
+	c.mu.Lock()
+	c.released = append(c.released, failed)
+	c.mu.Unlock()
+	c.load.Add(-1)
+}
 
 func (c *chooser) pair(pi, di int) pd.Pair {
 	return pd.Pair{Prefill: c.f.workersP[pi], Decode: c.f.workersD[di]}

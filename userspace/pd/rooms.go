@@ -23,12 +23,29 @@ func (s *Server) refuse(w ResponseWriter, err error) error {
 }
 
 // attemptFunc runs one attempt on a pair; it answers the client unless it
-// asks for a retry (retry true, and not last).
-type attemptFunc func(ctx context.Context, w ResponseWriter, req *Request, r *request, p Pair, attempt int, last bool) (retry bool, err error)
+// asks for a retry (retry true) and last() is false. It calls last() only
+// once a leg failed, when it is known whether a pause ran meanwhile.
+type attemptFunc func(ctx context.Context, w ResponseWriter, req *Request, r *request, p Pair, attempt int, last func() bool) (retry bool, err error)
+
+// PauseCounter, when a PairChooser is one too, tells the attempts of a
+// pause: Holds returns how many times the fleet began holding requests
+// (a weight sync's pause, here or through another replica) and whether it
+// holds now. An attempt that fails while a pause began or holds (its legs
+// aborted by the pause, not by the pair's fault) is not charged: the
+// request is tried again (Choose waits out the pause) up to maxAttempts
+// in all, and the pair is released as not failed.
+type PauseCounter interface {
+	Holds() (n uint64, holding bool)
+}
+
+// maxAttempts bounds a request's attempts: one, one more after a failure,
+// and those retried after pauses.
+const maxAttempts = 6
 
 // serve runs the attempts: one, and one more on a new pair after a
-// failure before the client had a byte. A chooser that is an Observer is
-// told of the attempt that answered (not of one retried).
+// failure before the client had a byte (and, with a PauseCounter, one
+// more after each attempt a pause failed). A chooser that is an Observer
+// is told of the attempt that answered (not of one retried).
 func (s *Server) serve(ctx context.Context, w ResponseWriter, req *Request, chooser PairChooser, run attemptFunc) error {
 	r, err := inspect(req.Body)
 	if err != nil {
@@ -40,9 +57,15 @@ func (s *Server) serve(ctx context.Context, w ResponseWriter, req *Request, choo
 		sw = &statusWriter{w: w}
 		w = sw
 	}
+	pc, _ := chooser.(PauseCounter)
 	var failed *Pair
+	charged := 0 // attempts failed by their pair
 	for attempt := 0; ; attempt++ {
 		start := time.Now()
+		var holds uint64
+		if pc != nil {
+			holds, _ = pc.Holds()
+		}
 		pair, err := chooser.Choose(ctx, req, attempt, failed)
 		if err != nil {
 			s.Counters.NoPair.Add(1)
@@ -52,9 +75,25 @@ func (s *Server) serve(ctx context.Context, w ResponseWriter, req *Request, choo
 		if attempt > 0 {
 			s.Counters.Retries.Add(1)
 		}
-		last := attempt == 1
-		retry, err := run(ctx, w, req, r, pair, attempt, last && ctx.Err() == nil)
-		chooser.Release(pair, err != nil)
+		// The attempt's end, decided once: paused (a pause began or holds
+		// since its choice), last (its failure goes to the client).
+		var decided, paused, last bool
+		decide := func() {
+			if decided {
+				return
+			}
+			decided = true
+			if pc != nil {
+				n, holding := pc.Holds()
+				paused = n != holds || holding
+			}
+			last = ctx.Err() == nil && (attempt == maxAttempts-1 || !paused && charged >= 1)
+		}
+		retry, err := run(ctx, w, req, r, pair, attempt, func() bool { decide(); return last })
+		if retry {
+			decide()
+		}
+		chooser.Release(pair, err != nil && !paused)
 		if retry && ctx.Err() != nil {
 			// The legs failed because the client left (their contexts
 			// ended): no retry, no answer.
@@ -65,8 +104,14 @@ func (s *Server) serve(ctx context.Context, w ResponseWriter, req *Request, choo
 			return ctx.Err()
 		}
 		if retry && !last {
-			s.cfg.Log.Debug("pd: retrying on a new pair", "pair", pair.String(), "err", err)
-			failed = &pair
+			s.cfg.Log.Debug("pd: retrying on a new pair", "pair", pair.String(), "paused", paused, "err", err)
+			if paused {
+				s.Counters.PausedRetries.Add(1)
+				failed = nil // the pair was not at fault: its affinity holds
+			} else {
+				charged++
+				failed = &pair
+			}
 			continue
 		}
 		if ob != nil {
@@ -98,7 +143,7 @@ func legErr(what string, l *legResult) error {
 	return fmt.Errorf("pd: %s answered %d", what, l.status())
 }
 
-func (s *Server) sglangAttempt(ctx context.Context, w ResponseWriter, req *Request, r *request, pair Pair, _ int, last bool) (bool, error) {
+func (s *Server) sglangAttempt(ctx context.Context, w ResponseWriter, req *Request, r *request, pair Pair, _ int, last func() bool) (bool, error) {
 	body, rids, err := sglangBody(r, pair.Prefill)
 	if err != nil {
 		writeError(w, http.StatusBadGateway, "upstream_error", err.Error())
@@ -139,7 +184,7 @@ func (s *Server) sglangAttempt(ctx context.Context, w ResponseWriter, req *Reque
 				// connection broke (the engine may live on), before a retry
 				// that may carry the client's rid there.
 				s.abortAll(abortCall{pair.Decode, rids}, abortCall{pair.Prefill, ridsIf(p.err != nil, rids)})
-				if last {
+				if last() {
 					s.giveUp(w, p, route, "prefill")
 				}
 				return true, legErr("prefill", p)
@@ -162,7 +207,7 @@ func (s *Server) sglangAttempt(ctx context.Context, w ResponseWriter, req *Reque
 					prefill = rids
 				}
 				s.abortAll(abortCall{pair.Prefill, prefill}, abortCall{pair.Decode, ridsIf(d.err != nil, rids)})
-				if last {
+				if last() {
 					s.giveUp(w, d, route, "decode")
 				}
 				return true, legErr("decode", d)
@@ -205,7 +250,7 @@ func (s *Server) sglangAttempt(ctx context.Context, w ResponseWriter, req *Reque
 			rest, err := io.ReadAll(io.LimitReader(d.resp.Body, s.cfg.MaxPrefillAnswer))
 			if err != nil {
 				s.Counters.DecodeFailed.Add(1)
-				if last {
+				if last() {
 					s.giveUp(w, &legResult{err: err}, route, "decode")
 				}
 				return true, fmt.Errorf("pd: decode: %w", err)
