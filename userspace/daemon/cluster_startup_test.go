@@ -35,11 +35,14 @@ func TestClusterStartupAdds(t *testing.T) {
 				t.Fatalf("legacy add through A at start-up: %d %s", r.status, r.body)
 			}
 			testenv.WaitFor(t, "both workers on every replica", func() bool { return sameTables(ds) && len(tableOf(ds[2])) == 2 })
+			// Synced is closed once the list is applied and its watch
+			// created: a replica may route the listed workers a moment
+			// before it says so.
 			for _, d := range ds {
 				select {
 				case <-d.ClusterSynced():
-				default:
-					t.Fatal("a replica routes the table's workers but does not say it listed it")
+				case <-time.After(30 * time.Second):
+					t.Fatal("a replica routes the table's workers but never says it listed it")
 				}
 			}
 			for _, d := range ds {
