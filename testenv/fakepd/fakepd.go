@@ -135,7 +135,8 @@ type server struct {
 	slowD  time.Duration
 	rids   map[string]*tracked
 	ridSeq uint64
-	ctl    control // control.go
+	ridNth map[string]int // requests seen per client rid
+	ctl    control        // control.go
 
 	cache        *prefixCache // model.go
 	prefillSlots slots
@@ -148,7 +149,7 @@ func (s *server) start(h http.Handler) error {
 		return fmt.Errorf("fakepd: %w", err)
 	}
 	s.ln, s.url = ln, "http://"+ln.Addr().String()
-	s.rids = map[string]*tracked{}
+	s.rids, s.ridNth = map[string]*tracked{}, map[string]int{}
 	s.cache = newPrefixCache(s.opts.CacheTokens, s.opts.BlockTokens)
 	s.prefillSlots, s.decodeSlots = newSlots(s.opts.MaxPrefill), newSlots(s.opts.MaxRunning)
 	if m, ok := h.(*http.ServeMux); ok {
@@ -206,6 +207,10 @@ func (s *server) fault() int {
 func (s *server) track(rid string, cancel context.CancelFunc) (*tracked, func()) {
 	t := &tracked{cancel: cancel}
 	s.mu.Lock()
+	if rid != "" {
+		s.ridNth[rid]++
+		t.nth = s.ridNth[rid]
+	}
 	s.ridSeq++
 	key := ridKey(rid, s.ridSeq)
 	s.rids[key] = t
@@ -217,6 +222,18 @@ func (s *server) track(rid string, cancel context.CancelFunc) (*tracked, func())
 		}
 		s.mu.Unlock()
 	}
+}
+
+// Tracking reports which request of rid (1: its first) an abort by rid
+// would reach now, 0: none. A request takes the rid's place from when it
+// is tracked, before it waits for anything.
+func (s *server) Tracking(rid string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t := s.rids[rid]; t != nil {
+		return t.nth
+	}
+	return 0
 }
 
 // abortRequest serves POST /abort_request {"rid"} or {"abort_all": true}.

@@ -185,6 +185,7 @@ var errAborted = errors.New("fakepd: aborted")
 type tracked struct {
 	cancel  context.CancelFunc
 	aborted bool // under server.mu
+	nth     int  // the rid's nth request (Tracking)
 }
 
 // wasAborted reports whether the engine aborted t (not a kill, a

@@ -551,8 +551,10 @@ func TestPDAbortByRid(t *testing.T) {
 		done <- resp
 	}()
 	for attempt := int64(1); attempt <= 2; attempt++ {
+		// This attempt's legs, not a previous attempt's still ending: an
+		// abort by rid reaches the request that holds the rid.
 		testenv.WaitFor(t, "both sides to hold the request", func() bool {
-			return p.Stats.Requests.Load() == attempt && p.Held() == 1 && d.Held() == 1
+			return p.Tracking("job-1") == int(attempt) && d.Tracking("job-1") == int(attempt)
 		})
 		if code, ans := fx.call(t, "/abort_request", `{"rid":"job-1"}`); code != 200 {
 			t.Fatalf("abort: %d %v", code, ans)
