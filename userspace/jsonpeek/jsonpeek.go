@@ -264,6 +264,9 @@ func Skip(b []byte, i int) (int, State) {
 				return len(b), More
 			}
 		}
+		// Each closer must match its opener: the openers of the first 64
+		// levels are kept (a bit each, 1: '{'); deeper ones are counted.
+		var open uint64
 		depth := 0
 		for j := i; j < len(b); j++ {
 			switch b[j] {
@@ -274,8 +277,20 @@ func Skip(b []byte, i int) (int, State) {
 				}
 				j = e - 1
 			case '{', '[':
+				if depth < 64 {
+					open <<= 1
+					if b[j] == '{' {
+						open |= 1
+					}
+				}
 				depth++
 			case '}', ']':
+				if depth <= 64 {
+					if open&1 == 1 != (b[j] == '}') {
+						return j, Bad
+					}
+					open >>= 1
+				}
 				if depth--; depth == 0 {
 					return j + 1, OK
 				}
@@ -297,9 +312,12 @@ func Skip(b []byte, i int) (int, State) {
 	return len(b), More
 }
 
-// nested reports whether seg may hold a string or a nested value.
+// nested reports whether seg may hold a string or a nested value, or a
+// closer that is not the array's (read with the full scan, as the whole
+// document would be: a cut array must not read otherwise).
 func nested(seg []byte) bool {
-	return bytes.IndexByte(seg, '[') >= 0 || bytes.IndexByte(seg, '{') >= 0 || bytes.IndexByte(seg, '"') >= 0
+	return bytes.IndexByte(seg, '[') >= 0 || bytes.IndexByte(seg, '{') >= 0 || bytes.IndexByte(seg, '"') >= 0 ||
+		bytes.IndexByte(seg, '}') >= 0
 }
 
 // Number returns the length of the JSON number at the start of b and OK

@@ -85,6 +85,9 @@ var walkCases = []struct {
 	{"bad escape in a key", `{"a\q":1}`, `bad`},
 	{"bad unicode escape in a key", `{"a\u12g4":1}`, `bad`},
 	{"a bracket closing the object", `{"a":1]`, `a=1 bad`},
+	{"a brace closing an array", `{"a":[1}`, `bad`},
+	{"a brace closing an array, cut", `{"a":[},`, `bad`},
+	{"a bracket closing a nested object", `{"a":[{"b":1]]}`, `bad`},
 }
 
 func TestWalk(t *testing.T) {
