@@ -26,6 +26,10 @@ type Match struct {
 	Prompt    int    // prompt tokens: exact when Complete, else estimated from the body's length
 	Complete  bool   // the whole prompt was within the bytes read
 	NBlocks   int    // full blocks hashed
+	// Stopped: the scan came to a block no engine's events hold
+	// (credits aside); false: every full block read is held by some
+	// engine, and the prefix matched may go on past the bytes read.
+	Stopped bool
 	Last      uint64 // key of the last block hashed (Credit)
 	// Credited: a request with the same start was placed on
 	// CreditEngine moments ago (Credit), Siblings times within CreditTTL.
@@ -147,6 +151,7 @@ func (x *Index) walk(keys []uint64, alive uint64, m *Match) uint64 {
 	m.NBlocks += n
 	m.Last = keys[n-1]
 	if held == 0 {
+		m.Stopped = true
 		// Every engine dropped out: the last block hashed is the first
 		// one none holds (the key credits are stored under).
 		first := n
