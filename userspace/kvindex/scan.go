@@ -22,20 +22,20 @@ type Match struct {
 	Blocks    [MaxEngines]uint16
 	Engines   uint64 // engines with Blocks > 0
 	BlockSize int
-	Tokens    int  // token ids read
-	Prompt    int  // prompt tokens: exact when Complete, else estimated from the body's length
-	Complete  bool // the whole prompt was within the bytes read
-	NBlocks   int  // full blocks hashed
-	// Stopped: the scan came to a block no engine's events hold
-	// (credits aside); false: every full block read is held by some
-	// engine, and the prefix matched may go on past the bytes read.
-	Stopped bool
-	Last    uint64 // key of the last block hashed (Credit)
+	Tokens    int    // token ids read
+	Prompt    int    // prompt tokens: exact when Complete, else estimated from the body's length
+	Complete  bool   // the whole prompt was within the bytes read
+	NBlocks   int    // full blocks hashed
+	Last      uint64 // key of the last block hashed (Credit)
 	// Credited: a request with the same start was placed on
 	// CreditEngine moments ago (Credit), Siblings times within CreditTTL.
 	Credited     bool
 	CreditEngine EngineID
 	Siblings     int
+	// Stopped: the scan came to a block no engine's events hold
+	// (credits aside); false: every full block read is held by some
+	// engine, and the prefix matched may go on past the bytes read.
+	Stopped bool
 }
 
 // provisionalBlockSize hashes requests before any event told the block
