@@ -1,11 +1,13 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/sha256"
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/userspace/httphead"
+	"github.com/tether-rl/tether/userspace/kvindex"
 	"github.com/tether-rl/tether/userspace/route"
 )
 
@@ -264,5 +267,74 @@ func TestPeekMoreHeadIntact(t *testing.T) {
 	}
 	if n := <-r.seen; n != 150<<10 {
 		t.Fatalf("the decision saw %d", n)
+	}
+}
+
+// BenchmarkPeekPlain: a keep-alive request without token ids through the
+// event loop, with the router's PeekMore (route.Router, placement by the
+// engines' caches on) and without it (PeekMax -1): a body within the peek
+// never asks; one past it asks once, and the router finds no token ids.
+func BenchmarkPeekPlain(b *testing.B) {
+	be := rawBackend(b, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, req.Body)
+			if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"); err != nil {
+				return
+			}
+		}
+	})
+	chat := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("hello ", 160) + `"}]}`
+	text := `{"text":"` + strings.Repeat("a long text prompt ", 1700) + `","sampling_params":{"max_new_tokens":8}}`
+	for _, body := range []struct{ name, b string }{{"chat-1KiB", chat}, {"text-32KiB", text}} {
+		for _, more := range []bool{false, true} {
+			b.Run(fmt.Sprintf("%s/PeekMore=%v", body.name, more), func(b *testing.B) {
+				p := startProxy(b, []string{be}, func(c *Config) {
+					c.PeekBody = 4096
+					if !more {
+						c.PeekMax = -1
+					}
+				})
+				if more {
+					x := kvindex.New(kvindex.Config{})
+					pp, err := route.NewPrefixPlacement(route.PrefixConfig{Index: x})
+					if err != nil {
+						b.Fatal(err)
+					}
+					id, _ := x.Register("0")
+					pp.SetEngines(0, []kvindex.EngineID{id})
+					p.router.SetPrefixPlacement(pp)
+				}
+				c, err := net.Dial("tcp", p.addr())
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer c.Close()
+				br := bufio.NewReader(c)
+				req := []byte(fmt.Sprintf("POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(body.b), body.b))
+				b.ReportAllocs()
+				b.SetBytes(int64(len(req)))
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					if _, err := c.Write(req); err != nil {
+						b.Fatal(err)
+					}
+					resp, err := http.ReadResponse(br, nil)
+					if err != nil {
+						b.Fatal(err)
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+				b.StopTimer()
+				if n := p.srv.Counters().PeekMore.Load(); n != 0 {
+					b.Fatalf("%d plain requests read further", n)
+				}
+			})
+		}
 	}
 }
