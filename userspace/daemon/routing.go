@@ -292,7 +292,10 @@ var RoutingReloadable = []string{"policy", "key-header", "hash-load-factor", "ha
 
 // MaxPeekBytes bounds --peek-bytes: the body bytes routing reads must fit
 // the proxy's 16 KiB request buffer behind the head (a longer head leaves
-// fewer: the peek then takes what fits).
+// fewer: the peek then takes what fits). Past them, with KV-event
+// placement, the router asks for more of a body of token ids while the
+// engines hold every block read (route.Router.PeekMore): the proxy's
+// buffer grows for it, up to --kv-peek-max (proxy.Config.PeekMax).
 const MaxPeekBytes = 16384
 
 func (r *routing) openSticky() (sticky.Table, error) {

@@ -32,6 +32,10 @@ type Match struct {
 	Credited     bool
 	CreditEngine EngineID
 	Siblings     int
+	// Stopped: the scan came to a block no engine's events hold
+	// (credits aside); false: every full block read is held by some
+	// engine, and the prefix matched may go on past the bytes read.
+	Stopped bool
 }
 
 // provisionalBlockSize hashes requests before any event told the block
@@ -147,6 +151,7 @@ func (x *Index) walk(keys []uint64, alive uint64, m *Match) uint64 {
 	m.NBlocks += n
 	m.Last = keys[n-1]
 	if held == 0 {
+		m.Stopped = true
 		// Every engine dropped out: the last block hashed is the first
 		// one none holds (the key credits are stored under).
 		first := n

@@ -41,6 +41,7 @@ type conn struct {
 	hup       bool      // the peer's FIN (or an error) was signalled: read to it
 	busy      bool      // x is running
 	ioq       bool      // an operation of its is queued for the loop's ring (loop_ring.go)
+	peekAsked bool      // buf's length ends at the body bytes the router asked for (peek.go)
 	deadline  int64
 	headSince int64     // when the head now being read began (0: none)
 	x         *exchange // the loop's exchange, while busy (from the loop's free list)
@@ -121,20 +122,6 @@ func (c *conn) respp() *httphead.Response {
 		c.resp = new(httphead.Response)
 	}
 	return c.resp
-}
-
-// roomFor returns b, holding a head not whole yet in its first used
-// bytes, with room to read more: when the head fills it, b doubled (a
-// head larger than a pooled buffer; the parser's limit ends one too
-// long), b given back.
-func (s *Server) roomFor(b []byte, used int) []byte {
-	if used < len(b) {
-		return b
-	}
-	nb := make([]byte, 2*len(b))
-	copy(nb, b[:used])
-	s.putBuf(b)
-	return nb
 }
 
 // wakeIfIdle makes an idle connection's read return so that it sees the

@@ -15,24 +15,32 @@ import (
 )
 
 // peekBody returns the body bytes buffered behind the head, first reading
-// up to Config.PeekBody of them (never beyond the body, never waiting for
-// a client that expects 100 Continue).
+// up to Config.PeekBody of them, or what the router asks for (peek.go;
+// never beyond the body, never waiting for a client that expects 100
+// Continue), within one IOTimeout.
 func (c *conn) peekBody() []byte {
 	req := c.req
-	want := c.s.peekWant(req, len(c.buf)-c.r)
-	// A chunked body has no length to wait for: whatever came with the head
-	// is enough, else one read. (Waiting for more stalled a client whose
-	// whole small body had arrived: TestChunkedBodyWithHead.)
-	if !req.Expect100 && c.w-c.r < want && !(req.Chunked && c.w > c.r) {
-		c.c.SetReadDeadline(time.Now().Add(c.s.cfg.IOTimeout))
-		for c.w-c.r < want {
-			n, err := c.c.Read(c.buf[c.w : c.r+want])
-			c.w += n
-			if err != nil || req.Chunked {
-				break
-			}
+	deadline := false
+	for !req.Expect100 {
+		want := c.peekTarget(c.r) // (c.r may move)
+		// A chunked body has no length to wait for: whatever came with
+		// the head is enough, else one read. (Waiting for more stalled a
+		// client whose whole small body had arrived:
+		// TestChunkedBodyWithHead.)
+		if c.w-c.r >= want || req.Chunked && c.w > c.r {
+			break
+		}
+		if !deadline {
+			c.c.SetReadDeadline(time.Now().Add(c.s.cfg.IOTimeout))
+			deadline = true
+		}
+		n, err := c.c.Read(c.buf[c.w : c.r+want])
+		c.w += n
+		if err != nil || req.Chunked {
+			break
 		}
 	}
+	c.peekDone()
 	end := c.w
 	if req.ContentLength >= 0 && int64(end-c.r) > req.ContentLength {
 		end = c.r + int(req.ContentLength)

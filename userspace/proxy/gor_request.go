@@ -29,8 +29,9 @@ func (c *conn) send(x *exchange) (keep, ended bool) {
 	// unless the client waits for 100 Continue.
 	waitContinue := req.Expect100 && req.HasBody()
 	x.rsc = httphead.Chunked{ExtLimit: cfg.Limits.ChunkExt}
+	var rest []byte // body bytes written from the buffer after out (peek.go)
 	if !waitContinue {
-		if out, err = c.appendBuffered(out, x); err != nil {
+		if out, rest, err = c.appendBuffered(out, x); err != nil {
 			c.out = out[:0]
 			return c.sendFailed(x, err), true
 		}
@@ -52,9 +53,14 @@ func (c *conn) send(x *exchange) (keep, ended bool) {
 		n, err = up.Write(out)
 		x.wentUp(int64(n))
 	}
+	if err == nil && len(rest) > 0 {
+		n, err = up.Write(rest)
+		x.wentUp(int64(n))
+	}
 	if err != nil {
 		return c.fail(x, 502), true
 	}
+	c.dropLarge()
 	c.ubuf = c.s.getBuf()
 	if waitContinue {
 		return c.sendAfterContinue(x)
@@ -89,10 +95,14 @@ func (c *conn) sendAfterContinue(x *exchange) (keep, ended bool) {
 		}
 		x.prog.sent100 = true
 	}
-	out, err := c.appendBuffered(c.out[:0], x)
+	out, rest, err := c.appendBuffered(c.out[:0], x)
 	if err == nil && len(out) > 0 {
 		_, err = x.uc.Write(out)
 		x.wentUp(int64(len(out)))
+	}
+	if err == nil && len(rest) > 0 {
+		_, err = x.uc.Write(rest)
+		x.wentUp(int64(len(rest)))
 	}
 	c.out = out[:0]
 	if err != nil {
@@ -130,8 +140,10 @@ var errBodyTooLarge = &httphead.Error{Status: 413, Reason: "request body too lar
 
 // appendBuffered moves request body bytes already in the client buffer
 // into out (Content-Length bytes up to the length, x.reqLeft; chunked
-// bytes as far as they are valid framing, x.rsc).
-func (c *conn) appendBuffered(out []byte, x *exchange) ([]byte, error) {
+// bytes as far as they are valid framing, x.rsc); rest: those of a body
+// read further for the router, past a pooled buffer's size, to write
+// from the buffer after out (splitRankBody).
+func (c *conn) appendBuffered(out []byte, x *exchange) (_, rest []byte, _ error) {
 	req := c.req
 	avail := c.buf[c.r:c.w]
 	switch {
@@ -140,18 +152,18 @@ func (c *conn) appendBuffered(out []byte, x *exchange) ([]byte, error) {
 		if int64(len(avail)) < take {
 			take = int64(len(avail))
 		}
-		out = c.appendRankBody(out, avail[:take], x.w, x.rt)
+		out, rest = c.splitRankBody(out, avail[:take], x.w, x.rt, true)
 		c.r += int(take)
 		x.reqLeft -= take
 	case req.Chunked:
 		n, err := x.rsc.Scan(avail)
 		if err != nil {
-			return out, err
+			return out, nil, err
 		}
 		out = append(out, avail[:n]...)
 		c.r += n
 	}
-	return out, nil
+	return out, rest, nil
 }
 
 // upload sends what is left of the request body up (the loop's upload).

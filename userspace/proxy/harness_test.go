@@ -31,6 +31,13 @@ func (p *testProxy) addr() string { return p.ln.Addr().String() }
 
 func startProxy(t testing.TB, backends []string, tweak func(*Config)) *testProxy {
 	t.Helper()
+	return startProxyOn(t, backends, tweak, false)
+}
+
+// startProxyOn is startProxy; goroutines: its listener has no event loop
+// (not a *net.TCPListener), every connection is served the goroutine way.
+func startProxyOn(t testing.TB, backends []string, tweak func(*Config), goroutines bool) *testProxy {
+	t.Helper()
 	tab := worker.NewTable()
 	st := stats.NewHeap()
 	for i, a := range backends {
@@ -50,7 +57,11 @@ func startProxy(t testing.TB, backends []string, tweak func(*Config)) *testProxy
 	}
 	srv := New(cfg)
 	done := make(chan struct{})
-	go func() { srv.Serve(ln, st.Slot(0)); close(done) }()
+	served := ln
+	if goroutines {
+		served = struct{ net.Listener }{ln}
+	}
+	go func() { srv.Serve(served, st.Slot(0)); close(done) }()
 	t.Cleanup(func() {
 		srv.Close()
 		<-done

@@ -105,16 +105,19 @@ const (
 // pipe, buffers and counts, and a few small states, each a group of flags
 // that change together.
 type lx struct {
-	id     uint32 // which exchange (exchanges are reused): loop_ring.go's deferred events
-	dec    route.Decision
-	up     *upconn
-	start  int64
-	phase  stage  // where the exchange is between entries (phaseSend, ...)
-	send   []byte // request bytes not yet written up (in conn.out)
-	bodyAt int    // where the request body starts in conn.buf (a fallback rewinds to it)
-	pend   []byte // response bytes the client has not taken yet (loop_relay.go, writeClient)
-	pipe   *pipe  // a body spliced through (pumpSplice, upload); nil: copied through ubuf
-	inPipe int    // bytes in pipe not yet written on
+	id    uint32 // which exchange (exchanges are reused): loop_ring.go's deferred events
+	dec   route.Decision
+	up    *upconn
+	start int64
+	phase stage  // where the exchange is between entries (phaseSend, ...)
+	send  []byte // request bytes not yet written up (in conn.out)
+	// sendNext: the request body bytes to write up after send, from
+	// conn.buf (a body read further for the router: peek.go).
+	sendNext []byte
+	bodyAt   int    // where the request body starts in conn.buf (a fallback rewinds to it)
+	pend     []byte // response bytes the client has not taken yet (loop_relay.go, writeClient)
+	pipe     *pipe  // a body spliced through (pumpSplice, upload); nil: copied through ubuf
+	inPipe   int    // bytes in pipe not yet written on
 
 	sock readiness
 	body bodyState
@@ -142,6 +145,7 @@ func (l *loop) begin(c *conn) step {
 	s := l.s
 	req := c.req
 	s.counters.Requests.Add(1)
+	c.peekDone()
 	c.r += req.HeadLen
 	// The body bytes buffered behind the head go up with it; the rest of
 	// a longer body is spliced (upload).
@@ -211,7 +215,7 @@ func (l *loop) begin(c *conn) step {
 	}
 	u.cl = c
 	out := c.appendUpstreamHead(l.lendOut(c), w, &x.rt)
-	out = c.appendRankBody(out, c.buf[c.r:c.r+body], w, x.rt)
+	out, x.sendNext = c.splitRankBody(out, c.buf[c.r:c.r+body], w, x.rt, true)
 	c.out = out
 	c.r += body
 	x.send = out
@@ -298,7 +302,10 @@ func (l *loop) redial(c *conn, reason int) step {
 func (l *loop) send(c *conn) step {
 	x := c.x
 	cfg := &l.s.cfg
-	for len(x.send) > 0 {
+	for len(x.send) > 0 || len(x.sendNext) > 0 {
+		if len(x.send) == 0 {
+			x.send, x.sendNext = x.sendNext, nil
+		}
 		n, err := l.sendUp(c, x.up.fd, x.send)
 		if n > 0 {
 			x.wentUp(int64(n))
@@ -321,6 +328,7 @@ func (l *loop) send(c *conn) step {
 		}
 		return l.fail(c, 502)
 	}
+	c.dropLarge()
 	if x.reqLeft > 0 {
 		x.phase = phaseUpload
 		x.body.clientLowat.mark(c.fd, x.reqLeft)

@@ -148,15 +148,17 @@ func (l *loop) fast(c *conn) bool {
 	return true
 }
 
-// peekShort reports whether fewer body bytes than peekWant are buffered
-// behind c's parsed head.
+// peekShort reports whether fewer body bytes than the router reads are
+// buffered behind c's parsed head (peekTarget: PeekBody's, or what the
+// router asked for; then c's buffer may have moved, and its head been
+// parsed again).
 func (l *loop) peekShort(c *conn) bool {
 	req := c.req
 	if l.s.cfg.PeekBody == 0 || !req.HasBody() {
 		return false
 	}
-	start := c.r + req.HeadLen
-	return c.w-start < l.s.peekWant(req, len(c.buf)-start)
+	want := c.peekTarget(c.r + req.HeadLen)
+	return c.w-(c.r+req.HeadLen) < want
 }
 
 // parse parses the head at the start of c's buffered bytes.

@@ -44,6 +44,18 @@ type Config struct {
 	// body bytes (or the whole body, if shorter) are buffered, so that the
 	// router can read a key from them. 0: route on the head alone.
 	PeekBody int
+	// PeekMax: a Router that is a PeekMorer may ask for more of a
+	// Content-Length body than PeekBody before it decides (peek.go), up
+	// to this many body bytes in all (at most 64 MiB; 0: the default,
+	// 1 MiB; negative: never past PeekBody). The request's buffer grows
+	// (pooled) to what is asked; the bytes buffered go up after the
+	// head, the rest is spliced as before. Not for a chunked body nor
+	// Expect: 100-continue (PeekBody's limit).
+	PeekMax int
+	// PeekBudget bounds the bytes all large buffers (bufs.go) may hold
+	// while a buffer grows for PeekMax: past it the request is routed on
+	// what it has. Default 256 MiB.
+	PeekBudget int64
 	// RouteHeader, when set, names a response header added to every
 	// proxied response: "<slot> <reason>" of its routing decision
 	// (tetherd --route-header).
@@ -140,6 +152,8 @@ const (
 	DefaultQueueTimeout      = 30 * time.Second
 	DefaultLocalBodyBudget   = 64 << 20
 	DefaultSpliceMin         = 16 << 10 // bench/measurements.md
+	DefaultPeekMax           = 1 << 20
+	DefaultPeekBudget        = 256 << 20
 )
 
 // Defaults returns a Config whose settings are all at their defaults, and
@@ -180,6 +194,12 @@ func (c *Config) Provision() {
 	}
 	if c.SpliceMin <= 0 {
 		c.SpliceMin = DefaultSpliceMin
+	}
+	if c.PeekMax == 0 {
+		c.PeekMax = DefaultPeekMax
+	}
+	if c.PeekBudget <= 0 {
+		c.PeekBudget = DefaultPeekBudget
 	}
 	if !c.Ring.IsSet() {
 		c.Ring = config.Some(true)
@@ -261,7 +281,8 @@ type Rerouter interface {
 
 // Server runs the data plane on any number of listeners.
 type Server struct {
-	cfg Config
+	cfg      Config
+	peekMore PeekMorer // the Router's, when the peek may grow (Config.PeekMax)
 
 	ringOnce sync.Once // "no io_uring" logged once
 
@@ -311,6 +332,16 @@ type Counters struct {
 	// Buffers is how many 16 KiB buffers the server's connections hold
 	// now: idle ones hold none (TestIdleConnectionsHoldNoBuffer).
 	Buffers atomic.Int64
+	// LargeBytes is how many bytes the buffers larger than 16 KiB hold
+	// now (bufs.go): grown heads, streamed chunked bodies, bodies read
+	// further for the router (Config.PeekMax, bounded by PeekBudget).
+	LargeBytes atomic.Int64
+	// PeekMore counts the requests whose body was read further because
+	// the router asked (Config.PeekMax); PeekBudgetFull those the router
+	// asked for more that were routed on what they had, the large
+	// buffers at Config.PeekBudget.
+	PeekMore       atomic.Uint64
+	PeekBudgetFull atomic.Uint64
 	// Open is how many client connections are open now; AcceptPauses
 	// counts the episodes in which accepting paused (connection cap
 	// reached, or accept failing for want of descriptors).
@@ -352,6 +383,7 @@ func New(cfg Config) *Server {
 	s := &Server{cfg: cfg, conns: make(map[*conn]struct{}), listeners: make(map[net.Listener]struct{}),
 		loops: map[*loop]struct{}{}, placeWaiters: map[*loop]bool{}}
 	s.freed = sync.NewCond(&s.mu)
+	s.setPeekMore()
 	return s
 }
 
@@ -452,44 +484,6 @@ func (s *Server) Close() {
 	}
 	s.freed.Broadcast()
 	s.mu.Unlock()
-}
-
-// Buffers: one size class, pooled, held only while a connection is in a
-// request (a connection idle with nothing buffered returns its buffer).
-const bufSize = 16 << 10
-
-var bufPool = sync.Pool{New: func() any { return new([bufSize]byte) }}
-
-// getBuf takes a buffer, counted in the server's Counters.Buffers.
-func (s *Server) getBuf() []byte {
-	s.counters.Buffers.Add(1)
-	return bufPool.Get().(*[bufSize]byte)[:]
-}
-
-// bigBufSize: the buffer of a chunked request body streamed past its head
-// (conn.relayRequestBody): a read takes a few chunks at once, where 16 KiB
-// took a chunk in two.
-const bigBufSize = 128 << 10
-
-var bigPool = sync.Pool{New: func() any { return new([bigBufSize]byte) }}
-
-// getBigBuf takes a big buffer, counted as one in Counters.Buffers.
-func (s *Server) getBigBuf() []byte {
-	s.counters.Buffers.Add(1)
-	return bigPool.Get().(*[bigBufSize]byte)[:]
-}
-
-// putBuf returns a buffer from getBuf or getBigBuf (grown ones are left to
-// the GC).
-func (s *Server) putBuf(b []byte) {
-	switch cap(b) {
-	case bufSize:
-		s.counters.Buffers.Add(-1)
-		bufPool.Put((*[bufSize]byte)(b[:bufSize]))
-	case bigBufSize:
-		s.counters.Buffers.Add(-1)
-		bigPool.Put((*[bigBufSize]byte)(b[:bigBufSize]))
-	}
 }
 
 var aLongTimeAgo = time.Unix(1, 0)

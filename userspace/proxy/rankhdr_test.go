@@ -109,3 +109,50 @@ func TestRankInBody(t *testing.T) {
 		})
 	}
 }
+
+// TestSplitRankBody: a body read further for the router (longer than a
+// pooled buffer) goes up as appendRankBody would write it, the rank field
+// included, but its bytes after the field are written from the buffer,
+// not copied; a short one is copied whole.
+func TestSplitRankBody(t *testing.T) {
+	sgl := &worker.Worker{Slot: 2, Addr: "w:2"}
+	sgl.SetEngine(dialect.SGLang)
+	s := &Server{}
+	long := ` {"input_ids":[` + strings.Repeat("12345,", 4000) + `6],"sampling_params":{}}`
+	for _, tc := range []struct {
+		name  string
+		body  string
+		d     route.Decision
+		split bool // rest is the body's own bytes
+	}{
+		{"long, rank field", long, route.Decision{Worker: sgl, Reason: route.ReasonKVPrefix, Rank: 1, Ranks: 2}, true},
+		{"long, no field", long, route.Decision{Worker: sgl, Reason: route.ReasonKVPrefix, Rank: 0, Ranks: 1}, true},
+		{"short, rank field", ` {"input_ids":[1,2]}`, route.Decision{Worker: sgl, Reason: route.ReasonKVPrefix, Rank: 1, Ranks: 2}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			raw := "POST /generate HTTP/1.1\r\nHost: w\r\nContent-Length: " + strconv.Itoa(len(tc.body)) + "\r\n\r\n" + tc.body
+			req := &httphead.Request{}
+			if err := httphead.ParseRequest([]byte(raw), httphead.Limits{}, req); err != nil {
+				t.Fatal(err)
+			}
+			c := &conn{s: s, req: req, buf: []byte(raw), r: req.HeadLen, w: len(raw)}
+			rt := s.routeNote(tc.d)
+			c.appendUpstreamHead(nil, tc.d.Worker, &rt)
+			body := c.buf[c.r:c.w]
+			whole := string(c.appendRankBody(nil, body, tc.d.Worker, rt))
+			out, rest := c.splitRankBody(nil, body, tc.d.Worker, rt, true)
+			if string(out)+string(rest) != whole {
+				t.Fatalf("split %.40q + %.40q, whole %.40q", out, rest, whole)
+			}
+			if !tc.split {
+				if rest != nil {
+					t.Fatalf("a short body split: rest %d bytes", len(rest))
+				}
+				return
+			}
+			if len(rest) < bufSize || &rest[len(rest)-1] != &body[len(body)-1] || len(out) > 64 {
+				t.Fatalf("out %d bytes, rest %d bytes, not the body's own", len(out), len(rest))
+			}
+		})
+	}
+}

@@ -143,11 +143,27 @@ func rankFieldLen(field string, rank int32) int64 {
 // the head, to out, with the rank field where appendUpstreamHead placed
 // it (rt.inBody). No allocation.
 func (c *conn) appendRankBody(out, body []byte, w *worker.Worker, rt routeNote) []byte {
+	out, rest := c.splitRankBody(out, body, w, rt, false)
+	return append(out, rest...)
+}
+
+// splitRankBody is appendRankBody for a body read further for the router
+// (peek.go), too long to copy: out takes what goes before the rank field
+// and the field, rest is the body after it, to write from the buffer.
+// Whole (split false, or no field in it): out takes all of body when it
+// is no longer than a pooled buffer, else nothing of it.
+func (c *conn) splitRankBody(out, body []byte, w *worker.Worker, rt routeNote, split bool) ([]byte, []byte) {
 	if !rt.inBody || int(rt.bodyAt) > len(body) {
-		return append(out, body...)
+		if split && len(body) > bufSize {
+			return out, body
+		}
+		return append(out, body...), nil
 	}
 	d := dialect.For(w.Engine())
 	out = append(out, body[:rt.bodyAt]...)
 	out = appendRankField(out, d.RankField, rt.rank)
-	return append(out, body[rt.bodyAt:]...)
+	if split && len(body)-int(rt.bodyAt) > bufSize {
+		return out, body[rt.bodyAt:]
+	}
+	return append(out, body[rt.bodyAt:]...), nil
 }
