@@ -247,6 +247,12 @@ var (
 		"Requests waiting in a worker's queue now.", nil, nil)
 	dProxyBuffers = prometheus.NewDesc("tether_proxy_buffers",
 		"16 KiB connection buffers held now (idle keep-alive connections hold none).", nil, nil)
+	dProxyLargeBytes = prometheus.NewDesc("tether_proxy_large_buffer_bytes",
+		"Bytes held now by connection buffers larger than 16 KiB: long heads, bodies read further before routing (--kv-peek-max, within --kv-peek-budget).", nil, nil)
+	dProxyPeekMore = prometheus.NewDesc("tether_proxy_peek_more_total",
+		"Requests whose body was read past --peek-bytes before routing because the router asked (the engines held every block of token ids read).", nil, nil)
+	dProxyPeekBudgetFull = prometheus.NewDesc("tether_proxy_peek_budget_full_total",
+		"Requests routed on the body bytes they had although the router asked for more: the large buffers at --kv-peek-budget.", nil, nil)
 	dProxyRingOps = prometheus.NewDesc("tether_proxy_ring_operations_total",
 		"Socket reads and writes the event loops batched through io_uring (--io-uring; withdrawn ones, made NOPs, included).", nil, nil)
 	dProxyRingSubmits = prometheus.NewDesc("tether_proxy_ring_submits_total",
@@ -259,7 +265,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		dDecisions, dWorkerDecisions, dLearned, dListenerActive, dListenerAccepted, dListenerClosed, dListenerSelected,
 		dListenerMigrated, dSteeringFallbacks, dProxyAccepted, dProxyRequests, dProxyLocal, dProxyErrors, dProxyBuffers,
 		dWorkerQueued, dProxyOpen, dProxyAcceptPauses, dProxyQueued, dProxyParked, dClusterUp, dClusterApplied, dClusterSkipped,
-		dProxyRingOps, dProxyRingSubmits} {
+		dProxyRingOps, dProxyRingSubmits, dProxyLargeBytes, dProxyPeekMore, dProxyPeekBudgetFull} {
 		ch <- d
 	}
 }
@@ -378,6 +384,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- counter(dProxyErrors, p.QueueTimeouts.Load(), "queue_timeout")
 		ch <- counter(dProxyErrors, p.LocalBusy.Load(), "local_busy")
 		ch <- gauge(dProxyBuffers, float64(p.Buffers.Load()))
+		ch <- gauge(dProxyLargeBytes, float64(p.LargeBytes.Load()))
+		ch <- counter(dProxyPeekMore, p.PeekMore.Load())
+		ch <- counter(dProxyPeekBudgetFull, p.PeekBudgetFull.Load())
 		ch <- gauge(dProxyOpen, float64(p.Open.Load()))
 		ch <- counter(dProxyAcceptPauses, p.AcceptPauses.Load())
 		ch <- gauge(dProxyQueued, float64(p.Queued.Load()))
