@@ -324,7 +324,7 @@ type pdClient struct {
 	outstanding []atomic.Int64 // direct: per decode
 
 	mu        sync.Mutex
-	byPrefill map[string]int64 // requests per prefill (tetherd's route header, or the direct client's pick)
+	byPrefill map[string]int64  // requests per prefill (tetherd's route header, or the direct client's pick)
 	lastOf    map[string]string // a session's last turn's prefill
 	turns     int64             // session turns after a session's first
 	moved     int64             // of those, on another prefill than the turn before
