@@ -160,7 +160,15 @@ func TestPausedParksAndAbortEndsWithPartialOutput(t *testing.T) {
 				t.Fatalf("parked request: %d %v %s", r.st, r.err, r.b)
 			}
 			go func() { st, b, err := pp.direct(pp.body("aborted", 10000)); done <- res{st, b, err} }()
-			testenv.WaitFor(t, "the decode running", func() bool { return pp.decode.Held() == 1 && pp.prefill.Held() == 0 })
+			testenv.WaitFor(t, "the decode running", func() bool {
+				// An SGLang decode holds its request while it waits for
+				// its room too (before the prefill has registered it):
+				// running is holding it and waiting for nothing.
+				if w, ok := pp.decode.(interface{ Waiting() int }); ok && w.Waiting() != 0 {
+					return false
+				}
+				return pp.decode.Held() == 1 && pp.prefill.Held() == 0
+			})
 			if st, b := post(context.Background(), pp.decode.URL()+"/pause_generation", map[string]any{"mode": "abort"}); st != 200 {
 				t.Fatalf("pause: %d %s", st, b)
 			}
