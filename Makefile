@@ -129,4 +129,4 @@ rlsim:
 # sync under load (cmd/tether-rlsim -pd; about 10 minutes).
 .PHONY: rlsim-pd
 rlsim-pd:
-	$(GO) run ./cmd/tether-rlsim -pd sglang,vllm -workload grpo,sessions $(RLSIM_FLAGS)
+	$(GO) run ./cmd/tether-rlsim -pd sglang,vllm -workload grpo,sessions,keyless $(RLSIM_FLAGS)

@@ -4,7 +4,9 @@ package main
 // (testenv/fakepd, -prefills + -decodes engines, with the service model:
 // a prefix cache per prefill, -prefill-per-token under -pd-max-prefill
 // prompts at once, -decode-step per token under -max-running decodes)
-// per protocol, and three phases on fresh engines:
+// per protocol, and four phases on fresh engines (-pd-kv-events: the
+// engines that compute prompts publish KV-cache events, tetherd places
+// by them):
 //
 //	pd       the workload through an in-process tetherd (--prefill,
 //	         --decode, --pd-protocol) and the same workload (another
@@ -21,6 +23,10 @@ package main
 //	         in fakepd's Regular mode: the same cache, compute and decode
 //	         model) behind tetherd, both seeds through it at once: the
 //	         hit rate the P/D phase is measured against;
+//	regular-prefills
+//	         the prefill engines alone as regular engines (the P/D
+//	         fleet's prefix caches, without P/D) behind tetherd: the hit
+//	         rate of the same caches placed without P/D;
 //	sync     the workload through tetherd alone, with a weight sync
 //	         (pause, update, resume: SGLang in -pd-sglang-pause mode,
 //	         vLLM in -pd-vllm-pause mode) after a third of its requests:
@@ -55,6 +61,7 @@ import (
 	"github.com/tether-rl/tether/testenv/fakeengine"
 	"github.com/tether-rl/tether/testenv/fakepd"
 	"github.com/tether-rl/tether/userspace/daemon"
+	"github.com/tether-rl/tether/userspace/kvevents"
 	"github.com/tether-rl/tether/userspace/proxy"
 	"github.com/tether-rl/tether/userspace/worker"
 )
@@ -72,6 +79,7 @@ type pdConfig struct {
 	phases           string
 	groupKey         bool
 	together         bool
+	kvEvents         bool
 	out              io.Writer
 	quietEngineStats bool
 }
@@ -86,8 +94,9 @@ func pdFlags(pc *pdConfig) {
 	flag.StringVar(&pc.sglangPause, "pd-sglang-pause", "abort", "P/D run, sync phase: SGLang's pause mode (abort, in_place, retract)")
 	flag.StringVar(&pc.vllmPause, "pd-vllm-pause", "wait", "P/D run, sync phase: vLLM's pause mode (abort, wait, keep)")
 	flag.BoolVar(&pc.notify, "pd-notify", false, "P/D run: the engines tell each other of aborts (newer engines)")
-	flag.StringVar(&pc.phases, "pd-phases", "pd,regular,sync", "P/D run: phases, comma-separated")
+	flag.StringVar(&pc.phases, "pd-phases", "pd,regular,regular-prefills,sync", "P/D run: phases, comma-separated (pd, regular, regular-prefills, sync)")
 	flag.BoolVar(&pc.together, "pd-together", false, "P/D run: tetherd and the direct client at once on one fleet (the direct client's prompts on tokens of its own), not one after the other on fleets of their own")
+	flag.BoolVar(&pc.kvEvents, "pd-kv-events", true, "P/D run: the engines that compute prompts (prefills, regular engines) publish KV-cache events (SGLang's map form, vLLM's array form) and tetherd places by them")
 	flag.BoolVar(&pc.groupKey, "pd-group-key", false, "P/D run: GRPO through tetherd sends its group as X-Session-ID (default keyless, as slime sends it)")
 }
 
@@ -107,6 +116,14 @@ type pdFleet struct {
 	ports    []int
 	decodes  []pdEngine
 	regular  bool
+	kvEvents bool // the prefills publish KV events, tetherd subscribes
+}
+
+// kvPublisher is a fake engine publishing its KV-cache events.
+type kvPublisher interface {
+	KVEventsEndpoint() string
+	KVEventsReplayEndpoint() string
+	KVEventsSubscribers() int
 }
 
 func (f *pdFleet) all() []pdEngine { return append(append([]pdEngine{}, f.prefills...), f.decodes...) }
@@ -156,7 +173,13 @@ func startPDFleet(c config, pc pdConfig, proto string, regular bool) (*pdFleet, 
 		CacheTokens: pc.cacheTokens, BlockTokens: c.blockToks, Notify: pc.notify, Regular: regular,
 		WaitTimeout: pc.timeout, Lease: pc.timeout,
 	}
-	f := &pdFleet{proto: proto, regular: regular}
+	if pc.kvEvents {
+		o.KVEvents = &fakepd.KVEventsConfig{Form: kvevents.MapForm, Hashes: kvevents.HashInt}
+		if proto == "vllm" {
+			o.KVEvents = &fakepd.KVEventsConfig{Form: kvevents.ArrayForm, Hashes: kvevents.HashUint, Replay: true}
+		}
+	}
+	f := &pdFleet{proto: proto, regular: regular, kvEvents: pc.kvEvents}
 	nP, nD := pc.prefills, pc.decodes
 	if regular {
 		nP, nD = pc.prefills+pc.decodes, 0
@@ -216,6 +239,7 @@ func (f *pdFleet) tetherd() (*daemon.Daemon, error) {
 	if !f.regular {
 		opts.PDProtocol = daemon.PDProtocol(f.proto)
 	}
+	opts.Routing.KVEvents.On = f.kvEvents
 	d, err := daemon.New(opts)
 	if err != nil {
 		return nil, err
@@ -230,11 +254,51 @@ func (f *pdFleet) tetherd() (*daemon.Daemon, error) {
 			}
 		}
 		if n == len(f.all()) {
+			if err := f.subscribe(d); err != nil {
+				d.Close()
+				return nil, err
+			}
 			return d, nil
 		}
 		if time.Now().After(deadline) {
 			d.Close()
 			return nil, fmt.Errorf("%d of %d workers healthy in their roles after 20 s", n, len(f.all()))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// subscribe gives tetherd every prefill's KV-events endpoints (the admin
+// API's kv_events) and waits until it is subscribed to each.
+func (f *pdFleet) subscribe(d *daemon.Daemon) error {
+	if !f.kvEvents {
+		return nil
+	}
+	for _, p := range f.prefills {
+		var url string
+		for _, w := range d.Table.Snapshot() {
+			if w != nil && strings.HasPrefix(w.URL, p.URL()) {
+				url = w.URL
+			}
+		}
+		kp := p.(kvPublisher)
+		if err := d.SetWorkerKVEvents(url, kp.KVEventsEndpoint(), kp.KVEventsReplayEndpoint()); err != nil {
+			return err
+		}
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		n := 0
+		for _, p := range f.prefills {
+			if p.(kvPublisher).KVEventsSubscribers() > 0 {
+				n++
+			}
+		}
+		if n == len(f.prefills) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d of %d prefills' KV events subscribed after 20 s", n, len(f.prefills))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -260,7 +324,11 @@ type pdClient struct {
 	outstanding []atomic.Int64 // direct: per decode
 
 	mu        sync.Mutex
-	byPrefill map[string]int64 // requests per prefill (tetherd's route header, or the direct client's pick)
+	byPrefill map[string]int64  // requests per prefill (tetherd's route header, or the direct client's pick)
+	lastOf    map[string]string // a session's last turn's prefill
+	turns     int64             // session turns after a session's first
+	moved     int64             // of those, on another prefill than the turn before
+	byKV      int64             // tetherd's prefills chosen by what their caches hold (prefill-kv)
 	requests  int64
 	failed    int64
 	hung      int64
@@ -374,8 +442,14 @@ func (c *pdClient) send(key string, ids []int, maxNew int, rid string) (int, []b
 			return 0, nil, isTimeout(err), err
 		}
 		defer resp.Body.Close()
-		p, _, _ := strings.Cut(resp.Header.Get(daemon.RouteHeaderName), "+")
-		c.countPrefill(p)
+		rh := resp.Header.Get(daemon.RouteHeaderName)
+		p, _, _ := strings.Cut(rh, "+")
+		c.countPrefill(p, rid)
+		if strings.Contains(rh, " prefill-kv") {
+			c.mu.Lock()
+			c.byKV++
+			c.mu.Unlock()
+		}
 		b, err := io.ReadAll(resp.Body)
 		return resp.StatusCode, b, isTimeout(err), err
 	}
@@ -396,7 +470,7 @@ func (c *pdClient) send(key string, ids []int, maxNew int, rid string) (int, []b
 			di, least = i, n
 		}
 	}
-	c.countPrefill("p" + strconv.Itoa(pi))
+	c.countPrefill("p"+strconv.Itoa(pi), rid)
 	c.outstanding[di].Add(1)
 	defer c.outstanding[di].Add(-1)
 	ctx, cancel := context.WithTimeout(context.Background(), c.http.Timeout)
@@ -413,13 +487,41 @@ func (c *pdClient) send(key string, ids []int, maxNew int, rid string) (int, []b
 	return st, out, ctx.Err() != nil, err
 }
 
-func (c *pdClient) countPrefill(p string) {
+// countPrefill counts a request on prefill p; rid (name-rid-try) names
+// a session's turn as <session>-t<turn>: a turn on another prefill than
+// the session's turn before is a move.
+func (c *pdClient) countPrefill(p, rid string) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.byPrefill == nil {
-		c.byPrefill = map[string]int64{}
+		c.byPrefill, c.lastOf = map[string]int64{}, map[string]string{}
 	}
 	c.byPrefill[p]++
-	c.mu.Unlock()
+	rid = strings.TrimPrefix(rid, c.name+"-")
+	if i := strings.LastIndexByte(rid, '-'); i > 0 {
+		rid = rid[:i] // the try
+	}
+	i := strings.LastIndex(rid, "-t")
+	if i <= 0 {
+		return
+	}
+	s := rid[:i]
+	if last, ok := c.lastOf[s]; ok {
+		c.turns++
+		if last != p {
+			c.moved++
+		}
+	}
+	c.lastOf[s] = p
+}
+
+// movedShare is the share of session turns (after the first) on another
+// prefill than the turn before.
+func (c *pdClient) movedShare() float64 {
+	if c.turns == 0 {
+		return 0
+	}
+	return float64(c.moved) / float64(c.turns)
 }
 
 // busiest is the share of the requests the busiest prefill (or regular

@@ -29,8 +29,11 @@ type pdRun struct {
 	legFailed              [2]float64 // tetherd's prefill and decode legs failed before the client had a byte
 	probes, mismatched     int        // the same prompts by both clients: different answers
 
-	// regular: the same workload on regular engines.
+	// regular: the same workload on regular engines; regular-prefills:
+	// on the prefill engines alone as regular engines (the P/D fleet's
+	// prefix caches, without P/D).
 	regular, regularOther *pdClient
+	regularP              *pdClient
 
 	// sync: tetherd alone, a weight sync under load.
 	synced                *pdClient
@@ -58,7 +61,7 @@ func (r *pdRun) Zeros() []string {
 			bad = append(bad, fmt.Sprintf("%s %d", what, n))
 		}
 	}
-	for _, c := range []*pdClient{r.tether, r.direct, r.regular, r.regularOther, r.synced} {
+	for _, c := range []*pdClient{r.tether, r.direct, r.regular, r.regularOther, r.regularP, r.synced} {
 		if c == nil {
 			continue
 		}
@@ -94,8 +97,8 @@ func runPDAll(c config, pc pdConfig, workloads []string) error {
 		pc.out = os.Stdout
 	}
 	w := pc.out
-	fmt.Fprintf(w, "tether-rlsim P/D: %d prefills + %d decodes per protocol; prefix cache %d tokens per engine in %d-token blocks; prefill %v per uncached token, %d prompts at once; decode %v per token, %d at once; notify %v\n\n",
-		pc.prefills, pc.decodes, pc.cacheTokens, c.blockToks, c.prefillPer, pc.maxPrefill, c.decode, c.maxRunning, pc.notify)
+	fmt.Fprintf(w, "tether-rlsim P/D: %d prefills + %d decodes per protocol; prefix cache %d tokens per engine in %d-token blocks; prefill %v per uncached token, %d prompts at once; decode %v per token, %d at once; notify %v; KV events %v\n\n",
+		pc.prefills, pc.decodes, pc.cacheTokens, c.blockToks, c.prefillPer, pc.maxPrefill, c.decode, c.maxRunning, pc.notify, pc.kvEvents)
 	var runs []*pdRun
 	for _, proto := range strings.Split(pc.protocols, ",") {
 		if proto != "sglang" && proto != "vllm" {
@@ -137,8 +140,13 @@ func runPD(c config, pc pdConfig, proto, wl string) (*pdRun, error) {
 		}
 	}
 	if has(pc.phases, "regular") {
-		if err := phaseRegular(c, other, pc, r); err != nil {
+		if err := phaseRegular(c, other, pc, r, false); err != nil {
 			return nil, fmt.Errorf("regular: %w", err)
+		}
+	}
+	if has(pc.phases, "regular-prefills") {
+		if err := phaseRegular(c, other, pc, r, true); err != nil {
+			return nil, fmt.Errorf("regular-prefills: %w", err)
 		}
 	}
 	if has(pc.phases, "sync") {
@@ -252,7 +260,13 @@ func probe(r *pdRun) {
 	}
 }
 
-func phaseRegular(c, other config, pc pdConfig, r *pdRun) error {
+// phaseRegular runs the workload on the fleet's engines as regular
+// workers (prefillsOnly: the prefill engines alone, the P/D fleet's
+// prefix caches) behind tetherd.
+func phaseRegular(c, other config, pc pdConfig, r *pdRun, prefillsOnly bool) error {
+	if prefillsOnly {
+		pc.decodes = 0
+	}
 	f, err := startPDFleet(c, pc, r.proto, true)
 	if err != nil {
 		return err
@@ -264,6 +278,13 @@ func phaseRegular(c, other config, pc pdConfig, r *pdRun) error {
 	}
 	defer d.Shutdown(context.Background())
 	base := "http://" + d.Addr()
+	if prefillsOnly {
+		r.regularP = newPDClient("regular-prefills", r.proto, base, f, pc.timeout)
+		defer r.regularP.http.CloseIdleConnections()
+		runWorkload(c, r.wl, r.regularP)
+		settle(f)
+		return nil
+	}
 	r.regular = newPDClient("regular", r.proto, base, f, pc.timeout)
 	defer r.regular.http.CloseIdleConnections()
 	if !pc.together {
@@ -366,21 +387,28 @@ func phaseSync(c config, pc pdConfig, r *pdRun) error {
 }
 
 func printPD(w io.Writer, runs []*pdRun) {
-	fmt.Fprintf(w, "| engine | workload | requests (tetherd, direct) | failed | hung | wrong | orphaned rooms/blocks | decodes holding | silent recomputes | protocol errors | throughput tetherd | direct | ratio | hit tetherd | direct | regular (no P/D) | busiest prefill's share: tetherd, direct | retries (prefill, decode failed) |\n")
-	fmt.Fprintf(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(w, "| engine | workload | requests (tetherd, direct) | failed | hung | wrong | orphaned rooms/blocks | decodes holding | silent recomputes | protocol errors | throughput tetherd | direct | ratio | hit tetherd | direct | regular (no P/D): all engines | the prefills alone | busiest prefill's share: tetherd, direct | session turns moved: tetherd, direct | placed by KV | retries (prefill, decode failed) |\n")
+	fmt.Fprintf(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	hit := func(c *pdClient) string {
+		if c == nil {
+			return "-"
+		}
+		return fmt.Sprintf("%.3f", c.hit())
+	}
 	for _, r := range runs {
 		if r.tether == nil {
 			continue
 		}
 		tt, td := r.throughput(r.tether, r.tetherSpan), r.throughput(r.direct, r.directSpan)
-		reg := "-"
-		if r.regular != nil {
-			reg = fmt.Sprintf("%.3f", r.regular.hit())
+		moved := "-"
+		if r.tether.turns > 0 {
+			moved = fmt.Sprintf("%.2f, %.2f", r.tether.movedShare(), r.direct.movedShare())
 		}
-		fmt.Fprintf(w, "| %s | %s | %d, %d | %d | %d | %d | %d | %d | %d | %d | %.0f tok/s | %.0f tok/s | %.3f | %.3f | %.3f | %s | %.2f, %.2f | %.0f (%.0f, %.0f) |\n",
+		fmt.Fprintf(w, "| %s | %s | %d, %d | %d | %d | %d | %d | %d | %d | %d | %.0f tok/s | %.0f tok/s | %.3f | %.3f | %.3f | %s | %s | %.2f, %.2f | %s | %d | %.0f (%.0f, %.0f) |\n",
 			r.proto, r.wl, r.tether.requests, r.direct.requests, r.tether.failed+r.direct.failed, r.tether.hung+r.direct.hung,
 			r.tether.wrong+r.direct.wrong, r.heldPrefill, r.heldDec, r.recomputes, r.protocolErrs, tt, td, tt/td,
-			r.tether.hit(), r.direct.hit(), reg, r.tether.busiest(), r.direct.busiest(), r.retries, r.legFailed[0], r.legFailed[1])
+			r.tether.hit(), r.direct.hit(), hit(r.regular), hit(r.regularP), r.tether.busiest(), r.direct.busiest(), moved,
+			r.tether.byKV, r.retries, r.legFailed[0], r.legFailed[1])
 	}
 	fmt.Fprintf(w, "\n| engine | workload | weight sync under load: requests | aborted, sent again | failed | hung | parked | spanning (answers, engines) | at v1 | pause, update, resume | retries | error |\n")
 	fmt.Fprintf(w, "|---|---|---|---|---|---|---|---|---|---|---|---|\n")

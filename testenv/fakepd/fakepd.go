@@ -61,6 +61,7 @@ import (
 	"time"
 
 	"github.com/tether-rl/tether/testenv/fakeengine"
+	"github.com/tether-rl/tether/userspace/kvevents"
 )
 
 // Options are an engine's timings and behaviour.
@@ -82,6 +83,9 @@ type Options struct {
 	// SGLang prefill refuses it otherwise; a vLLM prefill serves it
 	// either way, this only adds the decode's slots).
 	Regular bool
+	// KVEvents: an engine with a prefix cache publishes its KV-cache
+	// events (kvevents.go; nil: none).
+	KVEvents *KVEventsConfig
 }
 
 func (o *Options) defaults() {
@@ -141,6 +145,7 @@ type server struct {
 	cache        *prefixCache // model.go
 	prefillSlots slots
 	decodeSlots  slots
+	pub          *kvevents.Publisher // kvevents.go; nil: no events
 }
 
 func (s *server) start(h http.Handler) error {
@@ -265,6 +270,9 @@ func (s *server) kill() {
 	// The connections first: a handler its cancel ends must not get to
 	// answer (an empty 200) before its connection goes, as a crash.
 	s.srv.Close()
+	if s.pub != nil {
+		s.pub.Close()
+	}
 	s.mu.Lock()
 	for _, t := range s.rids {
 		t.cancel()

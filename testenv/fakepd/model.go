@@ -36,6 +36,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/tether-rl/tether/userspace/kvevents"
 )
 
 // prefixCache is an LRU of prompt blocks, by their chained hash.
@@ -45,6 +47,9 @@ type prefixCache struct {
 	cap    int // blocks; 0: no cache
 	lru    *list.List
 	blocks map[uint64]*list.Element
+	// publish sends the cache's changes as KV events (kvevents.go; nil:
+	// none), called with mu held.
+	publish func([]kvevents.Event)
 }
 
 func newPrefixCache(tokens, block int) *prefixCache {
@@ -63,16 +68,25 @@ func (c *prefixCache) take(prompt []int) int {
 	var buf [8]byte
 	cached, hit := 0, true
 	var touched []*list.Element
+	var hashes []uint64 // every full block's, for the events
+	var news []int      // the blocks new in the cache
 	defer func() {
 		// The prompt's first block the most recent: a prefix outlives
 		// its extensions, as in a radix cache that evicts leaves first.
 		for i := len(touched) - 1; i >= 0; i-- {
 			c.lru.MoveToFront(touched[i])
 		}
+		var evicted []uint64
 		for c.lru.Len() > c.cap {
 			last := c.lru.Back()
 			delete(c.blocks, last.Value.(uint64))
 			c.lru.Remove(last)
+			if c.publish != nil {
+				evicted = append(evicted, last.Value.(uint64))
+			}
+		}
+		if c.publish != nil {
+			c.publish(blockEvents(prompt, c.block, hashes, news, evicted))
 		}
 	}()
 	for i := 0; i+c.block <= len(prompt); i += c.block {
@@ -84,12 +98,14 @@ func (c *prefixCache) take(prompt []int) int {
 			h.Write(buf[:])
 		}
 		key := h.Sum64()
+		hashes = append(hashes, key)
 		e, ok := c.blocks[key]
 		if ok && hit {
 			cached += c.block
 		}
 		if !ok {
 			hit = false
+			news = append(news, i/c.block)
 			e = c.lru.PushFront(key)
 			c.blocks[key] = e
 		}

@@ -160,11 +160,14 @@ func TestPausedParksAndAbortEndsWithPartialOutput(t *testing.T) {
 				t.Fatalf("parked request: %d %v %s", r.st, r.err, r.b)
 			}
 			go func() { st, b, err := pp.direct(pp.body("aborted", 10000)); done <- res{st, b, err} }()
-			// Running: an SGLang decode no longer waits for its room (an
-			// abort while it waits is a failed KV transfer, a 500).
 			testenv.WaitFor(t, "the decode running", func() bool {
-				d, waits := pp.decode.(*SGLangDecode)
-				return pp.decode.Held() == 1 && pp.prefill.Held() == 0 && (!waits || d.Waiting() == 0)
+				// An SGLang decode holds its request while it waits for
+				// its room too (before the prefill has registered it):
+				// running is holding it and waiting for nothing.
+				if w, ok := pp.decode.(interface{ Waiting() int }); ok && w.Waiting() != 0 {
+					return false
+				}
+				return pp.decode.Held() == 1 && pp.prefill.Held() == 0
 			})
 			if st, b := post(context.Background(), pp.decode.URL()+"/pause_generation", map[string]any{"mode": "abort"}); st != 200 {
 				t.Fatalf("pause: %d %s", st, b)

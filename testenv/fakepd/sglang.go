@@ -52,6 +52,10 @@ func StartSGLangPrefill(opts Options) (*SGLangPrefill, error) {
 	if err := p.start(mux); err != nil {
 		return nil, err
 	}
+	if err := p.startEvents(); err != nil {
+		p.kill()
+		return nil, fmt.Errorf("fakepd: kv events: %w", err)
+	}
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
 		p.kill()

@@ -45,6 +45,10 @@ func StartVLLMPrefill(opts Options) (*VLLMPrefill, error) {
 	if err := p.start(mux); err != nil {
 		return nil, err
 	}
+	if err := p.startEvents(); err != nil {
+		p.kill()
+		return nil, fmt.Errorf("fakepd: kv events: %w", err)
+	}
 	return p, nil
 }
 

@@ -40,8 +40,8 @@ type pdFleet struct {
 // startPDFleet starts len(popts) prefills and len(dopts) decodes of proto
 // and a tetherd in front of them (--prefill URL?bootstrap_port=N,
 // --decode URL, --pd-protocol proto), and waits until every worker is
-// healthy in its role.
-func startPDFleet(t testing.TB, proto PDProtocol, popts, dopts []fakepd.Options) *pdFleet {
+// healthy in its role; set, if any, changes tetherd's options first.
+func startPDFleet(t testing.TB, proto PDProtocol, popts, dopts []fakepd.Options, set ...func(*Options)) *pdFleet {
 	t.Helper()
 	f := &pdFleet{proto: proto}
 	var opts Options
@@ -88,6 +88,9 @@ func startPDFleet(t testing.TB, proto PDProtocol, popts, dopts []fakepd.Options)
 	opts.PDProtocol = proto
 	opts.Routing.RouteHeader = RouteHeaderName
 	opts.Health = health.Config{Interval: 50 * time.Millisecond}
+	for _, fn := range set {
+		fn(&opts)
+	}
 	f.d = startDaemon(t, opts)
 	n := len(popts) + len(dopts)
 	testenv.WaitFor(t, "every P/D worker healthy in its role", func() bool {

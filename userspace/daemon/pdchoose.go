@@ -9,6 +9,7 @@ import (
 
 	"github.com/tether-rl/tether/userspace/fleet"
 	"github.com/tether-rl/tether/userspace/keyhash"
+	"github.com/tether-rl/tether/userspace/kvindex"
 	"github.com/tether-rl/tether/userspace/pd"
 	"github.com/tether-rl/tether/userspace/route"
 	"github.com/tether-rl/tether/userspace/worker"
@@ -20,7 +21,11 @@ import (
 // samples reach the same prefill while it is healthy and under its bounded
 // load, prefillBound; rendezvous hashing, so a prefill that leaves moves
 // only its own keys; prompts that share only a system prompt are other
-// groups, spread over the prefills), the decode by load (the engine signals and
+// groups, spread over the prefills; where the prefills publish KV-cache
+// events, the prefill whose cache holds the longest prefix of the
+// request's token ids first, the affinity among equals: a keyless
+// session's turns follow the prefill that computed its last prompt),
+// the decode by load (the engine signals and
 // tetherd's in-flight count, EngineScore); a pair whose sides are on
 // different weight versions (fleet.Version) takes no work. Both sides
 // count the request as a routed request counts on its worker: from Choose
@@ -70,6 +75,34 @@ func (c *pairChooser) affinity(req *pd.Request) (uint64, string) {
 type scored struct {
 	w     *worker.Worker
 	score float64
+	held  int  // a prefill: prompt tokens its cache holds (KV events)
+	over  bool // a prefill at its bounded load
+}
+
+// held sets each prefill's held tokens of the request's token ids from
+// the KV index (KV-event placement on, route.PrefixPlacement: the same
+// subscriptions as regular workers'); false when none holds any (no
+// events, no token ids in the body: a text prompt, chat messages).
+func (c *pairChooser) held(req *pd.Request, ps []scored) bool {
+	if c.router == nil {
+		return false
+	}
+	pp := c.router.PrefixPlacement()
+	if pp == nil || pp.Index().BlockSize() == 0 {
+		return false
+	}
+	var m kvindex.Match
+	if !pp.Index().Scan(req.Body, int64(len(req.Body)), &m) || m.Engines == 0 {
+		return false
+	}
+	some := false
+	for i := range ps {
+		for _, id := range pp.Engines(ps[i].w.Slot) {
+			ps[i].held = max(ps[i].held, m.Matched(id))
+		}
+		some = some || ps[i].held > 0
+	}
+	return some
 }
 
 // holding reports whether the fleet holds generation requests (a weight
@@ -146,12 +179,28 @@ func (c *pairChooser) choose(req *pd.Request, failed *pd.Pair) (pd.Pair, error) 
 		} else {
 			ps[i].score = float64(w.Stats.Pending())
 		}
-		if float64(w.Stats.Pending()) >= bound {
-			ps[i].score += 1e18 // over its bounded load: the others first
+		ps[i].over = float64(w.Stats.Pending()) >= bound // over its bounded load: the others first
+	}
+	byHeld := c.held(req, ps)
+	sort.SliceStable(ps, func(i, j int) bool {
+		a, b := &ps[i], &ps[j]
+		if a.over != b.over {
+			return !a.over
+		}
+		if a.held != b.held {
+			return a.held > b.held
+		}
+		return a.score < b.score
+	})
+	sort.SliceStable(ds, func(i, j int) bool { return ds[i].score < ds[j].score })
+	if byHeld && !ps[0].over {
+		for _, p := range ps[1:] {
+			if !p.over && p.held < ps[0].held {
+				why = "kv" // what the caches hold decided, not the affinity
+				break
+			}
 		}
 	}
-	sort.SliceStable(ps, func(i, j int) bool { return ps[i].score < ps[j].score })
-	sort.SliceStable(ds, func(i, j int) bool { return ds[i].score < ds[j].score })
 	reason := "prefill-least"
 	if why != "" {
 		reason = "prefill-" + why

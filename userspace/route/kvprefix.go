@@ -122,6 +122,10 @@ func (p *PrefixPlacement) SetEngines(slot int, ids []kvindex.EngineID) {
 	p.engines.Store(&m)
 }
 
+// Engines returns the index engines of the worker in slot (nil: none),
+// for other placements that read the index (P/D's prefill chooser).
+func (p *PrefixPlacement) Engines(slot int) []kvindex.EngineID { return (*p.engines.Load())[slot] }
+
 // PrefixCounts are prefix placement's counters.
 type PrefixCounts struct {
 	Decisions     uint64 // requests placed by the index
