@@ -56,6 +56,13 @@ func (c *conn) send(x *exchange) (keep, ended bool) {
 	if err == nil && len(rest) > 0 {
 		n, err = up.Write(rest)
 		x.wentUp(int64(n))
+		if err != nil {
+			// The worker stopped taking the body read further for the
+			// router (peek.go): it may have answered first, as when the
+			// body is relayed (upload).
+			c.ubuf = c.s.getBuf()
+			return c.sendFailed(x, err), true
+		}
 	}
 	if err != nil {
 		return c.fail(x, 502), true
