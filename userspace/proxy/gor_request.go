@@ -29,7 +29,8 @@ func (c *conn) send(x *exchange) (keep, ended bool) {
 	// unless the client waits for 100 Continue.
 	waitContinue := req.Expect100 && req.HasBody()
 	x.rsc = httphead.Chunked{ExtLimit: cfg.Limits.ChunkExt}
-	var rest []byte // body bytes written from the buffer after out (peek.go)
+	var rest []byte             // body bytes written from the buffer after out (peek.go)
+	r0, left0 := c.r, x.reqLeft // before the buffered body bytes are taken
 	if !waitContinue {
 		if out, rest, err = c.appendBuffered(out, x); err != nil {
 			c.out = out[:0]
@@ -46,6 +47,10 @@ func (c *conn) send(x *exchange) (keep, ended bool) {
 		up.Discard()
 		x.uc, x.prog.redialed = nil, true
 		if up, err = x.w.Pool.Redial(context.Background(), reason); err != nil {
+			// Nothing went up: the body bytes taken from the buffer are
+			// given back, for the worker a reroute picks (as the loop
+			// rewinds to bodyAt).
+			c.r, x.reqLeft = r0, left0
 			return c.refusedOrFail(x, err), true
 		}
 		x.uc = up
@@ -56,6 +61,13 @@ func (c *conn) send(x *exchange) (keep, ended bool) {
 	if err == nil && len(rest) > 0 {
 		n, err = up.Write(rest)
 		x.wentUp(int64(n))
+		if err != nil {
+			// The worker stopped taking the body read further for the
+			// router (peek.go): it may have answered first, as when the
+			// body is relayed (upload).
+			c.ubuf = c.s.getBuf()
+			return c.sendFailed(x, err), true
+		}
 	}
 	if err != nil {
 		return c.fail(x, 502), true

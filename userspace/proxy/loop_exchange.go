@@ -114,6 +114,7 @@ type lx struct {
 	// sendNext: the request body bytes to write up after send, from
 	// conn.buf (a body read further for the router: peek.go).
 	sendNext []byte
+	sendBody bool   // send holds sendNext's bytes: the head went up whole (a failure may be an early answer)
 	bodyAt   int    // where the request body starts in conn.buf (a fallback rewinds to it)
 	pend     []byte // response bytes the client has not taken yet (loop_relay.go, writeClient)
 	pipe     *pipe  // a body spliced through (pumpSplice, upload); nil: copied through ubuf
@@ -304,7 +305,7 @@ func (l *loop) send(c *conn) step {
 	cfg := &l.s.cfg
 	for len(x.send) > 0 || len(x.sendNext) > 0 {
 		if len(x.send) == 0 {
-			x.send, x.sendNext = x.sendNext, nil
+			x.send, x.sendNext, x.sendBody = x.sendNext, nil, true
 		}
 		n, err := l.sendUp(c, x.up.fd, x.send)
 		if n > 0 {
@@ -325,6 +326,12 @@ func (l *loop) send(c *conn) step {
 			// A pooled connection that died before it took a byte.
 			l.closeUp(x.up)
 			return l.redial(c, reason)
+		}
+		if x.sendBody {
+			// The worker stopped taking the body read further for the
+			// router (peek.go): it may have answered first, as when the
+			// body is spliced (upload).
+			return l.earlyAnswer(c, cfg.Waits.EarlyAnswer)
 		}
 		return l.fail(c, 502)
 	}

@@ -214,6 +214,11 @@ func (l *loop) exchangeEvent(c *conn, u *upconn, ev uint32) step {
 	}
 	switch x.phase {
 	case phaseSend:
+		if x.sendBody && x.sock.upReady && !interimAhead(u.fd) {
+			// The head went up, the body read further for the router
+			// (peek.go) is going: an answer now is early, as in upload.
+			return l.earlyAnswer(c, l.s.cfg.ResponseTimeout)
+		}
 		if ev&(unix.EPOLLOUT|unix.EPOLLERR|unix.EPOLLHUP) != 0 {
 			return stepSend
 		}
