@@ -139,16 +139,34 @@ func main() {
 	fmt.Printf("| workload | mode | makespan | hit rate | prefill tokens | KV spread (peak max/mean) | peak KV | preemptions | engines per prompt | decisions | restart: entries gone after |\n")
 	fmt.Printf("|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, wl := range strings.Split(*workloads, ",") {
-		for _, mode := range strings.Split(*modes, ",") {
-			var rs []result
-			for r := 0; r < *runs; r++ {
+		// Runs interleave the modes (run 1 of each, then run 2...), so
+		// that a busy spell of the host falls on every mode alike.
+		ms := strings.Split(*modes, ",")
+		all := make([][]result, len(ms))
+		for r := 0; r < *runs; r++ {
+			for i, mode := range ms {
 				res, err := runOne(c, engines, wl, mode)
 				if err != nil {
 					fmt.Fprintf(os.Stderr, "%s/%s: %v\n", wl, mode, err)
 					os.Exit(1)
 				}
-				rs = append(rs, res)
+				all[i] = append(all[i], res)
 			}
+		}
+		if *runs > 1 {
+			// Each run's makespans, mode by mode: compare within a run.
+			var parts []string
+			for i, mode := range ms {
+				var v []string
+				for _, res := range all[i] {
+					v = append(v, fmt.Sprintf("%.2f", res.makespan.Seconds()))
+				}
+				parts = append(parts, mode+"="+strings.Join(v, "/"))
+			}
+			fmt.Fprintf(os.Stderr, "%s makespans by run (s): %s\n", wl, strings.Join(parts, " "))
+		}
+		for i, mode := range ms {
+			rs := all[i]
 			sort.Slice(rs, func(i, j int) bool { return rs[i].makespan < rs[j].makespan })
 			r := rs[len(rs)/2]
 			gpp := "-"
