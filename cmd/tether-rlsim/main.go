@@ -75,6 +75,7 @@ type config struct {
 
 	kvForm       kvevents.Form
 	restartAfter time.Duration
+	perEngine    bool
 }
 
 func main() {
@@ -101,6 +102,7 @@ func main() {
 	form := flag.String("kv-form", "map", "KV-event wire form of the fake engines: map or array")
 	flag.DurationVar(&c.restartAfter, "restart-after", 2*time.Second, "restart workload: engine 0 restarts this long after the start")
 	runs := flag.Int("runs", 1, "runs per cell (the median makespan's run is reported)")
+	flag.BoolVar(&c.perEngine, "per-engine", false, "print each run's figures per engine (requests, sessions, long sessions, prompt and prefill tokens, preemptions, last answer) and the sessions' moves")
 	seed := flag.Uint64("seed", 1, "workload seed")
 	var pc pdConfig
 	pdFlags(&pc)
@@ -137,16 +139,34 @@ func main() {
 	fmt.Printf("| workload | mode | makespan | hit rate | prefill tokens | KV spread (peak max/mean) | peak KV | preemptions | engines per prompt | decisions | restart: entries gone after |\n")
 	fmt.Printf("|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, wl := range strings.Split(*workloads, ",") {
-		for _, mode := range strings.Split(*modes, ",") {
-			var rs []result
-			for r := 0; r < *runs; r++ {
+		// Runs interleave the modes (run 1 of each, then run 2...), so
+		// that a busy spell of the host falls on every mode alike.
+		ms := strings.Split(*modes, ",")
+		all := make([][]result, len(ms))
+		for r := 0; r < *runs; r++ {
+			for i, mode := range ms {
 				res, err := runOne(c, engines, wl, mode)
 				if err != nil {
 					fmt.Fprintf(os.Stderr, "%s/%s: %v\n", wl, mode, err)
 					os.Exit(1)
 				}
-				rs = append(rs, res)
+				all[i] = append(all[i], res)
 			}
+		}
+		if *runs > 1 {
+			// Each run's makespans, mode by mode: compare within a run.
+			var parts []string
+			for i, mode := range ms {
+				var v []string
+				for _, res := range all[i] {
+					v = append(v, fmt.Sprintf("%.2f", res.makespan.Seconds()))
+				}
+				parts = append(parts, mode+"="+strings.Join(v, "/"))
+			}
+			fmt.Fprintf(os.Stderr, "%s makespans by run (s): %s\n", wl, strings.Join(parts, " "))
+		}
+		for i, mode := range ms {
+			rs := all[i]
 			sort.Slice(rs, func(i, j int) bool { return rs[i].makespan < rs[j].makespan })
 			r := rs[len(rs)/2]
 			gpp := "-"
@@ -238,9 +258,11 @@ func runOne(c config, engines []*fakeengine.Engine, wl, mode string) (result, er
 		}
 	}
 	cl := &client{http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2048, MaxConnsPerHost: 0, IdleConnTimeout: 30 * time.Second}},
-		target: target, engines: urls, rng: rand.New(rand.NewPCG(c.seed, 7)), hashKeys: mode == "hash"}
+		target: target, engines: urls, rng: rand.New(rand.NewPCG(c.seed, 7)), hashKeys: mode == "hash",
+		trace: newTrace(len(urls))}
 	defer cl.http.CloseIdleConnections()
 	start := time.Now()
+	cl.trace.start = start
 	var err error
 	var groupEngines float64
 	var restartGone time.Duration
@@ -286,6 +308,9 @@ func runOne(c config, engines []*fakeengine.Engine, wl, mode string) (result, er
 	if sumPeak > 0 {
 		r.kvSpread = r.peakKV / (sumPeak / float64(len(engines)))
 	}
+	if c.perEngine {
+		cl.trace.print(os.Stdout, wl, mode, engines, c.skewEvery)
+	}
 	if d != nil {
 		rc := d.RoutingCounts()
 		var parts []string
@@ -295,6 +320,11 @@ func runOne(c config, engines []*fakeengine.Engine, wl, mode string) (result, er
 			}
 		}
 		sort.Strings(parts)
+		if pp := d.Router.PrefixPlacement(); pp != nil {
+			if n := pp.Counts().Moved; n > 0 {
+				parts = append(parts, "keys_moved="+strconv.FormatUint(n, 10))
+			}
+		}
 		r.decisions = strings.Join(parts, " ")
 	} else {
 		r.decisions = "-"
@@ -324,6 +354,7 @@ type client struct {
 	engines  []string
 	mu       sync.Mutex
 	rng      *rand.Rand
+	trace    *trace
 }
 
 // generate sends one /generate and returns its output ids and the engine
@@ -374,6 +405,7 @@ func (c *client) generate(key string, ids []int, maxNew int, rid string) ([]int,
 	if h := resp.Header.Get("X-Tether-Route"); h != "" {
 		slot, _ = strconv.Atoi(strings.Fields(h)[0])
 	}
+	c.trace.note(key, slot, len(ids), maxNew)
 	var out struct {
 		OutputIDs []int `json:"output_ids"`
 	}

@@ -49,7 +49,7 @@ func (x *Index) Credit(m *Match, id EngineID) EngineID {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	live := c.key == k && c.until > now.UnixNano()
-	if live && !samePrompt(m, c) {
+	if live && (m.Strict || !samePrompt(m, c)) {
 		// Another prompt with the same start (nothing cached yet): the
 		// credit stays with the group that holds it.
 		return id
@@ -91,14 +91,31 @@ func (t *creditTable) apply(m *Match, now int64) {
 		if limit := max(m.Prompt/m.BlockSize, m.NBlocks); int(b) > limit {
 			b = uint16(min(limit, 1<<16-1))
 		}
-		if b > m.Blocks[c.engine] {
+		pre := m.Blocks[c.engine]
+		if b > pre {
 			m.Blocks[c.engine] = b
 		}
 		if sibling {
 			m.Credited, m.CreditEngine, m.Siblings = true, c.engine, int(c.n)
+			m.precredit = pre
 		}
 	}
 	c.mu.Unlock()
+}
+
+// DropSibling undoes the credit Scan applied as a sibling's (a Strict
+// request): the credited engine keeps the blocks known shared, those up
+// to the credit's key.
+func (m *Match) DropSibling() {
+	if !m.Credited {
+		return
+	}
+	id := m.CreditEngine
+	m.Blocks[id] = max(m.precredit, min(m.Blocks[id], uint16(min(m.NBlocks, 1<<16-1))))
+	if m.Blocks[id] == 0 {
+		m.Engines &^= 1 << uint(id)
+	}
+	m.Credited, m.Siblings = false, 0
 }
 
 // forget drops the credits of an engine (cleared, or its events arrived).

@@ -32,6 +32,15 @@ type Match struct {
 	Credited     bool
 	CreditEngine EngineID
 	Siblings     int
+	// Strict, set by the caller after Scan (a keyed request, whose key
+	// keeps its session together): the request is no credit's sibling,
+	// only the credited blocks known shared count (DropSibling), and
+	// Credit neither follows a credit nor takes it over. Prompts sharing
+	// a start (a system prompt, all that the bytes read before routing
+	// may show) and a length are not one prompt, and a session placed
+	// with another's by mistake stays there for all its turns.
+	Strict    bool
+	precredit uint16 // Blocks[CreditEngine] before the credit was applied
 	// Stopped: the scan came to a block no engine's events hold
 	// (credits aside); false: every full block read is held by some
 	// engine, and the prefix matched may go on past the bytes read.

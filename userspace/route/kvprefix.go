@@ -20,11 +20,16 @@ import (
 //	cost(e) = prompt tokens - tokens e holds of the prompt
 //	        + TokensPerRequest × e's engine score (work reported + routed since, KV penalty: engine_load.go)
 //	        + the prefill tetherd sent e lately (uncached tokens, decaying over Backlog)
+//	        + keyed requests: the prompt tokens of tetherd's requests in flight on e (kvinflight.go)
 //
 // Keyless requests, new keys and new sessions go to the cheapest engine;
 // a key already placed here stays on its engine unless another one is
-// clearly cheaper (cost × MoveMargin + MoveSlack × TokensPerRequest); a
-// vetoed engine takes nothing new. Right after a decision the chosen
+// clearly cheaper (cost × MoveMargin + MoveSlack × TokensPerRequest,
+// judged without the tokens in flight, its engine taken to hold its last
+// prompt where the scan cannot see: a move recomputes the session's
+// context), vetoed or not; a vetoed engine takes nothing new. A keyed
+// request never follows a credit (kvindex.Match.Strict): its key keeps
+// its session together. Right after a decision the chosen
 // engine is credited with the request's blocks (kvindex credits) so that
 // siblings (GRPO samples) follow it before its events arrive. Requests
 // without token ids, and requests whose scan finds no block size yet (no
@@ -57,6 +62,7 @@ type PrefixPlacement struct {
 	x       *kvindex.Index
 	engines atomic.Pointer[map[int][]kvindex.EngineID] // worker slot -> engine per DP rank
 	backlog [kvindex.MaxEngines]backlog
+	flight  inflight
 	keys    []prefixKey
 
 	decisions, matched, scanned, moved atomic.Uint64
@@ -70,11 +76,15 @@ type backlog struct {
 }
 
 type prefixKey struct {
-	mu    sync.Mutex
-	hash  uint64
-	slot  int32
-	rank  int32
-	until int64
+	mu   sync.Mutex
+	hash uint64
+	slot int32
+	rank int32
+	// prompt: the prompt tokens of the key's last request, which its
+	// engine holds since (with that request's output) unless its events
+	// say otherwise.
+	prompt int32
+	until  int64
 }
 
 // NewPrefixPlacement validates cfg.
@@ -98,6 +108,7 @@ func NewPrefixPlacement(cfg PrefixConfig) (*PrefixPlacement, error) {
 		cfg.KeyTTL = 10 * time.Minute
 	}
 	p := &PrefixPlacement{cfg: cfg, x: cfg.Index, keys: make([]prefixKey, prefixKeyEntries)}
+	p.flight.init()
 	m := map[int][]kvindex.EngineID{}
 	p.engines.Store(&m)
 	return p, nil
@@ -171,10 +182,26 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 	if !p.x.Scan(PeekedBody(req, body), req.ContentLength, &m) {
 		return Decision{}, false
 	}
+	if key != nil {
+		// A keyed request follows its key, never a credit's group
+		// (kvindex.Match.Strict): sessions sharing a system prompt and a
+		// length looked like one GRPO group at a cold start, 5 to 20
+		// sessions piled on one engine.
+		m.Strict = true
+		m.DropSibling()
+	}
 	now := time.Now().UnixNano()
 	tau := float64(p.cfg.Backlog.Nanoseconds())
 	engines := *p.engines.Load()
-	cost := func(w *worker.Worker) (float64, int, int, bool) {
+	// Keyed requests weigh the prompt tokens in flight on each engine
+	// (what its sessions hold): a session ten times as long weighs ten
+	// times as much. Keyless ones (GRPO groups) are judged as before.
+	tokens := key != nil
+	// cost of w for this request; assume: prompt tokens w is taken to
+	// hold past what the scan could see (a key's engine: its last
+	// request's prompt), while its events agree with it as far as the
+	// scan read.
+	cost := func(w *worker.Worker, assume int) (float64, int, int, bool) {
 		score, vetoed := w.EngineScore()
 		ids := engines[w.Slot]
 		if m.Credited && containsID(ids, m.CreditEngine) {
@@ -195,7 +222,13 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 		best, rank, held := math.Inf(1), 0, 0
 		for r, id := range ids {
 			h := m.Matched(id)
+			if assume > h && !m.Complete && m.NBlocks > 0 && int(m.Blocks[id]) >= m.NBlocks {
+				h = min(assume, m.Prompt)
+			}
 			bl := p.backlog[id].get(now, tau)
+			if tokens {
+				bl += p.flight.get(id)
+			}
 			if m.Credited && id == m.CreditEngine {
 				bl = max(bl-float64(m.Prompt), 0) // its group's own prefill
 			}
@@ -216,7 +249,7 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 		if w == nil || w.State() != worker.Healthy {
 			continue
 		}
-		c, r, h, vetoed := cost(w)
+		c, r, h, vetoed := cost(w, 0)
 		if vetoed {
 			if vw == nil || c < vc {
 				vw, vc, vrank, vheld = w, c, r, h
@@ -239,7 +272,6 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 		// what each holds (the poller holds admissions meanwhile).
 		bw, bc, brank, bheld = vw, vc, vrank, vheld
 	}
-	allVetoed := bw == vw
 	if m.Credited && key == nil {
 		// A group (GRPO samples, n samples) follows the engine its first
 		// request went to while that engine's expected work, less the
@@ -250,7 +282,7 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 		if cw, r, ok := workerOf(ws, engines, m.CreditEngine); ok && cw != bw && cw.State() == worker.Healthy && m.Siblings < DefaultGroupMax {
 			slack := p.cfg.MoveSlack * p.cfg.TokensPerRequest
 			own := float64(m.Siblings) * p.cfg.TokensPerRequest
-			if c, rr, h, vetoed := cost(cw); !vetoed && rr == r && c-own <= bc+slack && c <= bc*p.cfg.MoveMargin+slack {
+			if c, rr, h, vetoed := cost(cw, 0); !vetoed && rr == r && c-own <= bc+slack && c <= bc*p.cfg.MoveMargin+slack {
 				bw, bc, brank, bheld = cw, c, r, h
 			}
 		}
@@ -263,39 +295,68 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 		bw, bc, brank, bheld = hw, hc, hrank, hheld
 	}
 	var ke *prefixKey
+	var kh uint64
+	stayed := false // a key stays on its engine
 	if key != nil {
-		h := KeyHash(key)
-		ke = &p.keys[(h^h>>29)%prefixKeyEntries]
+		kh = KeyHash(key)
+		ke = &p.keys[(kh^kh>>29)%prefixKeyEntries]
 		ke.mu.Lock()
-		if ke.hash == h && ke.until > now && int(ke.slot) < n {
-			if cur := ws[ke.slot]; cur != nil && cur != bw && cur.State() == worker.Healthy {
-				c, r, hd, vetoed := cost(cur)
-				if (!vetoed || allVetoed) && !(c > bc*p.cfg.MoveMargin+p.cfg.MoveSlack*p.cfg.TokensPerRequest) {
-					bw, bc, brank, bheld = cur, c, r, hd
+		if ke.hash == kh && ke.until > now && int(ke.slot) < n {
+			if cur := ws[ke.slot]; cur == bw {
+				stayed = true
+			} else if cur != nil && cur.State() == worker.Healthy {
+				// What the key's engine holds counts in tokens (its last
+				// prompt): a move recomputes the session's context
+				// elsewhere, as a preemption would. A vetoed engine
+				// takes nothing new, but a key already there moves only
+				// to a clearly cheaper engine, as elsewhere (its KV
+				// penalty is in its cost).
+				// Judged without the tokens in flight, which chose
+				// where new work goes: what the key's engine has in
+				// flight is its other sessions' context, not work in
+				// this request's way; its queue (the engine score) is.
+				tokens = false
+				c, r, hd, _ := cost(cur, int(ke.prompt))
+				b0, _, _, _ := cost(bw, 0)
+				if !(c > b0*p.cfg.MoveMargin+p.cfg.MoveSlack*p.cfg.TokensPerRequest) {
+					bw, bc, brank, bheld, stayed = cur, c, r, hd, true
 				} else {
 					p.moved.Add(1)
 				}
 			}
 		}
-		ke.hash, ke.slot, ke.rank = h, int32(bw.Slot), int32(brank)
-		ke.until = now + p.cfg.KeyTTL.Nanoseconds()
-		ke.mu.Unlock()
 	}
+	var done func()
 	if ids := engines[bw.Slot]; brank >= 0 && brank < len(ids) {
 		id := ids[brank]
-		if got := p.x.Credit(&m, id); got != id {
-			// A sibling arriving together claimed another engine: follow.
+		if got := p.x.Credit(&m, id); got != id && !stayed {
+			// A sibling arriving together claimed another engine: follow
+			// (not a key staying on its engine).
 			if w, r, ok := workerOf(ws, engines, got); ok && w.State() == worker.Healthy {
 				bw, brank, bheld, id = w, r, 0, got
 			}
 		}
 		p.backlog[id].add(float64(max(m.Prompt-bheld, 0)), now, tau)
+		// In flight: what the request pins beyond what the index shows
+		// the engine shares already (a system prompt), or, a sibling,
+		// beyond its group's prefix.
+		pin := m.Prompt - m.Matched(id)
+		if m.Credited && id == m.CreditEngine {
+			pin = m.Prompt - bheld
+		}
+		done = p.flight.hold(id, pin)
+	}
+	if ke != nil {
+		// Where the request went (after a sibling's follow).
+		ke.hash, ke.slot, ke.rank, ke.prompt = kh, int32(bw.Slot), int32(brank), int32(min(m.Prompt, math.MaxInt32))
+		ke.until = now + p.cfg.KeyTTL.Nanoseconds()
+		ke.mu.Unlock()
 	}
 	p.decisions.Add(1)
 	p.matched.Add(uint64(bheld))
 	p.scanned.Add(uint64(m.Prompt))
 	rt.reasons[ReasonKVPrefix].Add(1)
-	return Decision{Worker: bw, Reason: ReasonKVPrefix, Matched: bheld, Rank: brank, Ranks: len(engines[bw.Slot])}, true
+	return Decision{Worker: bw, Reason: ReasonKVPrefix, Done: done, Matched: bheld, Rank: brank, Ranks: len(engines[bw.Slot])}, true
 }
 
 func containsID(ids []kvindex.EngineID, id kvindex.EngineID) bool {

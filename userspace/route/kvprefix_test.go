@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/tether-rl/tether/userspace/httphead"
 	"github.com/tether-rl/tether/userspace/kvevents"
 	"github.com/tether-rl/tether/userspace/kvindex"
 	"github.com/tether-rl/tether/userspace/worker"
@@ -179,5 +181,136 @@ func TestPrefixAllVetoed(t *testing.T) {
 	req, body := genReq(t, idsBody(append(append([]uint32{}, sess...), tokenRun(9000, 100)...)))
 	if d := rt.Route(req, body); d.Worker != ws[1] || d.Reason != ReasonKVPrefix || d.Matched != 640 {
 		t.Fatalf("all vetoed: slot %d reason %v matched %d", d.Worker.Slot, d.Reason, d.Matched)
+	}
+}
+
+func keyedReq(t *testing.T, key string, toks []uint32) (*httphead.Request, []byte) {
+	t.Helper()
+	body := idsBody(toks)
+	return parseReq(t, "/generate", fmt.Sprintf("Content-Length: %d", len(body)), "X-Session-ID: "+key), []byte(body)
+}
+
+// New sessions sharing a system prompt, of one length, arriving before
+// any event (a cold start): each is its own session, placed by the work
+// on each engine, not followed onto the first one's engine as a GRPO
+// group's samples would be (keyless, the same prompt follows).
+func TestPrefixKeyedSessionsAreNoGroup(t *testing.T) {
+	rt, _, _, _ := prefixRouter(t, 4)
+	sys := tokenRun(1000, 320)
+	seen := map[int]bool{}
+	for s := 0; s < 4; s++ {
+		prompt := append(append([]uint32{}, sys...), tokenRun(100000*(s+1), 64)...)
+		req, body := keyedReq(t, fmt.Sprintf("sess-%d", s), prompt)
+		d := rt.Route(req, body)
+		if d.Reason != ReasonKVPrefix {
+			t.Fatalf("session %d: reason %v", s, d.Reason)
+		}
+		seen[d.Worker.Slot] = true
+	}
+	if len(seen) != 4 {
+		t.Fatalf("4 new sessions on 4 idle engines went to %d of them", len(seen))
+	}
+	// The same prompts keyless: one group, one engine.
+	q := append(append([]uint32{}, sys...), tokenRun(900000, 64)...)
+	first := -1
+	for s := 0; s < 4; s++ {
+		req, body := genReq(t, idsBody(q))
+		d := rt.Route(req, body)
+		if first < 0 {
+			first = d.Worker.Slot
+		} else if d.Worker.Slot != first {
+			t.Fatalf("keyless sample %d on slot %d, its group on %d", s, d.Worker.Slot, first)
+		}
+	}
+}
+
+// A new session goes where the fewest prompt tokens are in flight: one
+// long session weighs more than a few short ones, and its weight leaves
+// with its request (Decision.Done).
+func TestPrefixTokensInFlight(t *testing.T) {
+	rt, ws, x, ids := prefixRouter(t, 2)
+	// The recent prefill (Backlog) out of the way: in flight alone.
+	p, err := NewPrefixPlacement(PrefixConfig{Index: x, Backlog: time.Nanosecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, w := range ws {
+		p.SetEngines(w.Slot, []kvindex.EngineID{ids[i]})
+	}
+	rt.SetPrefixPlacement(p)
+	req, body := keyedReq(t, "long", tokenRun(100000, 4000))
+	long := rt.Route(req, body)
+	if long.Done == nil {
+		t.Fatal("a kv-prefix decision with no Done: its tokens are never released")
+	}
+	other := ws[1-long.Worker.Slot]
+	// Three short requests in flight on the other engine (its reading),
+	// one long one on the first: a new session goes to the other.
+	setLoad(other, 3, 0, 0.1, false)
+	setLoad(long.Worker, 1, 0, 0.1, false)
+	req, body = keyedReq(t, "short", tokenRun(200000, 200))
+	d := rt.Route(req, body)
+	if d.Worker != other {
+		t.Fatalf("placed beside 4,000 tokens in flight (slot %d) rather than 3 short requests (slot %d)", d.Worker.Slot, other.Slot)
+	}
+	d.Done()
+	// The long request ended: its engine is the lighter one again.
+	long.Done()
+	setLoad(long.Worker, 0, 0, 0.1, false)
+	req, body = keyedReq(t, "next", tokenRun(300000, 200))
+	if d := rt.Route(req, body); d.Worker != long.Worker {
+		t.Fatalf("the long request's tokens stayed after its Done: slot %d", d.Worker.Slot)
+	}
+}
+
+// A key's engine holds its session's context past what the scan reads
+// (the body beyond the peek): the key stays while its engine is busier
+// by less than that context, also when vetoed (a move recomputes the
+// context, as a preemption would), and moves when another is clearly
+// cheaper.
+func TestPrefixKeyStaysPastThePeek(t *testing.T) {
+	rt, ws, x, ids := prefixRouter(t, 2)
+	// The recent prefill (Backlog) out of the way: the engines' queues
+	// alone.
+	p, err := NewPrefixPlacement(PrefixConfig{Index: x, Backlog: time.Nanosecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, w := range ws {
+		p.SetEngines(w.Slot, []kvindex.EngineID{ids[i]})
+	}
+	rt.SetPrefixPlacement(p)
+	sys := tokenRun(1000, 320)
+	ctx := append(append([]uint32{}, sys...), tokenRun(50000, 3000)...)
+	// Both engines hold the system prompt; the scan sees only its start.
+	storeOn(x, ids[0], sys, 0)
+	storeOn(x, ids[1], sys, 0)
+	route := func(toks []uint32) Decision {
+		body := idsBody(toks)
+		req := parseReq(t, "/generate", fmt.Sprintf("Content-Length: %d", len(body)), "X-Session-ID: s1")
+		peek := body[:2048] // what routing read of it
+		d := rt.Route(req, []byte(peek))
+		if d.Done != nil {
+			d.Done()
+		}
+		return d
+	}
+	home := route(ctx).Worker
+	other := ws[1-home.Slot]
+	// Its engine holds the context now; routing sees only its start.
+	storeOn(x, ids[home.Slot], ctx, 0)
+	ctx = append(ctx, tokenRun(70000, 200)...)
+	// 40 requests there (vetoed: its queue), none on the other: 3,500
+	// tokens of work at 64 each (KV penalty 1.33), against recomputing
+	// the 3,200 tokens of the session's own.
+	setLoad(home, 40, 0, 0.5, true)
+	setLoad(other, 0, 0, 0, false)
+	if d := route(ctx); d.Worker != home {
+		t.Fatalf("a 3,500-token session left its engine (40 requests) for an idle one (slot %d)", d.Worker.Slot)
+	}
+	// Far busier (300 requests deep): it moves.
+	setLoad(home, 300, 0, 0.5, true)
+	if d := route(append(ctx, tokenRun(80000, 200)...)); d.Worker != other {
+		t.Fatalf("stayed on an engine 300 requests deep")
 	}
 }
