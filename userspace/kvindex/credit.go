@@ -22,6 +22,7 @@ type credit struct {
 	engine EngineID
 	blocks uint16
 	prompt int32 // the credited request's prompt tokens (Match.Prompt)
+	body   int64 // its body's length (0: unknown)
 	n      int32 // requests placed under this credit within its TTL
 	until  int64
 }
@@ -43,7 +44,10 @@ func (x *Index) Credit(m *Match, id EngineID) EngineID {
 		return id
 	}
 	blocks := max(m.Prompt/m.BlockSize, m.NBlocks)
-	k := creditKey(m)
+	k := m.ckey
+	if k == 0 {
+		k, _ = creditKeys(m)
+	}
 	c := x.credits.slot(k)
 	now := time.Now()
 	c.mu.Lock()
@@ -69,15 +73,28 @@ func (x *Index) Credit(m *Match, id EngineID) EngineID {
 	} else {
 		c.n = 1
 	}
-	c.key, c.engine, c.blocks, c.prompt = k, id, uint16(min(blocks, 1<<16-1)), int32(m.Prompt)
+	c.key, c.engine, c.blocks, c.prompt, c.body = k, id, uint16(min(blocks, 1<<16-1)), int32(m.Prompt), max(m.body, 0)
 	c.until = now.Add(CreditTTL).UnixNano()
 	return id
 }
 
 func (t *creditTable) apply(m *Match, now int64) {
-	k := creditKey(m)
+	k, alt := creditKeys(m)
 	c := t.slot(k)
 	c.mu.Lock()
+	if a := t.slot(alt); alt != 0 && a != c && !(c.key == k && c.until > now) {
+		// None under the first key: a sibling whose length fell in the
+		// neighbouring bucket? (One slot locked at a time.)
+		c.mu.Unlock()
+		a.mu.Lock()
+		if a.key == alt && a.until > now {
+			c, k = a, alt
+		} else {
+			a.mu.Unlock()
+			c.mu.Lock()
+		}
+	}
+	m.ckey = k
 	if c.key == k && c.until > now {
 		b := c.blocks
 		sibling := samePrompt(m, c)
@@ -130,17 +147,44 @@ func (t *creditTable) forget(id EngineID) {
 	}
 }
 
-// samePrompt: m's prompt is the credited request's, by its length (within
-// a block: the length past the peek is estimated from the body's).
+// samePrompt: m's prompt is the credited request's, by its length: the
+// body's, within a bucket (what a scan reads before routing, and so its
+// estimate of the prompt's tokens, differs from request to request: with
+// the engines' events, a body may be read further, or whole), or where a
+// length is unknown the prompt's tokens, within a block.
 func samePrompt(m *Match, c *credit) bool {
+	if m.body > 0 && c.body > 0 {
+		d := m.body - c.body
+		return d < lengthBucket && d > -lengthBucket
+	}
 	d := m.Prompt - int(c.prompt)
 	return d <= m.BlockSize && d >= -m.BlockSize
 }
 
-// creditKey is a credit's key: the scan's last block and the prompt's
-// length in blocks, so that prompts sharing only a start (a GRPO wave's
+// lengthBucket is the width, in body bytes, of a credit key's length.
+const lengthBucket = 128
+
+// creditKeys returns a credit's key: the scan's last block and the
+// prompt's length, so that prompts sharing only a start (a GRPO wave's
 // prompts before any engine holds their system prompt) each keep their
-// own group's credit.
-func creditKey(m *Match) uint64 {
-	return m.Last ^ uint64(m.Prompt/max(m.BlockSize, 1)+1)*0x9e3779b97f4a7c15
+// own group's credit. The length is the body's in buckets of
+// lengthBucket bytes, the same for the samples of one prompt however much
+// of each was read (their bodies differ in a sample's own fields only);
+// alt, the neighbouring bucket nearer the body's length, is where a
+// sibling just across a bucket's edge looks too (0: none). Without a
+// body length, the prompt's tokens in blocks.
+func creditKeys(m *Match) (k, alt uint64) {
+	const mix = 0x9e3779b97f4a7c15
+	if m.body <= 0 {
+		return m.Last ^ uint64(m.Prompt/max(m.BlockSize, 1)+1)*mix, 0
+	}
+	b := uint64(m.body / lengthBucket)
+	k = m.Last ^ (b+1)*mix ^ 1<<63
+	switch {
+	case m.body%lengthBucket >= lengthBucket/2:
+		alt = m.Last ^ (b+2)*mix ^ 1<<63
+	case b > 0:
+		alt = m.Last ^ b*mix ^ 1<<63
+	}
+	return k, alt
 }

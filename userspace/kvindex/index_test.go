@@ -395,3 +395,39 @@ func TestCreditStaysWithGroup(t *testing.T) {
 		t.Fatalf("after a sibling went elsewhere: credit on %d, e1 %d, e0 %d", m3.CreditEngine, m3.Matched(e1), m3.Matched(e0))
 	}
 }
+
+// The samples of one prompt differ in their own fields only (a rid, a
+// seed): bodies a few bytes apart, scanned before any engine holds their
+// prompt, find the first sample's credit however their lengths fall
+// against the credit key's length buckets (keyed by the body's length,
+// with the neighbouring bucket looked at; keyed by an estimate of the
+// prompt's tokens, a few bytes moved it to another bucket).
+func TestCreditSiblingsOfSlightlyOtherLengths(t *testing.T) {
+	rng := rand.New(rand.NewPCG(19, 20))
+	for n := 16 * 50; n < 16*52; n++ {
+		testCreditSiblings(t, toks(rng, n))
+	}
+}
+
+func testCreditSiblings(t *testing.T, a []uint32) {
+	for d := 0; d < lengthBucket/2; d++ {
+		x := New(Config{})
+		x.Register("e0")
+		e1, _ := x.Register("e1")
+		var m Match
+		first := body(a, `"seed":1,`)
+		x.Scan(first, int64(len(first)), &m)
+		x.Credit(&m, e1)
+		// Its own field after the token ids (where the estimate of the
+		// prompt's tokens past the bytes scanned sees it).
+		sib := append(first[:len(first)-1:len(first)-1], `,"seed":`+strconv.Itoa(1+d)+`,"pad":"`+strings.Repeat(" ", d)+`"}`...)
+		if len(sib)-len(first) >= lengthBucket/2 {
+			break
+		}
+		var m2 Match
+		x.Scan(sib, int64(len(sib)), &m2)
+		if !m2.Credited || m2.CreditEngine != e1 {
+			t.Fatalf("%d tokens, a sibling %d bytes longer: credited %v on %d", len(a), len(sib)-len(first), m2.Credited, m2.CreditEngine)
+		}
+	}
+}

@@ -41,6 +41,8 @@ type Match struct {
 	// with another's by mistake stays there for all its turns.
 	Strict    bool
 	precredit uint16 // Blocks[CreditEngine] before the credit was applied
+	body      int64  // the body's length (Scan's contentLength; <= 0: unknown)
+	ckey      uint64 // the credit key Credit uses: the one a live credit was found under, else the first
 	// Stopped: the scan came to a block no engine's events hold
 	// (credits aside); false: every full block read is held by some
 	// engine, and the prefix matched may go on past the bytes read.
@@ -72,6 +74,7 @@ func (x *Index) Scan(body []byte, contentLength int64, m *Match) bool {
 		return false
 	}
 	m.BlockSize = bs
+	m.body = contentLength
 	var blk [maxBlockSize]uint32
 	var keys [32]uint64
 	nb, nk := 0, 0
