@@ -431,3 +431,154 @@ func testCreditSiblings(t *testing.T, a []uint32) {
 		}
 	}
 }
+
+// A credit is keyed by the prompt's identity, not by where the scan
+// stopped: a sibling arriving after the group's engine published the
+// prompt's blocks reads the whole prompt, where the first sample stopped
+// at its first block, and still finds the group's credit. Prompts that
+// share a system prompt and a body length (a GRPO wave's, scanned cold:
+// every scan stops at the system prompt's first block) are no siblings.
+func TestCreditIdentity(t *testing.T) {
+	rng := rand.New(rand.NewPCG(21, 22))
+	sys := toks(rng, 16*64)
+	x := New(Config{})
+	e0, _ := x.Register("e0")
+	e1, _ := x.Register("e1")
+	e2, _ := x.Register("e2")
+	s := newEngineSim(16, 1)
+	x.Apply(e0, []kvevents.Event{*s.store(toks(rng, 32))}) // the block size known
+	mk := func() []uint32 {
+		q := make([]uint32, 200)
+		for i := range q {
+			q[i] = 100000 + uint32(rng.IntN(9000)) // ids of one width: equal bodies
+		}
+		return append(append([]uint32{}, sys...), q...)
+	}
+	a, b := mk(), mk()
+	ba, bb := body(a, ""), body(b, "")
+	if len(ba) != len(bb) {
+		t.Fatalf("bodies of %d and %d bytes", len(ba), len(bb))
+	}
+	var m Match
+	x.Scan(ba, int64(len(ba)), &m)
+	if !m.Stopped || m.NBlocks != 1 {
+		t.Fatalf("cold scan: stopped %v after %d blocks", m.Stopped, m.NBlocks)
+	}
+	x.Credit(&m, e1)
+	// Another prompt, the same start and length: not a sibling.
+	var mb Match
+	x.Scan(bb, int64(len(bb)), &mb)
+	if mb.Credited || mb.Matched(e1) != 0 {
+		t.Fatalf("another prompt of the wave credited on e1 (%v, %d tokens)", mb.Credited, mb.Matched(e1))
+	}
+	if got := x.Credit(&mb, e2); got != e2 {
+		t.Fatalf("another prompt of the wave sent to %d, the first prompt's engine", got)
+	}
+	// The group's engine publishes the prompt: a later sibling reads it
+	// whole, and still finds its group's credit.
+	x.Apply(e1, []kvevents.Event{*s.store(a)})
+	var m2 Match
+	sib := body(a, `"seed":7,`)
+	x.Scan(sib, int64(len(sib)), &m2)
+	if m2.Stopped || !m2.Complete {
+		t.Fatalf("a sibling after the events: stopped %v complete %v", m2.Stopped, m2.Complete)
+	}
+	if !m2.Credited || m2.CreditEngine != e1 || m2.Siblings != 1 {
+		t.Fatalf("a sibling after the events: credited %v on %d, %d siblings", m2.Credited, m2.CreditEngine, m2.Siblings)
+	}
+	_ = e0
+}
+
+// SharedPrefix: the deepest held prefix of a prompt is shared once
+// another prompt's deepest held prefix was the same within the window;
+// a sibling (the same prompt) or a prompt holding a deeper prefix of its
+// own is not.
+func TestSharedPrefix(t *testing.T) {
+	rng := rand.New(rand.NewPCG(23, 24))
+	sys := toks(rng, 16*8)
+	x := New(Config{})
+	e0, _ := x.Register("e0")
+	s := newEngineSim(16, 1)
+	x.Apply(e0, []kvevents.Event{*s.store(sys)})
+	scan := func(p []uint32) *Match {
+		var m Match
+		b := body(p, "")
+		x.Scan(b, int64(len(b)), &m)
+		return &m
+	}
+	p1 := append(append([]uint32{}, sys...), toks(rng, 40)...)
+	p2 := append(append([]uint32{}, sys...), toks(rng, 40)...)
+	if x.SharedPrefix(scan(p1)) {
+		t.Fatal("the first prompt's prefix is shared")
+	}
+	if x.SharedPrefix(scan(p1)) {
+		t.Fatal("a sibling's prefix is shared")
+	}
+	if !x.SharedPrefix(scan(p2)) {
+		t.Fatal("another prompt holding the same system prompt: not shared")
+	}
+	// A session's own context, deeper than the system prompt.
+	x.Apply(e0, []kvevents.Event{*s.store(p1)})
+	turn := append(append([]uint32{}, p1...), toks(rng, 40)...)
+	if x.SharedPrefix(scan(turn)) {
+		t.Fatal("a session's own context is shared")
+	}
+	// Nothing held: never shared.
+	if x.SharedPrefix(scan(toks(rng, 64))) || x.SharedPrefix(scan(toks(rng, 64))) {
+		t.Fatal("prompts holding nothing share a prefix")
+	}
+}
+
+// GroupSize learns the samples per prompt from the keyless requests
+// credited, and Pending counts, on a group's engine, the samples still
+// expected of it: one fewer with each sibling placed (on the engine or,
+// its engine too busy, elsewhere); keyed (Strict) requests count for
+// neither.
+func TestGroupSizeAndPending(t *testing.T) {
+	rng := rand.New(rand.NewPCG(25, 26))
+	x := New(Config{})
+	e0, _ := x.Register("e0")
+	e1, _ := x.Register("e1")
+	if g := x.GroupSize(); g != 1 {
+		t.Fatalf("no requests yet: group size %v", g)
+	}
+	place := func(p []uint32, id EngineID, strict bool) EngineID {
+		var m Match
+		b := body(p, "")
+		x.Scan(b, int64(len(b)), &m)
+		if strict {
+			m.Strict = true
+			m.DropSibling()
+		}
+		return x.Credit(&m, id)
+	}
+	for g := 0; g < 20; g++ {
+		p := toks(rng, 64)
+		for s := 0; s < 4; s++ {
+			place(p, e0, false)
+		}
+	}
+	if g := x.GroupSize(); g < 3.9 || g > 4.1 {
+		t.Fatalf("groups of 4: group size %v", g)
+	}
+	if p := x.Pending(e0); p > 0.5 {
+		t.Fatalf("every group complete: %v pending", p)
+	}
+	p := toks(rng, 64)
+	place(p, e1, false)
+	if got := x.Pending(e1); got < 2.5 || got > 3.01 {
+		t.Fatalf("a new group's first sample: %v pending, want about 3", got)
+	}
+	place(p, e1, false)
+	place(p, e0, false) // a sibling placed elsewhere still arrived
+	if got := x.Pending(e1); got < 0.5 || got > 1.01 {
+		t.Fatalf("two siblings in: %v pending, want about 1", got)
+	}
+	before := x.GroupSize()
+	for i := 0; i < 10; i++ {
+		place(toks(rng, 64), e0, true)
+	}
+	if x.GroupSize() != before || x.Pending(e0) > 0.5 {
+		t.Fatalf("keyed requests moved the group size (%v to %v) or pending (%v)", before, x.GroupSize(), x.Pending(e0))
+	}
+}

@@ -2,6 +2,7 @@ package kvindex
 
 import (
 	"bytes"
+	"hash/maphash"
 	"math/bits"
 	"time"
 
@@ -26,7 +27,7 @@ type Match struct {
 	Prompt    int    // prompt tokens: exact when Complete, else estimated from the body's length
 	Complete  bool   // the whole prompt was within the bytes read
 	NBlocks   int    // full blocks hashed
-	Last      uint64 // key of the last block hashed (Credit)
+	Last      uint64 // key of the last block hashed
 	// Credited: a request with the same start was placed on
 	// CreditEngine moments ago (Credit), Siblings times within CreditTTL.
 	Credited     bool
@@ -47,7 +48,34 @@ type Match struct {
 	// (credits aside); false: every full block read is held by some
 	// engine, and the prefix matched may go on past the bytes read.
 	Stopped bool
+	// ident is the prompt's identity, the key of its credits (credit.go):
+	// its token-id list's length and last bytes, within the first
+	// CreditWindow bytes of the list. identExact: the whole list is in
+	// the window, so the identity names the prompt whatever else the
+	// body holds; otherwise (identCut) the body's length completes it.
+	// identShort: neither the list's end nor the window's was read (the
+	// identity would depend on how much of the body arrived: PeekMore
+	// reads on).
+	ident      uint64
+	identExact bool
+	identShort bool
+	// heldKey: the key of the deepest block some engine's events hold
+	// (0: none), the prefix SharedPrefix asks about.
+	heldKey uint64
 }
+
+// CreditWindow bounds the bytes of a token-id list that name a prompt for
+// its credits: a list that ends within it names its prompt exactly; a
+// longer one by the window and the body's length. A request whose first
+// read holds neither end is read up to it before routing (PeekMore), so
+// that siblings read however their bytes arrived agree.
+const CreditWindow = 64 << 10
+
+// identTail is how many bytes before the identity's end are hashed: the
+// list's length (or the body's) names the rest.
+const identTail = 1024
+
+var identSeed = maphash.MakeSeed()
 
 // provisionalBlockSize hashes requests before any event told the block
 // size: only credits (siblings of a request placed moments ago) can match
@@ -132,6 +160,7 @@ scan:
 			m.Prompt += int(rest * int64(m.Tokens) / int64(used))
 		}
 	}
+	m.identify(body, start, i, contentLength, salt)
 	if m.NBlocks > 0 {
 		x.credits.apply(m, time.Now().UnixNano())
 	}
@@ -142,6 +171,37 @@ scan:
 	}
 	return true
 }
+
+// identify sets the prompt's identity (ident): b[start:] is the token-id
+// list as read, i where the scan left it (at the list's closing bracket
+// when Complete). Siblings (a GRPO group's samples, n samples) name the
+// same identity however far their scans went (the engines' events come in
+// between), which a block key at the scan's end would not: their credits
+// would miss each other. Without allocation: one vectorized search for
+// the list's end past the scan, and identTail bytes hashed.
+func (m *Match) identify(b []byte, start, i int, contentLength int64, salt uint64) {
+	end, closed := i, m.Complete
+	if !closed {
+		lim := min(len(b), start+CreditWindow)
+		if i < lim {
+			if j := bytes.IndexByte(b[i:lim], ']'); j >= 0 {
+				end, closed = i+j, true
+			}
+		}
+		if !closed {
+			end = lim
+			m.identShort = lim-start < CreditWindow && (contentLength < 0 || int64(len(b)) < contentLength)
+		}
+	}
+	h := maphash.Bytes(identSeed, b[max(start, end-identTail):end])
+	m.ident = fmix(h^uint64(end-start)*m2) ^ salt
+	m.identExact = closed
+}
+
+// Short: the bytes scanned hold neither the token-id list's end nor
+// CreditWindow of it, and the body goes on: read further, the prompt's
+// identity (its credits' key) would be another.
+func (m *Match) Short() bool { return m.identShort }
 
 // walk looks a run of block keys up under one read lock and returns the
 // engines that hold all of them. An engine's cache is prefix-closed (an
@@ -179,6 +239,17 @@ func (x *Index) walk(keys []uint64, alive uint64, m *Match) uint64 {
 	}
 	for a := held; a != 0; a &= a - 1 {
 		m.Blocks[bits.TrailingZeros64(a)] = uint16(min(base+n, 1<<16-1))
+	}
+	if held != 0 {
+		m.heldKey = keys[n-1]
+	} else {
+		deep := 0
+		for a := alive; a != 0; a &= a - 1 {
+			deep = max(deep, int(m.Blocks[bits.TrailingZeros64(a)])-base)
+		}
+		if deep > 0 {
+			m.heldKey = keys[deep-1]
+		}
 	}
 	return held
 }

@@ -197,6 +197,7 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 	// (what its sessions hold): a session ten times as long weighs ten
 	// times as much. Keyless ones (GRPO groups) are judged as before.
 	tokens := key != nil
+	group := p.x.GroupSize()
 	// cost of w for this request; assume: prompt tokens w is taken to
 	// hold past what the scan could see (a key's engine: its last
 	// request's prompt), while its events agree with it as far as the
@@ -204,12 +205,24 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 	cost := func(w *worker.Worker, assume int) (float64, int, int, bool) {
 		score, vetoed := w.EngineScore()
 		ids := engines[w.Slot]
+		// The samples still expected of the groups placed here lately
+		// (kvindex Pending): a GRPO group's first sample brings its
+		// siblings' work, which the engine's load shows only once they
+		// arrive; without it every new prompt goes where a shared
+		// system prompt is held, and its group finds the engine full.
+		var pend float64
+		for _, id := range ids {
+			pend += p.x.Pending(id)
+		}
 		if m.Credited && containsID(ids, m.CreditEngine) {
 			// The siblings placed here moments ago (the same prompt:
 			// kvindex credits mark no other) are this request's group,
-			// not work in its way: they share its prefill.
+			// not work in its way: they share its prefill; and the
+			// group's samples still expected are its own.
 			score = max(score-float64(m.Siblings), 1)
+			pend = max(pend-max(group-1-float64(m.Siblings), 0), 0)
 		}
+		score += pend
 		base := p.cfg.TokensPerRequest * score
 		if v, ok := w.EngineState(); ok && v.MaxRunning > 0 && score >= float64(v.MaxRunning) {
 			// Past the running batch's bound a request waits a whole
@@ -287,11 +300,14 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 			}
 		}
 	}
-	if key == nil && !m.Credited && hw != nil && hw != bw && hheld > bheld &&
+	if key == nil && !m.Credited && !p.x.SharedPrefix(&m) && hw != nil && hw != bw && hheld > bheld &&
 		hc <= bc*p.cfg.MoveMargin+p.cfg.MoveSlack*p.cfg.TokensPerRequest {
 		// Keyless, the engine that holds the most of the prompt (a
 		// session's earlier turns, a group whose events arrived) keeps
-		// it unless another is clearly cheaper, as a key's engine does.
+		// it unless another is clearly cheaper, as a key's engine does;
+		// not where what it holds is a prefix other prompts matched
+		// lately too (kvindex SharedPrefix: a system prompt), which
+		// would draw every new prompt, and its group, to one engine.
 		bw, bc, brank, bheld = hw, hc, hrank, hheld
 	}
 	var ke *prefixKey

@@ -101,9 +101,11 @@ func TestPrefixPlacement(t *testing.T) {
 			t.Fatalf("sample %d: slot %d, first on %d", s, d.Worker.Slot, first.Slot)
 		}
 	}
-	// Clearing an engine (restart) loses its match.
+	// Clearing an engine (restart) loses its match (a prompt of its own:
+	// sess itself was placed on another engine above, and is credited
+	// there).
 	x.Clear(ids[2])
-	req, body = genReq(t, idsBody(sess))
+	req, body = genReq(t, idsBody(append(append([]uint32{}, sess...), tokenRun(7000, 50)...)))
 	if d := rt.Route(req, body); d.Matched != 0 {
 		t.Fatalf("matched %d after clear", d.Matched)
 	}
@@ -312,5 +314,52 @@ func TestPrefixKeyStaysPastThePeek(t *testing.T) {
 	setLoad(home, 300, 0, 0.5, true)
 	if d := route(append(ctx, tokenRun(80000, 200)...)); d.Worker != other {
 		t.Fatalf("stayed on an engine 300 requests deep")
+	}
+}
+
+// A new prompt sharing a system prompt that one engine holds (a GRPO
+// wave's prompts, whose first computed it there) is placed by cost once
+// another prompt matched the same prefix (kvindex SharedPrefix): what
+// that engine holds is then no session's own context, and keeping every
+// new prompt there within the keys' margin drew a whole wave, and then
+// each prompt's group, to one engine. A keyless session's next turn,
+// whose deepest held prefix is its own last turn, still keeps to its
+// engine within the margin.
+func TestPrefixSharedSystemPromptDrawsNoWave(t *testing.T) {
+	rt, ws, x, ids := prefixRouter(t, 4)
+	sys := tokenRun(1000, 1024)
+	storeOn(x, ids[0], sys, 0)
+	// Engine 0 busier than the rest by 20 requests (1,280 tokens of
+	// work), more than the 1,024-token system prompt saves but within
+	// the keys' margin.
+	setLoad(ws[0], 20, 0, 0.1, false)
+	prompt := func(p int) []uint32 {
+		return append(append([]uint32{}, sys...), tokenRun(100000+1000*p, 200)...)
+	}
+	req, body := genReq(t, idsBody(prompt(0)))
+	if d := rt.Route(req, body); d.Reason != ReasonKVPrefix {
+		t.Fatalf("first prompt: reason %v", d.Reason)
+	}
+	req, body = genReq(t, idsBody(prompt(1)))
+	if d := rt.Route(req, body); d.Worker == ws[0] || d.Reason != ReasonKVPrefix {
+		t.Fatalf("the second prompt of a wave went to the busier engine holding only their shared system prompt (slot %d, %v)", d.Worker.Slot, d.Reason)
+	}
+
+	// A keyless session's context on engine 1 of a fresh fleet, busier
+	// (15 requests) than engine 0, which holds the system prompt and is
+	// cheaper by cost, though within the margin: each turn stays (the
+	// engine's events of the last turn in before the next, as an engine
+	// publishes a turn's blocks).
+	rt, ws, x, ids = prefixRouter(t, 4)
+	storeOn(x, ids[0], sys, 0)
+	sess := append(append([]uint32{}, sys...), tokenRun(300000, 640)...)
+	setLoad(ws[1], 15, 0, 0.1, false)
+	for turn := 0; turn < 3; turn++ {
+		storeOn(x, ids[1], sess, uint64(turn+1)<<20)
+		sess = append(sess, tokenRun(400000+100*turn, 48)...)
+		req, body := genReq(t, idsBody(sess))
+		if d := rt.Route(req, body); d.Worker != ws[1] {
+			t.Fatalf("turn %d of a keyless session left the engine holding its context for slot %d", turn, d.Worker.Slot)
+		}
 	}
 }

@@ -8,9 +8,12 @@ import (
 	"github.com/tether-rl/tether/userspace/kvindex"
 )
 
-// PeekMore asks for more body only while every full block read is held
-// by some engine and the prompt goes on past the bytes read; a credit
-// (siblings of a request placed moments ago) never makes it ask.
+// PeekMore asks for more body while every full block read is held by
+// some engine and the prompt goes on past the bytes read, or while the
+// bytes read hold neither the token-id list's end nor
+// kvindex.CreditWindow of it (the prompt's identity, its credits' key,
+// would depend on how much arrived); a credit (siblings of a request
+// placed moments ago) never makes it ask by itself.
 func TestPeekMore(t *testing.T) {
 	rt, _, x, ids := prefixRouter(t, 3)
 	held := tokenRun(1000, 2000) // 125 blocks on engine 1
@@ -18,6 +21,7 @@ func TestPeekMore(t *testing.T) {
 	long := idsBody(append(append([]uint32{}, held...), tokenRun(50000, 400)...))
 	cold := idsBody(tokenRun(90000, 3000))
 	heldEnd := strings.Index(long, "50000,")
+	window := idsBody(tokenRun(200000, 12000)) // 84 KiB of ids
 	// A cold prompt placed: its engine is credited with its blocks.
 	if req, body := genReq(t, cold); rt.Route(req, body).Reason != ReasonKVPrefix {
 		t.Fatal("the cold prompt was not placed by the index")
@@ -30,11 +34,14 @@ func TestPeekMore(t *testing.T) {
 	}{
 		{"held so far", long, 3000, true},
 		{"held to the last byte read", long, heldEnd - 1, true},
-		{"past the held prefix", long, heldEnd + 400, false},
+		{"past the held prefix, the list's end unread", long, heldEnd + 400, true},
 		{"whole prompt read", long, len(long) - 10, false},
 		{"whole body", long, len(long), false},
-		{"held by none", idsBody(tokenRun(70000, 3000)), 3000, false},
-		{"a credited sibling, held by none", cold, 3000, false},
+		{"held by none, the list's end unread", idsBody(tokenRun(70000, 3000)), 3000, true},
+		{"held by none, the list's end read", idsBody(tokenRun(70000, 300)), len(idsBody(tokenRun(70000, 300))) - 10, false},
+		{"held by none, the window read", window, kvindex.CreditWindow + 600, false},
+		{"a credited sibling, the list's end unread", cold, 3000, true},
+		{"a credited sibling, the list's end read", cold, len(cold) - 10, false},
 		{"text prompt", `{"text":"` + strings.Repeat("a", 5000) + `"}`, 3000, false},
 		{"not JSON", strings.Repeat("x", 5000), 3000, false},
 	} {
