@@ -5,7 +5,8 @@ package proxy
 // a goroutine: peekBody); a router that is a PeekMorer is then asked,
 // each time the bytes it asked for are in, whether it wants more of the
 // body before it decides (route.Router.PeekMore: while the engines hold
-// every block of the token ids read so far). The request's buffer then
+// every block of the token ids read so far, or until the list's end or
+// its first 64 KiB, the prompt's identity, is in). The request's buffer then
 // grows (bufs.go's size classes) to hold what it asked, within
 // Config.PeekMax and the Content-Length, the large buffers' bytes within
 // Config.PeekBudget; the head moves to the new buffer's start and is
