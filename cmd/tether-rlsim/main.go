@@ -165,6 +165,7 @@ func main() {
 			}
 			fmt.Fprintf(os.Stderr, "%s makespans by run (s): %s\n", wl, strings.Join(parts, " "))
 		}
+		medians := make([]time.Duration, len(ms))
 		for i, mode := range ms {
 			rs := all[i]
 			sort.Slice(rs, func(i, j int) bool { return rs[i].makespan < rs[j].makespan })
@@ -179,6 +180,11 @@ func main() {
 			}
 			fmt.Printf("| %s | %s | %.2f s | %.3f | %d | %.2f | %.2f | %d | %s | %s | %s |\n",
 				wl, mode, r.makespan.Seconds(), r.hit, r.prefill, r.kvSpread, r.peakKV, r.preempt, gpp, r.decisions, gone)
+			medians[i] = r.makespan
+		}
+		if skew, ok := sessionsSkew(c, wl); ok && c.perEngine {
+			sys, plans := sessionPlans(c, skew)
+			printBounds(os.Stdout, wl, boundsOf(c, sessionCosts(c, sys, plans)), ms, medians)
 		}
 	}
 }
@@ -269,12 +275,9 @@ func runOne(c config, engines []*fakeengine.Engine, wl, mode string) (result, er
 	switch wl {
 	case "grpo":
 		groupEngines, err = runGRPO(c, cl)
-	case "sessions":
-		err = runSessions(c, cl, 1, true)
-	case "skewed":
-		err = runSessions(c, cl, c.skew, true)
-	case "keyless":
-		err = runSessions(c, cl, 1, false)
+	case "sessions", "skewed", "keyless":
+		skew, _ := sessionsSkew(c, wl)
+		err = runSessions(c, cl, skew, wl != "keyless")
 	case "restart":
 		done := make(chan time.Duration, 1)
 		go func() { done <- restartOne(c, engines[0], d) }()
@@ -309,7 +312,7 @@ func runOne(c config, engines []*fakeengine.Engine, wl, mode string) (result, er
 		r.kvSpread = r.peakKV / (sumPeak / float64(len(engines)))
 	}
 	if c.perEngine {
-		cl.trace.print(os.Stdout, wl, mode, engines, c.skewEvery)
+		cl.trace.print(os.Stdout, wl, mode, engines, c)
 	}
 	if d != nil {
 		rc := d.RoutingCounts()
@@ -330,6 +333,18 @@ func runOne(c config, engines []*fakeengine.Engine, wl, mode string) (result, er
 		r.decisions = "-"
 	}
 	return r, nil
+}
+
+// sessionsSkew says whether wl is a sessions workload (sessions, skewed,
+// keyless: the same draw, keyless without keys) and its skew.
+func sessionsSkew(c config, wl string) (int, bool) {
+	switch wl {
+	case "sessions", "keyless":
+		return 1, true
+	case "skewed":
+		return c.skew, true
+	}
+	return 0, false
 }
 
 func allKnown(d *daemon.Daemon) bool {
@@ -475,21 +490,21 @@ func runGRPO(c config, cl generator) (float64, error) {
 	return sumEngines / float64(c.waves*c.prompts), nil
 }
 
-// runSessions: agent sessions, all at once, turns in sequence; each turn
-// sends the whole context (shared system prompt, task, earlier turns'
-// outputs and tool results). One session in skewEvery has skew× the
-// context: a task (document, repository) that long; its turns add what
-// the others' do.
-func runSessions(c config, cl generator, skew int, keyed bool) error {
+// sessionPlan is one agent session: its task, each turn's tool result and
+// max new tokens.
+type sessionPlan struct {
+	task   []int
+	tools  [][]int
+	maxNew []int
+}
+
+// sessionPlans draws the sessions workload (runSessions): the shared
+// system prompt and each session's plan, from c.seed.
+func sessionPlans(c config, skew int) ([]int, []sessionPlan) {
 	rng := rand.New(rand.NewPCG(c.seed, 2))
 	sys := make([]int, c.sysTokens)
 	for i := range sys {
 		sys[i] = 1000 + rng.IntN(30000)
-	}
-	type plan struct {
-		task   []int
-		tools  [][]int
-		maxNew []int
 	}
 	toks := func(n int) []int {
 		s := make([]int, n)
@@ -498,19 +513,29 @@ func runSessions(c config, cl generator, skew int, keyed bool) error {
 		}
 		return s
 	}
-	plans := make([]plan, c.sessions)
+	plans := make([]sessionPlan, c.sessions)
 	for s := range plans {
 		mult := 1
 		if skew > 1 && s%c.skewEvery == 0 {
 			mult = skew
 		}
-		p := plan{task: toks(mult * (200 + rng.IntN(200)))}
+		p := sessionPlan{task: toks(mult * (200 + rng.IntN(200)))}
 		for t := 0; t < c.turns; t++ {
 			p.tools = append(p.tools, toks(50+rng.IntN(150)))
 			p.maxNew = append(p.maxNew, 32+rng.IntN(96))
 		}
 		plans[s] = p
 	}
+	return sys, plans
+}
+
+// runSessions: agent sessions, all at once, turns in sequence; each turn
+// sends the whole context (shared system prompt, task, earlier turns'
+// outputs and tool results). One session in skewEvery has skew× the
+// context: a task (document, repository) that long; its turns add what
+// the others' do.
+func runSessions(c config, cl generator, skew int, keyed bool) error {
+	sys, plans := sessionPlans(c, skew)
 	var wg sync.WaitGroup
 	errs := make(chan error, c.sessions)
 	for s := range plans {

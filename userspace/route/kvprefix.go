@@ -338,9 +338,11 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 		}
 		p.backlog[id].add(float64(max(m.Prompt-bheld, 0)), now, tau)
 		// In flight: what the request pins beyond what the index shows
-		// the engine shares already (a system prompt), or, a sibling,
-		// beyond its group's prefix.
-		pin := m.Prompt - m.Matched(id)
+		// the engine shares already (a system prompt), or beyond a
+		// prefix two engines hold (a shared prefix: each engine computes
+		// it once, it is no request's own), or, a sibling, beyond its
+		// group's prefix.
+		pin := m.Prompt - max(m.Matched(id), sharedPrefix(&m, engines))
 		if m.Credited && id == m.CreditEngine {
 			pin = m.Prompt - bheld
 		}
@@ -357,6 +359,27 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 	p.scanned.Add(uint64(m.Prompt))
 	rt.reasons[ReasonKVPrefix].Add(1)
 	return Decision{Worker: bw, Reason: ReasonKVPrefix, Done: done, Matched: bheld, Rank: brank, Ranks: len(engines[bw.Slot])}, true
+}
+
+// sharedPrefix is the longest prefix of m's prompt that at least two
+// engines hold: a system prompt, not a session's context (held where the
+// session lives). An engine whose events have not shown it yet (its first
+// requests still in flight) would otherwise count it in every request it
+// is sent, and look fuller than the engines that show it by a system
+// prompt per request.
+func sharedPrefix(m *kvindex.Match, engines map[int][]kvindex.EngineID) int {
+	first, second := 0, 0
+	for _, ids := range engines {
+		for _, id := range ids {
+			switch h := m.Matched(id); {
+			case h > first:
+				first, second = h, first
+			case h > second:
+				second = h
+			}
+		}
+	}
+	return second
 }
 
 func containsID(ids []kvindex.EngineID, id kvindex.EngineID) bool {
