@@ -76,6 +76,7 @@ type config struct {
 	kvForm       kvevents.Form
 	restartAfter time.Duration
 	perEngine    bool
+	log          io.Writer // tetherd's log (-log; io.Discard)
 }
 
 func main() {
@@ -104,10 +105,21 @@ func main() {
 	runs := flag.Int("runs", 1, "runs per cell (the median makespan's run is reported)")
 	flag.BoolVar(&c.perEngine, "per-engine", false, "print each run's figures per engine (requests, sessions, long sessions, prompt and prefill tokens, preemptions, last answer) and the sessions' moves")
 	seed := flag.Uint64("seed", 1, "workload seed")
+	logPath := flag.String("log", "", "write tetherd's log (info and above) to this file")
 	var pc pdConfig
 	pdFlags(&pc)
 	flag.Parse()
 	c.seed = *seed
+	c.log = io.Discard
+	if *logPath != "" {
+		f, err := os.Create(*logPath)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		defer f.Close()
+		c.log = f
+	}
 	if pc.protocols != "" {
 		// The P/D run (pd.go) instead of the routing modes.
 		if err := runPDAll(c, pc, strings.Split(*workloads, ",")); err != nil {
@@ -231,7 +243,7 @@ func runOne(c config, engines []*fakeengine.Engine, wl, mode string) (result, er
 		var err error
 		d, err = daemon.New(daemon.Options{
 			Listen: "127.0.0.1:0", Workers: urls, BPF: "off", Routing: ro,
-			Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Proxy: proxy.Config{QueueSize: 4096},
+			Log: slog.New(slog.NewTextHandler(c.log, nil)), Proxy: proxy.Config{QueueSize: 4096},
 		})
 		if err != nil {
 			return result{}, err
@@ -420,7 +432,12 @@ func (c *client) generate(key string, ids []int, maxNew int, rid string) ([]int,
 	if h := resp.Header.Get("X-Tether-Route"); h != "" {
 		slot, _ = strconv.Atoi(strings.Fields(h)[0])
 	}
-	c.trace.note(key, slot, len(ids), maxNew)
+	// The trace follows keyless sessions too (by their rid).
+	sess := key
+	if i := strings.LastIndex(rid, "-t"); sess == "" && strings.HasPrefix(rid, "agent-") && i > 0 {
+		sess = rid[:i]
+	}
+	c.trace.note(sess, slot, len(ids), maxNew)
 	var out struct {
 		OutputIDs []int `json:"output_ids"`
 	}

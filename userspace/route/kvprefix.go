@@ -20,7 +20,10 @@ import (
 //	cost(e) = prompt tokens - tokens e holds of the prompt
 //	        + TokensPerRequest × e's engine score (work reported + routed since, KV penalty: engine_load.go)
 //	        + the prefill tetherd sent e lately (uncached tokens, decaying over Backlog)
-//	        + keyed requests: the prompt tokens of tetherd's requests in flight on e (kvinflight.go)
+//	        + but for a group's siblings (credited): the prompt tokens of
+//	          tetherd's requests in flight on e, past a prefix two engines
+//	          hold (a system prompt) or, for a new key, any engine holds
+//	          (kvinflight.go)
 //
 // Keyless requests, new keys and new sessions go to the cheapest engine;
 // a key already placed here stays on its engine unless another one is
@@ -193,10 +196,31 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 	now := time.Now().UnixNano()
 	tau := float64(p.cfg.Backlog.Nanoseconds())
 	engines := *p.engines.Load()
-	// Keyed requests weigh the prompt tokens in flight on each engine
-	// (what its sessions hold): a session ten times as long weighs ten
-	// times as much. Keyless ones (GRPO groups) are judged as before.
-	tokens := key != nil
+	// Requests weigh the prompt tokens in flight on each engine (what
+	// its sessions hold): a session ten times as long weighs ten times
+	// as much. Not a group's siblings (credited): their group's engine
+	// counts their samples apart. A keyless request that no engine holds
+	// more of than a shared prefix (a keyless session's first turn, a
+	// group's first sample) is new work, free to go anywhere, as a new
+	// key is: no engine keeps it for holding its start.
+	var ke *prefixKey
+	var kh uint64
+	known := false // the key has an engine
+	if key != nil {
+		kh = KeyHash(key)
+		ke = &p.keys[(kh^kh>>29)%prefixKeyEntries]
+		ke.mu.Lock()
+		known = ke.hash == kh && ke.until > now && int(ke.slot) < len(ws)
+	}
+	held, shared := heldPrefix(&m, engines)
+	if key != nil && !known {
+		// A new key's session has no context anywhere yet: what an
+		// engine holds of its prompt is a shared prefix, also while
+		// only one engine's events show it.
+		shared = held
+	}
+	fresh := key == nil && !m.Credited && held <= shared
+	tokens := key != nil || !m.Credited
 	// cost of w for this request; assume: prompt tokens w is taken to
 	// hold past what the scan could see (a key's engine: its last
 	// request's prompt), while its events agree with it as far as the
@@ -265,6 +289,9 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 	}
 	if bw == nil {
 		if vw == nil {
+			if ke != nil {
+				ke.mu.Unlock()
+			}
 			return Decision{}, false // none healthy: the policy's rules
 		}
 		// Every engine vetoed (KV caches full): the cheapest of them,
@@ -287,42 +314,38 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 			}
 		}
 	}
-	if key == nil && !m.Credited && hw != nil && hw != bw && hheld > bheld &&
+	if key == nil && !fresh && !m.Credited && hw != nil && hw != bw && hheld > bheld &&
 		hc <= bc*p.cfg.MoveMargin+p.cfg.MoveSlack*p.cfg.TokensPerRequest {
 		// Keyless, the engine that holds the most of the prompt (a
 		// session's earlier turns, a group whose events arrived) keeps
 		// it unless another is clearly cheaper, as a key's engine does.
+		// Not a shared prefix only (a system prompt some engines show
+		// before the others): that is no session's, and new sessions
+		// would pile onto the engines whose events came first.
 		bw, bc, brank, bheld = hw, hc, hrank, hheld
 	}
-	var ke *prefixKey
-	var kh uint64
 	stayed := false // a key stays on its engine
-	if key != nil {
-		kh = KeyHash(key)
-		ke = &p.keys[(kh^kh>>29)%prefixKeyEntries]
-		ke.mu.Lock()
-		if ke.hash == kh && ke.until > now && int(ke.slot) < n {
-			if cur := ws[ke.slot]; cur == bw {
-				stayed = true
-			} else if cur != nil && cur.State() == worker.Healthy {
-				// What the key's engine holds counts in tokens (its last
-				// prompt): a move recomputes the session's context
-				// elsewhere, as a preemption would. A vetoed engine
-				// takes nothing new, but a key already there moves only
-				// to a clearly cheaper engine, as elsewhere (its KV
-				// penalty is in its cost).
-				// Judged without the tokens in flight, which chose
-				// where new work goes: what the key's engine has in
-				// flight is its other sessions' context, not work in
-				// this request's way; its queue (the engine score) is.
-				tokens = false
-				c, r, hd, _ := cost(cur, int(ke.prompt))
-				b0, _, _, _ := cost(bw, 0)
-				if !(c > b0*p.cfg.MoveMargin+p.cfg.MoveSlack*p.cfg.TokensPerRequest) {
-					bw, bc, brank, bheld, stayed = cur, c, r, hd, true
-				} else {
-					p.moved.Add(1)
-				}
+	if known {
+		if cur := ws[ke.slot]; cur == bw {
+			stayed = true
+		} else if cur != nil && cur.State() == worker.Healthy {
+			// What the key's engine holds counts in tokens (its last
+			// prompt): a move recomputes the session's context
+			// elsewhere, as a preemption would. A vetoed engine
+			// takes nothing new, but a key already there moves only
+			// to a clearly cheaper engine, as elsewhere (its KV
+			// penalty is in its cost).
+			// Judged without the tokens in flight, which chose
+			// where new work goes: what the key's engine has in
+			// flight is its other sessions' context, not work in
+			// this request's way; its queue (the engine score) is.
+			tokens = false
+			c, r, hd, _ := cost(cur, int(ke.prompt))
+			b0, _, _, _ := cost(bw, 0)
+			if !(c > b0*p.cfg.MoveMargin+p.cfg.MoveSlack*p.cfg.TokensPerRequest) {
+				bw, bc, brank, bheld, stayed = cur, c, r, hd, true
+			} else {
+				p.moved.Add(1)
 			}
 		}
 	}
@@ -342,7 +365,7 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 		// prefix two engines hold (a shared prefix: each engine computes
 		// it once, it is no request's own), or, a sibling, beyond its
 		// group's prefix.
-		pin := m.Prompt - max(m.Matched(id), sharedPrefix(&m, engines))
+		pin := m.Prompt - max(m.Matched(id), shared)
 		if m.Credited && id == m.CreditEngine {
 			pin = m.Prompt - bheld
 		}
@@ -361,25 +384,25 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 	return Decision{Worker: bw, Reason: ReasonKVPrefix, Done: done, Matched: bheld, Rank: brank, Ranks: len(engines[bw.Slot])}, true
 }
 
-// sharedPrefix is the longest prefix of m's prompt that at least two
-// engines hold: a system prompt, not a session's context (held where the
-// session lives). An engine whose events have not shown it yet (its first
-// requests still in flight) would otherwise count it in every request it
-// is sent, and look fuller than the engines that show it by a system
-// prompt per request.
-func sharedPrefix(m *kvindex.Match, engines map[int][]kvindex.EngineID) int {
-	first, second := 0, 0
+// heldPrefix returns the longest prefix of m's prompt an engine holds and
+// the longest that at least two engines hold (shared): a system prompt,
+// not a session's context (held where the session lives). An engine
+// whose events have not shown the shared prefix yet (its first requests
+// still in flight) would otherwise count it in every request it is sent,
+// and look fuller than the engines that show it by a system prompt per
+// request.
+func heldPrefix(m *kvindex.Match, engines map[int][]kvindex.EngineID) (held, shared int) {
 	for _, ids := range engines {
 		for _, id := range ids {
 			switch h := m.Matched(id); {
-			case h > first:
-				first, second = h, first
-			case h > second:
-				second = h
+			case h > held:
+				held, shared = h, held
+			case h > shared:
+				shared = h
 			}
 		}
 	}
-	return second
+	return held, shared
 }
 
 func containsID(ids []kvindex.EngineID, id kvindex.EngineID) bool {
