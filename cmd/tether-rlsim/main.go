@@ -103,7 +103,7 @@ func main() {
 	form := flag.String("kv-form", "map", "KV-event wire form of the fake engines: map or array")
 	flag.DurationVar(&c.restartAfter, "restart-after", 2*time.Second, "restart workload: engine 0 restarts this long after the start")
 	runs := flag.Int("runs", 1, "runs per cell (the median makespan's run is reported)")
-	flag.BoolVar(&c.perEngine, "per-engine", false, "print each run's figures per engine (requests, sessions, long sessions, prompt and prefill tokens, preemptions, last answer) and the sessions' moves")
+	flag.BoolVar(&c.perEngine, "per-engine", false, "print each run's figures per engine (requests, sessions, long sessions, prompt and prefill tokens, preemptions, last answer, the engine model's busy time) and the sessions' moves, and the sessions workloads' bounds (bound.go)")
 	seed := flag.Uint64("seed", 1, "workload seed")
 	logPath := flag.String("log", "", "write tetherd's log (info and above) to this file")
 	var pc pdConfig

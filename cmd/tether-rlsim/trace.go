@@ -52,6 +52,9 @@ func long(key string, skewEvery int) bool {
 
 func (t *trace) print(w io.Writer, wl, mode string, engines []*fakeengine.Engine, c config) {
 	skewEvery := c.skewEvery
+	if wl != "skewed" {
+		skewEvery = 0 // no long sessions
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	sessions := make([]int, len(t.last))
