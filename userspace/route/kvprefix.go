@@ -20,10 +20,11 @@ import (
 //	cost(e) = prompt tokens - tokens e holds of the prompt
 //	        + TokensPerRequest × e's engine score (work reported + routed since, KV penalty: engine_load.go)
 //	        + the prefill tetherd sent e lately (uncached tokens, decaying over Backlog)
-//	        + but for a group's siblings (credited): the prompt tokens of
-//	          tetherd's requests in flight on e, past a prefix two engines
-//	          hold (a system prompt) or, for a new key, any engine holds
-//	          (kvinflight.go)
+//	        + keyed requests, and keyless ones no engine holds more of than
+//	          a prefix two engines hold (a keyless session's first turn, a
+//	          group's first sample): the prompt tokens of tetherd's requests
+//	          in flight on e, past that shared prefix (for a new key: past
+//	          what any engine holds) (kvinflight.go)
 //
 // Keyless requests, new keys and new sessions go to the cheapest engine;
 // a key already placed here stays on its engine unless another one is
@@ -196,13 +197,15 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 	now := time.Now().UnixNano()
 	tau := float64(p.cfg.Backlog.Nanoseconds())
 	engines := *p.engines.Load()
-	// Requests weigh the prompt tokens in flight on each engine (what
-	// its sessions hold): a session ten times as long weighs ten times
-	// as much. Not a group's siblings (credited): their group's engine
-	// counts their samples apart. A keyless request that no engine holds
-	// more of than a shared prefix (a keyless session's first turn, a
-	// group's first sample) is new work, free to go anywhere, as a new
-	// key is: no engine keeps it for holding its start.
+	// Keyed requests weigh the prompt tokens in flight on each engine
+	// (what its sessions hold): a session ten times as long weighs ten
+	// times as much. So does a keyless request that no engine holds more
+	// of than a shared prefix (a keyless session's first turn, a group's
+	// first sample): new work, free to go anywhere, as a new key is; no
+	// engine keeps it for holding its start. Other keyless ones (a
+	// session's later turns, a group's siblings) are judged as before:
+	// weighing their tokens too split GRPO groups (2.59 engines per
+	// prompt in one run, seed 2).
 	var ke *prefixKey
 	var kh uint64
 	known := false // the key has an engine
@@ -220,7 +223,7 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 		shared = held
 	}
 	fresh := key == nil && !m.Credited && held <= shared
-	tokens := key != nil || !m.Credited
+	tokens := key != nil || fresh
 	// cost of w for this request; assume: prompt tokens w is taken to
 	// hold past what the scan could see (a key's engine: its last
 	// request's prompt), while its events agree with it as far as the
