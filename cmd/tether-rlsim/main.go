@@ -76,6 +76,7 @@ type config struct {
 	kvForm       kvevents.Form
 	restartAfter time.Duration
 	perEngine    bool
+	log          io.Writer // tetherd's log (-log; io.Discard)
 }
 
 func main() {
@@ -102,12 +103,23 @@ func main() {
 	form := flag.String("kv-form", "map", "KV-event wire form of the fake engines: map or array")
 	flag.DurationVar(&c.restartAfter, "restart-after", 2*time.Second, "restart workload: engine 0 restarts this long after the start")
 	runs := flag.Int("runs", 1, "runs per cell (the median makespan's run is reported)")
-	flag.BoolVar(&c.perEngine, "per-engine", false, "print each run's figures per engine (requests, sessions, long sessions, prompt and prefill tokens, preemptions, last answer) and the sessions' moves")
+	flag.BoolVar(&c.perEngine, "per-engine", false, "print each run's figures per engine (requests, sessions, long sessions, prompt and prefill tokens, preemptions, last answer, the engine model's busy time) and the sessions' moves, and the sessions workloads' bounds (bound.go)")
 	seed := flag.Uint64("seed", 1, "workload seed")
+	logPath := flag.String("log", "", "write tetherd's log (info and above) to this file")
 	var pc pdConfig
 	pdFlags(&pc)
 	flag.Parse()
 	c.seed = *seed
+	c.log = io.Discard
+	if *logPath != "" {
+		f, err := os.Create(*logPath)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		defer f.Close()
+		c.log = f
+	}
 	if pc.protocols != "" {
 		// The P/D run (pd.go) instead of the routing modes.
 		if err := runPDAll(c, pc, strings.Split(*workloads, ",")); err != nil {
@@ -165,6 +177,7 @@ func main() {
 			}
 			fmt.Fprintf(os.Stderr, "%s makespans by run (s): %s\n", wl, strings.Join(parts, " "))
 		}
+		medians := make([]time.Duration, len(ms))
 		for i, mode := range ms {
 			rs := all[i]
 			sort.Slice(rs, func(i, j int) bool { return rs[i].makespan < rs[j].makespan })
@@ -179,6 +192,11 @@ func main() {
 			}
 			fmt.Printf("| %s | %s | %.2f s | %.3f | %d | %.2f | %.2f | %d | %s | %s | %s |\n",
 				wl, mode, r.makespan.Seconds(), r.hit, r.prefill, r.kvSpread, r.peakKV, r.preempt, gpp, r.decisions, gone)
+			medians[i] = r.makespan
+		}
+		if skew, ok := sessionsSkew(c, wl); ok && c.perEngine {
+			sys, plans := sessionPlans(c, skew)
+			printBounds(os.Stdout, wl, boundsOf(c, sessionCosts(c, sys, plans)), ms, medians)
 		}
 	}
 }
@@ -225,7 +243,7 @@ func runOne(c config, engines []*fakeengine.Engine, wl, mode string) (result, er
 		var err error
 		d, err = daemon.New(daemon.Options{
 			Listen: "127.0.0.1:0", Workers: urls, BPF: "off", Routing: ro,
-			Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Proxy: proxy.Config{QueueSize: 4096},
+			Log: slog.New(slog.NewTextHandler(c.log, nil)), Proxy: proxy.Config{QueueSize: 4096},
 		})
 		if err != nil {
 			return result{}, err
@@ -269,12 +287,9 @@ func runOne(c config, engines []*fakeengine.Engine, wl, mode string) (result, er
 	switch wl {
 	case "grpo":
 		groupEngines, err = runGRPO(c, cl)
-	case "sessions":
-		err = runSessions(c, cl, 1, true)
-	case "skewed":
-		err = runSessions(c, cl, c.skew, true)
-	case "keyless":
-		err = runSessions(c, cl, 1, false)
+	case "sessions", "skewed", "keyless":
+		skew, _ := sessionsSkew(c, wl)
+		err = runSessions(c, cl, skew, wl != "keyless")
 	case "restart":
 		done := make(chan time.Duration, 1)
 		go func() { done <- restartOne(c, engines[0], d) }()
@@ -309,7 +324,7 @@ func runOne(c config, engines []*fakeengine.Engine, wl, mode string) (result, er
 		r.kvSpread = r.peakKV / (sumPeak / float64(len(engines)))
 	}
 	if c.perEngine {
-		cl.trace.print(os.Stdout, wl, mode, engines, c.skewEvery)
+		cl.trace.print(os.Stdout, wl, mode, engines, c)
 	}
 	if d != nil {
 		rc := d.RoutingCounts()
@@ -330,6 +345,18 @@ func runOne(c config, engines []*fakeengine.Engine, wl, mode string) (result, er
 		r.decisions = "-"
 	}
 	return r, nil
+}
+
+// sessionsSkew says whether wl is a sessions workload (sessions, skewed,
+// keyless: the same draw, keyless without keys) and its skew.
+func sessionsSkew(c config, wl string) (int, bool) {
+	switch wl {
+	case "sessions", "keyless":
+		return 1, true
+	case "skewed":
+		return c.skew, true
+	}
+	return 0, false
 }
 
 func allKnown(d *daemon.Daemon) bool {
@@ -405,7 +432,12 @@ func (c *client) generate(key string, ids []int, maxNew int, rid string) ([]int,
 	if h := resp.Header.Get("X-Tether-Route"); h != "" {
 		slot, _ = strconv.Atoi(strings.Fields(h)[0])
 	}
-	c.trace.note(key, slot, len(ids), maxNew)
+	// The trace follows keyless sessions too (by their rid).
+	sess := key
+	if i := strings.LastIndex(rid, "-t"); sess == "" && strings.HasPrefix(rid, "agent-") && i > 0 {
+		sess = rid[:i]
+	}
+	c.trace.note(sess, slot, len(ids), maxNew)
 	var out struct {
 		OutputIDs []int `json:"output_ids"`
 	}
@@ -475,21 +507,21 @@ func runGRPO(c config, cl generator) (float64, error) {
 	return sumEngines / float64(c.waves*c.prompts), nil
 }
 
-// runSessions: agent sessions, all at once, turns in sequence; each turn
-// sends the whole context (shared system prompt, task, earlier turns'
-// outputs and tool results). One session in skewEvery has skew× the
-// context: a task (document, repository) that long; its turns add what
-// the others' do.
-func runSessions(c config, cl generator, skew int, keyed bool) error {
+// sessionPlan is one agent session: its task, each turn's tool result and
+// max new tokens.
+type sessionPlan struct {
+	task   []int
+	tools  [][]int
+	maxNew []int
+}
+
+// sessionPlans draws the sessions workload (runSessions): the shared
+// system prompt and each session's plan, from c.seed.
+func sessionPlans(c config, skew int) ([]int, []sessionPlan) {
 	rng := rand.New(rand.NewPCG(c.seed, 2))
 	sys := make([]int, c.sysTokens)
 	for i := range sys {
 		sys[i] = 1000 + rng.IntN(30000)
-	}
-	type plan struct {
-		task   []int
-		tools  [][]int
-		maxNew []int
 	}
 	toks := func(n int) []int {
 		s := make([]int, n)
@@ -498,19 +530,29 @@ func runSessions(c config, cl generator, skew int, keyed bool) error {
 		}
 		return s
 	}
-	plans := make([]plan, c.sessions)
+	plans := make([]sessionPlan, c.sessions)
 	for s := range plans {
 		mult := 1
 		if skew > 1 && s%c.skewEvery == 0 {
 			mult = skew
 		}
-		p := plan{task: toks(mult * (200 + rng.IntN(200)))}
+		p := sessionPlan{task: toks(mult * (200 + rng.IntN(200)))}
 		for t := 0; t < c.turns; t++ {
 			p.tools = append(p.tools, toks(50+rng.IntN(150)))
 			p.maxNew = append(p.maxNew, 32+rng.IntN(96))
 		}
 		plans[s] = p
 	}
+	return sys, plans
+}
+
+// runSessions: agent sessions, all at once, turns in sequence; each turn
+// sends the whole context (shared system prompt, task, earlier turns'
+// outputs and tool results). One session in skewEvery has skew× the
+// context: a task (document, repository) that long; its turns add what
+// the others' do.
+func runSessions(c config, cl generator, skew int, keyed bool) error {
+	sys, plans := sessionPlans(c, skew)
 	var wg sync.WaitGroup
 	errs := make(chan error, c.sessions)
 	for s := range plans {

@@ -50,7 +50,11 @@ func long(key string, skewEvery int) bool {
 	return err == nil && skewEvery > 0 && n%skewEvery == 0
 }
 
-func (t *trace) print(w io.Writer, wl, mode string, engines []*fakeengine.Engine, skewEvery int) {
+func (t *trace) print(w io.Writer, wl, mode string, engines []*fakeengine.Engine, c config) {
+	skewEvery := c.skewEvery
+	if wl != "skewed" {
+		skewEvery = 0 // no long sessions
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	sessions := make([]int, len(t.last))
@@ -77,8 +81,11 @@ func (t *trace) print(w io.Writer, wl, mode string, engines []*fakeengine.Engine
 	fmt.Fprintf(w, "\n%s/%s per engine (latest last), session moves %d:\n", wl, mode, moves)
 	for _, i := range order {
 		s := engines[i].Stats()
-		fmt.Fprintf(w, "  engine %d: last %.2fs, longest session %d steps, %d requests, %d sessions (%d long), prompt %d, prefill %d, preempt %d, peak KV %.2f\n",
-			i, t.last[i].Seconds(), maxSteps[i], t.reqs[i], sessions[i], longs[i], t.prompt[i], s.PrefillTokens, s.Preemptions, s.PeakKVUsage)
+		// The engine model's busy time (bound.go): its longest session's
+		// steps and all its prefill.
+		model := time.Duration(maxSteps[i])*c.decode + time.Duration(s.PrefillTokens)*c.prefillPer
+		fmt.Fprintf(w, "  engine %d: last %.2fs (model %.2fs), longest session %d steps, %d requests, %d sessions (%d long), prompt %d, prefill %d, preempt %d, peak KV %.2f\n",
+			i, t.last[i].Seconds(), model.Seconds(), maxSteps[i], t.reqs[i], sessions[i], longs[i], t.prompt[i], s.PrefillTokens, s.Preemptions, s.PeakKVUsage)
 	}
 	fmt.Fprintln(w)
 }

@@ -21,10 +21,11 @@
 //
 // Scheduler: one goroutine runs steps. Waiting requests (FIFO) join the
 // running batch while it has fewer than MaxRunning and the KV blocks for
-// their tokens are free (evicting unreferenced prefix-cache blocks, LRU);
+// their tokens are free (evicting unreferenced prefix-cache blocks, LRU,
+// a context's tail before its root, as vLLM and SGLang evict);
 // a step lasts DecodeStep plus PrefillPerToken per uncached token admitted
-// (requests that arrive during a step join it at once, their prefill not
-// charged) and decodes one token for each running request, which takes a new block
+// (requests that arrive during a step join it at once, their prefill
+// lengthening it) and decodes one token for each running request, which takes a new block
 // every BlockTokens tokens. When no block is left, the newest running
 // request is preempted: back to the head of the waiting queue, its blocks
 // freed, recomputed later (Stats.Preemptions). A request whose prompt and

@@ -918,10 +918,12 @@ func (e *Engine) allocLocked(r *request) (int, bool) {
 // releaseLocked gives r's blocks back: shared ones lose a reference, the
 // full blocks it computed alone enter the prefix cache (evictable) unless
 // the cache was flushed or the weights changed since, the rest is freed.
+//
+// The blocks enter the LRU from the chain's tail to its root, so that
+// the tail goes first (vLLM frees a request's blocks in reverse order;
+// SGLang's radix cache evicts leaves): an eviction shortens a context
+// instead of taking its root and with it every block after.
 func (e *Engine) releaseLocked(r *request) {
-	for _, h := range r.shared {
-		e.unrefLocked(h)
-	}
 	if r.epoch == e.epoch && r.private > 0 {
 		toks := r.tokens()
 		bt := e.cfg.BlockTokens
@@ -933,15 +935,20 @@ func (e *Engine) releaseLocked(r *request) {
 			if e.cache[hashes[i]] != nil {
 				continue
 			}
-			c := &centry{hash: hashes[i], epoch: e.epoch}
-			e.cache[hashes[i]] = c
-			c.elem = e.lru.PushBack(c)
+			e.cache[hashes[i]] = &centry{hash: hashes[i], epoch: e.epoch}
 			r.private--
 			e.inUse--
 			e.evictable++
 			stored = append(stored, i)
 		}
+		for k := len(stored) - 1; k >= 0; k-- {
+			c := e.cache[hashes[stored[k]]]
+			c.elem = e.lru.PushBack(c)
+		}
 		e.storedLocked(toks, hashes, stored)
+	}
+	for i := len(r.shared) - 1; i >= 0; i-- {
+		e.unrefLocked(r.shared[i])
 	}
 	e.inUse -= r.private
 	r.private = 0

@@ -264,6 +264,24 @@ func TestPrefixCacheHit(t *testing.T) {
 	}
 }
 
+// A full cache evicts a context's tail first (vLLM frees a request's
+// blocks in reverse order, SGLang's radix cache evicts leaves): what
+// stays is still a prefix, and hits.
+func TestEvictionFromTheTail(t *testing.T) {
+	for _, k := range kinds {
+		t.Run(k.String(), func(t *testing.T) {
+			e := start(t, Config{Kind: k, KVBlocks: 10, BlockTokens: 4})
+			ctx := seq(32, 100)
+			gen(t, e, "a", ctx, 1) // 8 blocks cached
+			// 16 tokens and one decoded: 5 blocks, 2 free: 3 evicted.
+			gen(t, e, "b", seq(16, 5000), 1)
+			if c := gen(t, e, "c", ctx, 1); c.cached != 20 {
+				t.Fatalf("cached %d of the evicted context, want its first 5 blocks (20 tokens)", c.cached)
+			}
+		})
+	}
+}
+
 func TestPreemptionAtCapacity(t *testing.T) {
 	for _, k := range kinds {
 		t.Run(k.String(), func(t *testing.T) {

@@ -20,7 +20,11 @@ import (
 //	cost(e) = prompt tokens - tokens e holds of the prompt
 //	        + TokensPerRequest × e's engine score (work reported + routed since, KV penalty: engine_load.go)
 //	        + the prefill tetherd sent e lately (uncached tokens, decaying over Backlog)
-//	        + keyed requests: the prompt tokens of tetherd's requests in flight on e (kvinflight.go)
+//	        + keyed requests, and keyless ones no engine holds more of than
+//	          a prefix two engines hold (a keyless session's first turn, a
+//	          group's first sample): the prompt tokens of tetherd's requests
+//	          in flight on e, past that shared prefix (for a new key: past
+//	          what any engine holds) (kvinflight.go)
 //
 // Keyless requests, new keys and new sessions go to the cheapest engine;
 // a key already placed here stays on its engine unless another one is
@@ -195,8 +199,37 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 	engines := *p.engines.Load()
 	// Keyed requests weigh the prompt tokens in flight on each engine
 	// (what its sessions hold): a session ten times as long weighs ten
-	// times as much. Keyless ones (GRPO groups) are judged as before.
-	tokens := key != nil
+	// times as much. So does a keyless request that no engine holds more
+	// of than a shared prefix (a keyless session's first turn, a group's
+	// first sample): new work, free to go anywhere, as a new key is; no
+	// engine keeps it for holding its start. Other keyless ones (a
+	// session's later turns, a group's siblings) are judged as before:
+	// weighing their tokens too split GRPO groups (2.59 engines per
+	// prompt in one run, seed 2).
+	var ke *prefixKey
+	var kh uint64
+	known := false // the key has an engine
+	if key != nil {
+		kh = KeyHash(key)
+		ke = &p.keys[(kh^kh>>29)%prefixKeyEntries]
+		ke.mu.Lock()
+		known = ke.hash == kh && ke.until > now && int(ke.slot) < len(ws)
+	}
+	held, shared := heldPrefix(&m, engines)
+	if key != nil && !known {
+		// A new key's session has no context anywhere yet: what an
+		// engine holds of its prompt is a shared prefix, also while
+		// only one engine's events show it.
+		shared = held
+	}
+	// A keyless prompt holding no more than a prefix another prompt
+	// matched lately (kvindex SharedPrefix: a system prompt, even while
+	// one engine's events show it) is fresh work too: without it, every
+	// prompt of a GRPO wave went where the system prompt was computed
+	// first, and then its group.
+	sharedLately := key == nil && !m.Credited && p.x.SharedPrefix(&m)
+	fresh := key == nil && !m.Credited && (held <= shared || sharedLately)
+	tokens := key != nil || fresh
 	group := p.x.GroupSize()
 	// cost of w for this request; assume: prompt tokens w is taken to
 	// hold past what the scan could see (a key's engine: its last
@@ -278,6 +311,9 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 	}
 	if bw == nil {
 		if vw == nil {
+			if ke != nil {
+				ke.mu.Unlock()
+			}
 			return Decision{}, false // none healthy: the policy's rules
 		}
 		// Every engine vetoed (KV caches full): the cheapest of them,
@@ -300,45 +336,39 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 			}
 		}
 	}
-	if key == nil && !m.Credited && !p.x.SharedPrefix(&m) && hw != nil && hw != bw && hheld > bheld &&
+	if key == nil && !fresh && !m.Credited && hw != nil && hw != bw && hheld > bheld &&
 		hc <= bc*p.cfg.MoveMargin+p.cfg.MoveSlack*p.cfg.TokensPerRequest {
 		// Keyless, the engine that holds the most of the prompt (a
 		// session's earlier turns, a group whose events arrived) keeps
-		// it unless another is clearly cheaper, as a key's engine does;
-		// not where what it holds is a prefix other prompts matched
-		// lately too (kvindex SharedPrefix: a system prompt), which
-		// would draw every new prompt, and its group, to one engine.
+		// it unless another is clearly cheaper, as a key's engine does.
+		// Not a shared prefix only (a system prompt two engines show, or
+		// one another prompt matched lately): that is no session's, and
+		// new sessions, or a GRPO wave's prompts and then their groups,
+		// would pile onto the engine whose events came first.
 		bw, bc, brank, bheld = hw, hc, hrank, hheld
 	}
-	var ke *prefixKey
-	var kh uint64
 	stayed := false // a key stays on its engine
-	if key != nil {
-		kh = KeyHash(key)
-		ke = &p.keys[(kh^kh>>29)%prefixKeyEntries]
-		ke.mu.Lock()
-		if ke.hash == kh && ke.until > now && int(ke.slot) < n {
-			if cur := ws[ke.slot]; cur == bw {
-				stayed = true
-			} else if cur != nil && cur.State() == worker.Healthy {
-				// What the key's engine holds counts in tokens (its last
-				// prompt): a move recomputes the session's context
-				// elsewhere, as a preemption would. A vetoed engine
-				// takes nothing new, but a key already there moves only
-				// to a clearly cheaper engine, as elsewhere (its KV
-				// penalty is in its cost).
-				// Judged without the tokens in flight, which chose
-				// where new work goes: what the key's engine has in
-				// flight is its other sessions' context, not work in
-				// this request's way; its queue (the engine score) is.
-				tokens = false
-				c, r, hd, _ := cost(cur, int(ke.prompt))
-				b0, _, _, _ := cost(bw, 0)
-				if !(c > b0*p.cfg.MoveMargin+p.cfg.MoveSlack*p.cfg.TokensPerRequest) {
-					bw, bc, brank, bheld, stayed = cur, c, r, hd, true
-				} else {
-					p.moved.Add(1)
-				}
+	if known {
+		if cur := ws[ke.slot]; cur == bw {
+			stayed = true
+		} else if cur != nil && cur.State() == worker.Healthy {
+			// What the key's engine holds counts in tokens (its last
+			// prompt): a move recomputes the session's context
+			// elsewhere, as a preemption would. A vetoed engine
+			// takes nothing new, but a key already there moves only
+			// to a clearly cheaper engine, as elsewhere (its KV
+			// penalty is in its cost).
+			// Judged without the tokens in flight, which chose
+			// where new work goes: what the key's engine has in
+			// flight is its other sessions' context, not work in
+			// this request's way; its queue (the engine score) is.
+			tokens = false
+			c, r, hd, _ := cost(cur, int(ke.prompt))
+			b0, _, _, _ := cost(bw, 0)
+			if !(c > b0*p.cfg.MoveMargin+p.cfg.MoveSlack*p.cfg.TokensPerRequest) {
+				bw, bc, brank, bheld, stayed = cur, c, r, hd, true
+			} else {
+				p.moved.Add(1)
 			}
 		}
 	}
@@ -354,9 +384,11 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 		}
 		p.backlog[id].add(float64(max(m.Prompt-bheld, 0)), now, tau)
 		// In flight: what the request pins beyond what the index shows
-		// the engine shares already (a system prompt), or, a sibling,
-		// beyond its group's prefix.
-		pin := m.Prompt - m.Matched(id)
+		// the engine shares already (a system prompt), or beyond a
+		// prefix two engines hold (a shared prefix: each engine computes
+		// it once, it is no request's own), or, a sibling, beyond its
+		// group's prefix.
+		pin := m.Prompt - max(m.Matched(id), shared)
 		if m.Credited && id == m.CreditEngine {
 			pin = m.Prompt - bheld
 		}
@@ -373,6 +405,27 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 	p.scanned.Add(uint64(m.Prompt))
 	rt.reasons[ReasonKVPrefix].Add(1)
 	return Decision{Worker: bw, Reason: ReasonKVPrefix, Done: done, Matched: bheld, Rank: brank, Ranks: len(engines[bw.Slot])}, true
+}
+
+// heldPrefix returns the longest prefix of m's prompt an engine holds and
+// the longest that at least two engines hold (shared): a system prompt,
+// not a session's context (held where the session lives). An engine
+// whose events have not shown the shared prefix yet (its first requests
+// still in flight) would otherwise count it in every request it is sent,
+// and look fuller than the engines that show it by a system prompt per
+// request.
+func heldPrefix(m *kvindex.Match, engines map[int][]kvindex.EngineID) (held, shared int) {
+	for _, ids := range engines {
+		for _, id := range ids {
+			switch h := m.Matched(id); {
+			case h > held:
+				held, shared = h, held
+			case h > shared:
+				shared = h
+			}
+		}
+	}
+	return held, shared
 }
 
 func containsID(ids []kvindex.EngineID, id kvindex.EngineID) bool {

@@ -363,3 +363,73 @@ func TestPrefixSharedSystemPromptDrawsNoWave(t *testing.T) {
 		}
 	}
 }
+
+// What engines hold of a new session's prompt (a system prompt) is no
+// session's own: a session placed on an engine whose events do not show
+// it yet (its first requests still in flight) pins its own tokens there,
+// not the system prompt again, or that engine looks fuller by a system
+// prompt per session and new sessions pile onto the engines that show
+// it: a keyed one whether one engine shows it yet or two, a keyless one
+// (a keyless session's first turn: new work, weighed in tokens in flight
+// as a new key is) once two do.
+func TestPrefixSharedPrefixNotInFlight(t *testing.T) {
+	for _, tc := range []struct {
+		keyed   bool
+		holders []int
+	}{{true, []int{0, 1}}, {true, []int{0}}, {false, []int{0, 1}}} {
+		holders := tc.holders
+		t.Run(fmt.Sprint(tc.keyed, holders), func(t *testing.T) {
+			rt, ws, x, ids := prefixRouter(t, 3)
+			p, err := NewPrefixPlacement(PrefixConfig{Index: x, Backlog: time.Nanosecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, w := range ws {
+				p.SetEngines(w.Slot, []kvindex.EngineID{ids[i]})
+			}
+			rt.SetPrefixPlacement(p)
+			sys := tokenRun(1000, 1024)
+			for _, h := range holders {
+				storeOn(x, ids[h], sys, 0)
+			}
+			per := map[int]int{}
+			session := func(n int) {
+				toks := append(append([]uint32{}, sys...), tokenRun(100000+1000*n, 320)...)
+				req, body := keyedReq(t, fmt.Sprintf("s%d", n), toks)
+				if !tc.keyed {
+					body = []byte(idsBody(toks))
+					req = parseReq(t, "/generate", fmt.Sprintf("Content-Length: %d", len(body)))
+				}
+				d := rt.Route(req, body)
+				if d.Reason != ReasonKVPrefix {
+					t.Fatalf("session %d: reason %v", n, d.Reason)
+				}
+				per[d.Worker.Slot]++ // in flight: never Done
+			}
+			n := 0
+			for ; per[ws[2].Slot] == 0; n++ {
+				if n == 12 {
+					t.Fatalf("no session on the engine without the system prompt: %v", per)
+				}
+				session(n)
+			}
+			if got := p.flight.get(ids[2]); got != 320 {
+				t.Fatalf("in flight on the engine without the system prompt: %.0f tokens, want the session's own 320", got)
+			}
+			// Their events arrive: the engines are alike, and so are
+			// their sessions.
+			storeOn(x, ids[1], sys, 0)
+			storeOn(x, ids[2], sys, 0)
+			for ; n < 21; n++ {
+				session(n)
+			}
+			lo, hi := n, 0
+			for _, w := range ws {
+				lo, hi = min(lo, per[w.Slot]), max(hi, per[w.Slot])
+			}
+			if hi-lo > 1 {
+				t.Fatalf("sessions per engine %v: spread %d", per, hi-lo)
+			}
+		})
+	}
+}
