@@ -37,7 +37,7 @@ type creditTable struct {
 	// decaying over pendingTau): work a group's first sample brings with
 	// it, which placement counts before the siblings arrive.
 	groups  decaying2
-	pending [MaxEngines]decaying
+	pending [MaxEngines]Decaying
 	// The deepest held prefixes keyless prompts matched lately, and
 	// by which prompt (SharedPrefix).
 	prefixes []prefixSeen
@@ -82,22 +82,26 @@ const (
 	pendingTau = time.Second
 )
 
-// decaying is a value that decays exponentially.
-type decaying struct {
+// Decaying is a value that decays exponentially with time constant tau,
+// never below 0 (placement's bookkeeping: the samples pending per engine
+// here, route's prefill sent lately per engine). Padded to a cache line.
+type Decaying struct {
 	mu sync.Mutex
 	v  float64
 	at int64
 	_  [40]byte
 }
 
-func (d *decaying) add(v float64, now int64, tau time.Duration) {
+// Add adds v at now (Unix nanoseconds).
+func (d *Decaying) Add(v float64, now int64, tau time.Duration) {
 	d.mu.Lock()
 	d.v = max(d.v*decay(now-d.at, tau)+v, 0)
 	d.at = now
 	d.mu.Unlock()
 }
 
-func (d *decaying) get(now int64, tau time.Duration) float64 {
+// Get returns the value at now.
+func (d *Decaying) Get(now int64, tau time.Duration) float64 {
 	d.mu.Lock()
 	v := d.v * decay(now-d.at, tau)
 	d.mu.Unlock()
@@ -151,13 +155,13 @@ func (x *Index) Pending(id EngineID) float64 {
 	if int(id) >= MaxEngines {
 		return 0
 	}
-	return x.credits.pending[id].get(time.Now().UnixNano(), pendingTau)
+	return x.credits.pending[id].Get(time.Now().UnixNano(), pendingTau)
 }
 
 // sibling counts a sibling of the group credited on engine id as arrived.
 func (t *creditTable) sibling(id EngineID, now int64) {
 	t.groups.add(1, 0, now)
-	t.pending[id].add(-1, now, pendingTau)
+	t.pending[id].Add(-1, now, pendingTau)
 }
 
 func (t *creditTable) slot(k uint64) *credit { return &t.e[(k^k>>29)%creditEntries] }
@@ -211,7 +215,7 @@ func (x *Index) Credit(m *Match, id EngineID) EngineID {
 			// A new prompt: its group's other samples are expected here.
 			g := x.credits.groups.ratio()
 			x.credits.groups.add(1, 1, ns)
-			x.credits.pending[id].add(g-1, ns, pendingTau)
+			x.credits.pending[id].Add(g-1, ns, pendingTau)
 		}
 	}
 	c.key, c.engine, c.blocks, c.prompt, c.body = k, id, uint16(min(blocks, 1<<16-1)), int32(m.Prompt), max(m.body, 0)

@@ -65,18 +65,11 @@ type PrefixPlacement struct {
 	cfg     PrefixConfig
 	x       *kvindex.Index
 	engines atomic.Pointer[map[int][]kvindex.EngineID] // worker slot -> engine per DP rank
-	backlog [kvindex.MaxEngines]backlog
+	backlog [kvindex.MaxEngines]kvindex.Decaying
 	flight  inflight
 	keys    []prefixKey
 
 	decisions, matched, scanned, moved atomic.Uint64
-}
-
-type backlog struct {
-	mu sync.Mutex
-	v  float64
-	at int64
-	_  [40]byte
 }
 
 type prefixKey struct {
@@ -161,20 +154,6 @@ func (rt *Router) SetPrefixPlacement(p *PrefixPlacement) { rt.prefix.Store(p) }
 // PrefixPlacement returns it (nil: off).
 func (rt *Router) PrefixPlacement() *PrefixPlacement { return rt.prefix.Load() }
 
-func (b *backlog) add(v float64, now int64, tau float64) {
-	b.mu.Lock()
-	b.v = b.v*math.Exp(-float64(now-b.at)/tau) + v
-	b.at = now
-	b.mu.Unlock()
-}
-
-func (b *backlog) get(now int64, tau float64) float64 {
-	b.mu.Lock()
-	v := b.v * math.Exp(-float64(now-b.at)/tau)
-	b.mu.Unlock()
-	return v
-}
-
 // placeByPrefix is the seam in Policy.route: ok false leaves the request
 // to the policy.
 func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body []byte, key []byte) (Decision, bool) {
@@ -195,7 +174,7 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 		m.DropSibling()
 	}
 	now := time.Now().UnixNano()
-	tau := float64(p.cfg.Backlog.Nanoseconds())
+	tau := p.cfg.Backlog
 	engines := *p.engines.Load()
 	// Keyed requests weigh the prompt tokens in flight on each engine
 	// (what its sessions hold): a session ten times as long weighs ten
@@ -271,7 +250,7 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 			if assume > h && !m.Complete && m.NBlocks > 0 && int(m.Blocks[id]) >= m.NBlocks {
 				h = min(assume, m.Prompt)
 			}
-			bl := p.backlog[id].get(now, tau)
+			bl := p.backlog[id].Get(now, tau)
 			if tokens {
 				bl += p.flight.get(id)
 			}
@@ -382,7 +361,7 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 				bw, brank, bheld, id = w, r, 0, got
 			}
 		}
-		p.backlog[id].add(float64(max(m.Prompt-bheld, 0)), now, tau)
+		p.backlog[id].Add(float64(max(m.Prompt-bheld, 0)), now, tau)
 		// In flight: what the request pins beyond what the index shows
 		// the engine shares already (a system prompt), or beyond a
 		// prefix two engines hold (a shared prefix: each engine computes
