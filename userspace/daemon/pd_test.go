@@ -559,12 +559,19 @@ func TestPDAbortByRid(t *testing.T) {
 		testenv.WaitFor(t, "both sides to hold the request", func() bool {
 			return p.Tracking("job-1") == int(attempt) && d.Tracking("job-1") == int(attempt)
 		})
-		if code, ans := fx.call(t, "/abort_request", `{"rid":"job-1"}`); code != 200 {
+		code, ans := fx.call(t, "/abort_request", `{"rid":"job-1"}`)
+		if code != 200 {
 			t.Fatalf("abort: %d %v", code, ans)
 		}
-		testenv.WaitFor(t, "the abort on both sides", func() bool {
-			return p.Stats.Aborted.Load() == attempt && d.Stats.Aborted.Load() == attempt
-		})
+		// Seen once under load 6+ on a 2-core host (a VM run and make
+		// test beside it): one side not aborted within 10 s. Say which,
+		// and how tetherd routed the abort, if it happens again.
+		for deadline := time.Now().Add(30 * time.Second); p.Stats.Aborted.Load() != attempt || d.Stats.Aborted.Load() != attempt; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("attempt %d: aborted prefill %d, decode %d; tracking %d, %d; abort answer %v",
+					attempt, p.Stats.Aborted.Load(), d.Stats.Aborted.Load(), p.Tracking("job-1"), d.Tracking("job-1"), ans)
+			}
+		}
 	}
 	// The last attempt's 5xx goes to the client as it is (pd).
 	if resp := <-done; resp == nil || resp.StatusCode < 500 {

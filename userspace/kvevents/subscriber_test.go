@@ -180,7 +180,12 @@ func TestSubscriberRestartAndLoss(t *testing.T) {
 	payload := mustEncode(t, stored(60))
 	p.PublishPayload(payload, false) // seq 0: before the subscriber joined
 	p.Publish(stored(61), ArrayForm, HashUint)
-	testenv.WaitFor(t, "refilled", func() bool { return s.Stats().LastSeq == 1 && s.Stats().Connected })
+	// LastSeq moves before the batch reaches the recorder: wait for the
+	// recorder too.
+	testenv.WaitFor(t, "refilled", func() bool {
+		_, _, log := r.snapshot()
+		return s.Stats().LastSeq == 1 && s.Stats().Connected && len(log) > 0 && log[len(log)-1] == "apply 1"
+	})
 	_, clears, log := r.snapshot()
 	if fmt.Sprint(clears) != "[restart lost]" {
 		t.Fatalf("clears %v, log %v", clears, log)
