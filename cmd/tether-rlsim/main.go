@@ -1,14 +1,20 @@
 // Command tether-rlsim replays RL rollout workloads on a fleet of fake
 // inference engines (testenv/fakeengine: paged KV, prefix cache, waiting
-// queue, SGLang's load endpoints) through an in-process tetherd, once per
-// routing mode, and prints its figures: prefix hit rate,
+// queue, the engine's load endpoints) through an in-process tetherd, once
+// per routing mode, and prints its figures: prefix hit rate,
 // prefill tokens computed, makespan, per-engine KV spread (max/mean of the
 // engines' peak KV usage), preemptions, and for GRPO the engines a
 // prompt's samples landed on.
 //
+// -engine picks the fakes and the client's wire (client.go): sglang
+// (/generate with input_ids) or vllm (/v1/completions with the prompt as
+// a token-id list, the id in X-Request-Id). The workloads' token counts
+// are MIN-MAX flags (lengths.go: -task-tokens, -tool-tokens,
+// -new-tokens, -question-tokens, -sample-tokens).
+//
 // Workloads (-workload):
 //
-//	grpo     keyless /generate: waves × prompts × samples, each prompt a
+//	grpo     keyless requests: waves × prompts × samples, each prompt a
 //	         shared system prompt plus its own question, token ids
 //	sessions keyed (X-Session-ID) agent sessions, turns in sequence, each
 //	         turn's prompt the whole context so far
