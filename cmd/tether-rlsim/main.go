@@ -149,15 +149,9 @@ func main() {
 		}
 		return
 	}
-	// kvevents.ArrayForm is Form's zero: "map" must be set, not assumed
-	// (before, the default map ran the array form).
-	switch *form {
-	case "map":
-		c.kvForm = kvevents.MapForm
-	case "array":
-		c.kvForm = kvevents.ArrayForm
-	default:
-		fmt.Fprintf(os.Stderr, "-kv-form %q: map or array\n", *form)
+	var err error
+	if c.kvForm, err = parseKVForm(*form); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
 
@@ -236,6 +230,18 @@ type result struct {
 	groupEngines float64
 	decisions    string
 	gone         time.Duration // restart: the restarted engine's entries gone this long after
+}
+
+// parseKVForm parses -kv-form. kvevents.ArrayForm is Form's zero, so
+// "map" must be set, not assumed (the default map once ran arrays).
+func parseKVForm(s string) (kvevents.Form, error) {
+	switch s {
+	case "map":
+		return kvevents.MapForm, nil
+	case "array":
+		return kvevents.ArrayForm, nil
+	}
+	return 0, fmt.Errorf("-kv-form %q: map or array", s)
 }
 
 // startFleet starts the routing-mode runs' fake engines: -engine's kind,

@@ -215,3 +215,24 @@ func flagSet() *flag.FlagSet {
 	fs.SetOutput(io.Discard)
 	return fs
 }
+
+// TestParseKVForm: -kv-form's default, map, runs the map form (Form's
+// zero is the array form: main once left it unset for map).
+func TestParseKVForm(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want kvevents.Form
+		ok   bool
+	}{
+		{"map", kvevents.MapForm, true},
+		{"array", kvevents.ArrayForm, true},
+		{"", 0, false},
+		{"Map", 0, false},
+		{"msgpack", 0, false},
+	} {
+		got, err := parseKVForm(tc.in)
+		if (err == nil) != tc.ok || tc.ok && got != tc.want {
+			t.Errorf("parseKVForm(%q) = %v, %v; want %v (ok %v)", tc.in, got, err, tc.want, tc.ok)
+		}
+	}
+}
