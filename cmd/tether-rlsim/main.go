@@ -1,14 +1,20 @@
 // Command tether-rlsim replays RL rollout workloads on a fleet of fake
 // inference engines (testenv/fakeengine: paged KV, prefix cache, waiting
-// queue, SGLang's load endpoints) through an in-process tetherd, once per
-// routing mode, and prints its figures: prefix hit rate,
+// queue, the engine's load endpoints) through an in-process tetherd, once
+// per routing mode, and prints its figures: prefix hit rate,
 // prefill tokens computed, makespan, per-engine KV spread (max/mean of the
 // engines' peak KV usage), preemptions, and for GRPO the engines a
 // prompt's samples landed on.
 //
+// -engine picks the fakes and the client's wire (client.go): sglang
+// (/generate with input_ids) or vllm (/v1/completions with the prompt as
+// a token-id list, the id in X-Request-Id). The workloads' token counts
+// are MIN-MAX flags (lengths.go: -task-tokens, -tool-tokens,
+// -new-tokens, -question-tokens, -sample-tokens).
+//
 // Workloads (-workload):
 //
-//	grpo     keyless /generate: waves × prompts × samples, each prompt a
+//	grpo     keyless requests: waves × prompts × samples, each prompt a
 //	         shared system prompt plus its own question, token ids
 //	sessions keyed (X-Session-ID) agent sessions, turns in sequence, each
 //	         turn's prompt the whole context so far
@@ -32,12 +38,9 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -67,12 +70,14 @@ type config struct {
 
 	waves, prompts, samples int
 	sysTokens               int
+	lengths                 lengths // drawn token counts (-task-tokens...)
 
 	sessions, turns int
 	skewEvery, skew int
 
 	seed uint64
 
+	engine       string // routing-mode runs: the fake engines' kind and wire, sglang or vllm
 	kvForm       kvevents.Form
 	restartAfter time.Duration
 	perEngine    bool
@@ -94,6 +99,8 @@ func main() {
 	flag.IntVar(&c.prompts, "prompts", 48, "GRPO prompts per wave")
 	flag.IntVar(&c.samples, "samples", 8, "GRPO samples per prompt")
 	flag.IntVar(&c.sysTokens, "system-tokens", 1024, "shared system prompt tokens (GRPO prompts, agent sessions)")
+	c.lengths = defaultLengths
+	lengthFlags(flag.CommandLine, &c.lengths)
 	flag.IntVar(&c.sessions, "sessions", 96, "agent sessions")
 	flag.IntVar(&c.turns, "turns", 6, "turns per session")
 	flag.IntVar(&c.skewEvery, "skew-every", 8, "skewed workload: one session in this many is long")
@@ -101,6 +108,7 @@ func main() {
 	workloads := flag.String("workload", "grpo,sessions,skewed", "workloads, comma-separated (also keyless: sessions sent without a key; restart: keyless sessions with engine 0 restarted mid-run)")
 	modes := flag.String("modes", "before,default,prefix,sticky,random", "routing modes, comma-separated (also kv: tetherd with the engines' KV-cache events; hash: no router, crc32 of the key, keyless random)")
 	form := flag.String("kv-form", "map", "KV-event wire form of the fake engines: map or array")
+	flag.StringVar(&c.engine, "engine", engineSGLang, "routing-mode runs (not -pd): the fake engines and the client's wire, sglang (/generate with input_ids, rid) or vllm (/v1/completions with the prompt's token ids, X-Request-Id; load from /metrics)")
 	flag.DurationVar(&c.restartAfter, "restart-after", 2*time.Second, "restart workload: engine 0 restarts this long after the start")
 	runs := flag.Int("runs", 1, "runs per cell (the median makespan's run is reported)")
 	flag.BoolVar(&c.perEngine, "per-engine", false, "print each run's figures per engine (requests, sessions, long sessions, prompt and prefill tokens, preemptions, last answer, the engine model's busy time) and the sessions' moves, and the sessions workloads' bounds (bound.go)")
@@ -120,6 +128,19 @@ func main() {
 		defer f.Close()
 		c.log = f
 	}
+	if pc.protocols == "" && c.engine != engineSGLang && c.engine != engineVLLM {
+		fmt.Fprintf(os.Stderr, "-engine %q: sglang or vllm\n", c.engine)
+		os.Exit(2)
+	}
+	kvBlocks := c.kvBlocks * 16 / max(c.blockToks, 1)
+	kvTokens := kvBlocks * max(c.blockToks, 1)
+	if pc.protocols != "" {
+		kvTokens = 0 // the P/D fakes' caches are -pd-cache-tokens; they answer what does not fit
+	}
+	if err := checkLengths(c, strings.Split(*workloads, ","), kvTokens); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
 	if pc.protocols != "" {
 		// The P/D run (pd.go) instead of the routing modes.
 		if err := runPDAll(c, pc, strings.Split(*workloads, ",")); err != nil {
@@ -128,15 +149,13 @@ func main() {
 		}
 		return
 	}
-	if *form == "array" {
-		c.kvForm = kvevents.ArrayForm
+	var err error
+	if c.kvForm, err = parseKVForm(*form); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
 	}
 
-	engines, err := fakeengine.StartFleet(c.engines, fakeengine.Config{
-		Kind: fakeengine.SGLang, KVBlocks: c.kvBlocks * 16 / max(c.blockToks, 1), BlockTokens: c.blockToks, MaxRunning: c.maxRunning,
-		PrefillPerToken: c.prefillPer, DecodeStep: c.decode,
-		KVEvents: &fakeengine.KVEventsConfig{Form: c.kvForm, Hashes: kvevents.HashInt, Replay: true},
-	})
+	engines, err := startFleet(c)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -146,8 +165,8 @@ func main() {
 			e.Close()
 		}
 	}()
-	fmt.Printf("tether-rlsim: %d fake SGLang engines, %d KV blocks × %d tokens, max running %d, prefill %v/token, decode step %v\n\n",
-		c.engines, c.kvBlocks*16/max(c.blockToks, 1), c.blockToks, c.maxRunning, c.prefillPer, c.decode)
+	fmt.Printf("tether-rlsim: %d fake %s engines, %d KV blocks × %d tokens, max running %d, prefill %v/token, decode step %v\n\n",
+		c.engines, engineName(c.engine), kvBlocks, c.blockToks, c.maxRunning, c.prefillPer, c.decode)
 	fmt.Printf("| workload | mode | makespan | hit rate | prefill tokens | KV spread (peak max/mean) | peak KV | preemptions | engines per prompt | decisions | restart: entries gone after |\n")
 	fmt.Printf("|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, wl := range strings.Split(*workloads, ",") {
@@ -213,6 +232,43 @@ type result struct {
 	gone         time.Duration // restart: the restarted engine's entries gone this long after
 }
 
+// parseKVForm parses -kv-form. kvevents.ArrayForm is Form's zero, so
+// "map" must be set, not assumed (the default map once ran arrays).
+func parseKVForm(s string) (kvevents.Form, error) {
+	switch s {
+	case "map":
+		return kvevents.MapForm, nil
+	case "array":
+		return kvevents.ArrayForm, nil
+	}
+	return 0, fmt.Errorf("-kv-form %q: map or array", s)
+}
+
+// startFleet starts the routing-mode runs' fake engines: -engine's kind,
+// publishing KV-cache events in -kv-form with replay (SGLang's hashes as
+// int64; vLLM's as uint64, its replay replies led by the topic from the
+// map form on, as vLLM 0.26 sends them).
+func startFleet(c config) ([]*fakeengine.Engine, error) {
+	ev := &fakeengine.KVEventsConfig{Form: c.kvForm, Hashes: kvevents.HashInt, Replay: true}
+	kind := fakeengine.SGLang
+	if c.engine == engineVLLM {
+		kind = fakeengine.VLLM
+		ev.Hashes, ev.TopicInReplies = kvevents.HashUint, c.kvForm == kvevents.MapForm
+	}
+	return fakeengine.StartFleet(c.engines, fakeengine.Config{
+		Kind: kind, KVBlocks: c.kvBlocks * 16 / max(c.blockToks, 1), BlockTokens: c.blockToks, MaxRunning: c.maxRunning,
+		PrefillPerToken: c.prefillPer, DecodeStep: c.decode, KVEvents: ev,
+	})
+}
+
+// engineName is how the header line names -engine's engines.
+func engineName(engine string) string {
+	if engine == engineVLLM {
+		return "vLLM"
+	}
+	return "SGLang"
+}
+
 // runOne runs one workload in one mode on freshly reset engines.
 func runOne(c config, engines []*fakeengine.Engine, wl, mode string) (result, error) {
 	for _, e := range engines {
@@ -276,7 +332,7 @@ func runOne(c config, engines []*fakeengine.Engine, wl, mode string) (result, er
 		}
 	}
 	cl := &client{http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2048, MaxConnsPerHost: 0, IdleConnTimeout: 30 * time.Second}},
-		target: target, engines: urls, rng: rand.New(rand.NewPCG(c.seed, 7)), hashKeys: mode == "hash",
+		target: target, engines: urls, rng: rand.New(rand.NewPCG(c.seed, 7)), hashKeys: mode == "hash", vllm: c.engine == engineVLLM,
 		trace: newTrace(len(urls))}
 	defer cl.http.CloseIdleConnections()
 	start := time.Now()
@@ -368,85 +424,6 @@ func allKnown(d *daemon.Daemon) bool {
 	return true
 }
 
-// generator sends one generation request: its output ids and the engine
-// slot that served it (-1: not known).
-type generator interface {
-	generate(key string, ids []int, maxNew int, rid string) ([]int, int, error)
-}
-
-type client struct {
-	http     *http.Client
-	target   string // tetherd; "": a random engine per request
-	hashKeys bool   // no tetherd: a keyed request goes to crc32(key) mod engines
-	engines  []string
-	mu       sync.Mutex
-	rng      *rand.Rand
-	trace    *trace
-}
-
-// generate sends one /generate and returns its output ids and the engine
-// slot that served it (the route header, or the engine drawn).
-func (c *client) generate(key string, ids []int, maxNew int, rid string) ([]int, int, error) {
-	var b bytes.Buffer
-	b.WriteString(`{"rid":"`)
-	b.WriteString(rid)
-	b.WriteString(`","input_ids":[`)
-	for i, t := range ids {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.Itoa(t))
-	}
-	fmt.Fprintf(&b, `],"sampling_params":{"max_new_tokens":%d,"temperature":1.0}}`, maxNew)
-	url, slot := c.target, -1
-	if url == "" && c.hashKeys && key != "" {
-		slot = int(crc32.ChecksumIEEE([]byte(key)) % uint32(len(c.engines)))
-		url = c.engines[slot]
-	}
-	if url == "" {
-		c.mu.Lock()
-		slot = c.rng.IntN(len(c.engines))
-		c.mu.Unlock()
-		url = c.engines[slot]
-	}
-	req, err := http.NewRequest("POST", url+"/generate", &b)
-	if err != nil {
-		return nil, 0, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if key != "" {
-		req.Header.Set("X-Session-ID", key)
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, 0, err
-	}
-	if resp.StatusCode != 200 {
-		return nil, 0, fmt.Errorf("/generate: %d %s", resp.StatusCode, body)
-	}
-	if h := resp.Header.Get("X-Tether-Route"); h != "" {
-		slot, _ = strconv.Atoi(strings.Fields(h)[0])
-	}
-	// The trace follows keyless sessions too (by their rid).
-	sess := key
-	if i := strings.LastIndex(rid, "-t"); sess == "" && strings.HasPrefix(rid, "agent-") && i > 0 {
-		sess = rid[:i]
-	}
-	c.trace.note(sess, slot, len(ids), maxNew)
-	var out struct {
-		OutputIDs []int `json:"output_ids"`
-	}
-	if err := json.Unmarshal(body, &out); err != nil {
-		return nil, 0, err
-	}
-	return out.OutputIDs, slot, nil
-}
-
 // runGRPO: waves of prompts × samples sent at once; it returns the mean
 // number of engines a prompt's samples went to.
 func runGRPO(c config, cl generator) (float64, error) {
@@ -464,13 +441,13 @@ func runGRPO(c config, cl generator) (float64, error) {
 		}
 		var jobs []job
 		for p := 0; p < c.prompts; p++ {
-			q := make([]int, 64+rng.IntN(192))
+			q := make([]int, c.lengths.question.draw(rng))
 			for i := range q {
 				q[i] = 1000 + rng.IntN(30000)
 			}
 			prompt := append(append([]int(nil), sys...), q...)
 			for s := 0; s < c.samples; s++ {
-				jobs = append(jobs, job{prompt: prompt, maxNew: 64 + rng.IntN(448), p: p, s: s})
+				jobs = append(jobs, job{prompt: prompt, maxNew: c.lengths.sample.draw(rng), p: p, s: s})
 			}
 		}
 		slots := make([][]int, c.prompts)
@@ -536,10 +513,10 @@ func sessionPlans(c config, skew int) ([]int, []sessionPlan) {
 		if skew > 1 && s%c.skewEvery == 0 {
 			mult = skew
 		}
-		p := sessionPlan{task: toks(mult * (200 + rng.IntN(200)))}
+		p := sessionPlan{task: toks(mult * c.lengths.task.draw(rng))}
 		for t := 0; t < c.turns; t++ {
-			p.tools = append(p.tools, toks(50+rng.IntN(150)))
-			p.maxNew = append(p.maxNew, 32+rng.IntN(96))
+			p.tools = append(p.tools, toks(c.lengths.tool.draw(rng)))
+			p.maxNew = append(p.maxNew, c.lengths.newToks.draw(rng))
 		}
 		plans[s] = p
 	}

@@ -15,7 +15,7 @@ import (
 func TestPDRun(t *testing.T) {
 	c := config{
 		blockToks: 16, maxRunning: 16, prefillPer: time.Microsecond, decode: 2 * time.Millisecond,
-		waves: 1, prompts: 4, samples: 3, sysTokens: 64, sessions: 4, turns: 3, seed: 1,
+		waves: 1, prompts: 4, samples: 3, sysTokens: 64, sessions: 4, turns: 3, seed: 1, lengths: defaultLengths,
 	}
 	var out bytes.Buffer
 	pc := pdConfig{
