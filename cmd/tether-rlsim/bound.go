@@ -17,10 +17,15 @@ import (
 
 // sessionCost is one session's work: decode steps (its turns' max new
 // tokens) and the prompt tokens it must prefill with its context cached
-// between turns (full blocks; the shared system prompt taken as cached).
+// between turns (full blocks; the shared system prompt taken as cached);
+// the prompt tokens of all its requests, and its own context at its end
+// (the last prompt and output, less the system prompt), the KV it holds
+// then.
 type sessionCost struct {
 	steps   int
 	prefill int
+	prompt  int
+	final   int
 }
 
 func sessionCosts(c config, sys []int, plans []sessionPlan) []sessionCost {
@@ -35,7 +40,9 @@ func sessionCosts(c config, sys []int, plans []sessionPlan) []sessionCost {
 				sc.prefill += ctx - prev/bt*bt
 			}
 			sc.steps += p.maxNew[t]
+			sc.prompt += ctx
 			prev = ctx + p.maxNew[t]
+			sc.final = prev - len(sys)
 			ctx = prev + len(p.tools[t])
 		}
 		out[i] = sc
@@ -61,6 +68,14 @@ type sessionBounds struct {
 	seer time.Duration
 	// prefill: the prompt tokens the sessions must compute at best.
 	prefill int
+	// prompt: the prompt tokens of all requests; 1 - prefill/prompt is
+	// the best prefix hit rate.
+	prompt int
+	// kvNeed: the tokens the sessions' contexts hold at their end (each
+	// engine's copy of the system prompt counted once); kvHave: the
+	// fleet's KV caches. Past 1, some contexts are recomputed whatever
+	// the placement, which the bounds above do not count.
+	kvNeed, kvHave int
 }
 
 func boundsOf(c config, costs []sessionCost) sessionBounds {
@@ -75,8 +90,12 @@ func boundsOf(c config, costs []sessionCost) sessionBounds {
 		b.alone = max(b.alone, time.Duration(s.steps)*d+time.Duration(s.prefill)*p)
 		maxSteps = max(maxSteps, s.steps)
 		b.prefill += s.prefill
+		b.prompt += s.prompt
+		b.kvNeed += s.final
 	}
 	b.prefill += sysTok * min(c.engines, len(costs))
+	b.kvNeed += c.sysTokens * min(c.engines, len(costs))
+	b.kvHave = c.engines * c.kvBlocks * 16
 	b.blind = time.Duration(maxSteps)*d + time.Duration(b.prefill/c.engines)*p
 	sorted := append([]sessionCost(nil), costs...)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].steps > sorted[j].steps })
@@ -136,5 +155,16 @@ func printBounds(w io.Writer, wl string, b sessionBounds, modes []string, makesp
 	fmt.Fprintf(w, "\n%s bounds (engine model, no overheads; prefill at best %d tokens):\n", wl, b.prefill)
 	fmt.Fprintf(w, "  longest session alone %.2fs (%s)\n", b.alone.Seconds(), ratio(b.alone))
 	fmt.Fprintf(w, "  even prefill + longest decode %.2fs (%s)\n", b.blind.Seconds(), ratio(b.blind))
-	fmt.Fprintf(w, "  knowing every decode length %.2fs (%s)\n\n", b.seer.Seconds(), ratio(b.seer))
+	fmt.Fprintf(w, "  knowing every decode length %.2fs (%s)\n", b.seer.Seconds(), ratio(b.seer))
+	if b.prompt > 0 {
+		fmt.Fprintf(w, "  prefix hit at best %.3f (%d prompt tokens)\n", 1-float64(b.prefill)/float64(b.prompt), b.prompt)
+	}
+	if b.kvHave > 0 {
+		over := ""
+		if b.kvNeed > b.kvHave {
+			over = ": past the fleet's KV, some contexts are recomputed whatever the placement (not in the bounds above)"
+		}
+		fmt.Fprintf(w, "  KV: the sessions' contexts at their end %d tokens, the fleet's caches %d (%.2f×%s)\n", b.kvNeed, b.kvHave, float64(b.kvNeed)/float64(b.kvHave), over)
+	}
+	fmt.Fprintln(w)
 }
