@@ -123,6 +123,18 @@ RLSIM_FLAGS ?=
 rlsim:
 	$(GO) run ./cmd/tether-rlsim $(RLSIM_FLAGS)
 
+# Placement from the engines' KV events (docs/routing.md, "Placement from
+# the engines' KV events"): GRPO groups, keyless agent sessions and skewed
+# keyed sessions on 8 fake engines whose prefill is 200µs a token,
+# tetherd with --kv-events against a random engine and plain hashing,
+# with each engine's figures and the workloads' bounds (about 8
+# minutes). RLSIM_FLAGS: more flags (-engine vllm, -engines, -block-tokens,
+# -kv-form, -seed, the length flags).
+.PHONY: rlsim-kv
+rlsim-kv:
+	$(GO) run ./cmd/tether-rlsim -prefill-per-token 200us -modes kv,hash,random \
+		-workload grpo,keyless,skewed,restart -per-engine $(RLSIM_FLAGS)
+
 # The P/D figures (docs/pd.md): GRPO and agent load on a fake fleet of 2
 # prefill + 6 decode engines of each engine, through tetherd and by a
 # direct P/D client at once, the same fleet without P/D, and a weight

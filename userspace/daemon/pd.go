@@ -266,7 +266,7 @@ func (p *pdPlane) learnRole(w *worker.Worker, given registry.RoleSpec, ok bool) 
 	w.SetRole(role, port)
 }
 
-// pdCollector exports pd's counters (tether_pd_*).
+// register exports pd's counters (tether_pd_*) and the pair chooser's.
 func (p *pdPlane) register(reg *prometheus.Registry) {
 	for _, s := range []struct {
 		proto string
@@ -308,6 +308,25 @@ func (p *pdPlane) register(reg *prometheus.Registry) {
 			}, func() float64 { return float64(f()) }))
 		}
 	}
+	p.registerChoices(reg)
+}
+
+// registerChoices exports the pair chooser's counters: pairs by what
+// decided the prefill, and the prompt tokens held where the prefills'
+// KV events decided.
+func (p *pdPlane) registerChoices(reg *prometheus.Registry) {
+	c := p.chooser
+	for i, name := range chooseByNames {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "tether_pd_prefill_choices_total",
+			Help:        "P/D: pairs chosen, by what decided the prefill (kv: what its cache holds, by the prefills' KV events; key; prompt: the prompt's group; load).",
+			ConstLabels: prometheus.Labels{"by": name},
+		}, func() float64 { return float64(c.by[i].Load()) }))
+	}
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "tether_pd_prefill_kv_held_tokens_total",
+		Help: "P/D: prompt tokens the chosen prefill's cache held, summed over the pairs its KV events decided.",
+	}, func() float64 { return float64(c.heldTokens.Load()) }))
 }
 
 // givePDRoles records the roles of --prefill and --decode (before their

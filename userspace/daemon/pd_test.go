@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -321,6 +322,20 @@ func TestPDThroughTetherd(t *testing.T) {
 			f.d.Metrics.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 			if line := fmt.Sprintf("tether_pd_served_total{protocol=%q} %d", proto, n); !strings.Contains(rec.Body.String(), line) {
 				t.Errorf("/metrics lacks %q", line)
+			}
+			// Every pair chosen is counted by what decided its prefill.
+			var chosen float64
+			for _, line := range strings.Split(rec.Body.String(), "\n") {
+				if rest, ok := strings.CutPrefix(line, "tether_pd_prefill_choices_total{by="); ok {
+					v, err := strconv.ParseFloat(rest[strings.LastIndexByte(rest, ' ')+1:], 64)
+					if err != nil {
+						t.Errorf("/metrics: %q: %v", line, err)
+					}
+					chosen += v
+				}
+			}
+			if chosen < float64(n) {
+				t.Errorf("tether_pd_prefill_choices_total sums to %v over %d requests served", chosen, n)
 			}
 			roles := map[string]int{}
 			for _, in := range f.d.Registry.List() {

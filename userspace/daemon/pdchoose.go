@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tether-rl/tether/userspace/fleet"
@@ -43,6 +44,36 @@ type pairChooser struct {
 
 	mu    sync.Mutex
 	taken map[pairSide]*worker.Worker // the worker objects counted, for Release
+
+	// by counts the pairs chosen by what decided the prefill (chooseBy);
+	// heldTokens sums the prompt tokens the prefill's cache held when
+	// its KV events decided (tether_pd_prefill_*).
+	by         [numChooseBy]atomic.Uint64
+	heldTokens atomic.Uint64
+}
+
+// What decided a pair's prefill: its cache (KV events), the request's
+// key, its prompt's group, or the least load.
+const (
+	chooseByKV = iota
+	chooseByKey
+	chooseByPrompt
+	chooseByLoad
+	numChooseBy
+)
+
+var chooseByNames = [numChooseBy]string{"kv", "key", "prompt", "load"}
+
+func chooseByOf(why string) int {
+	switch why {
+	case "kv":
+		return chooseByKV
+	case "key":
+		return chooseByKey
+	case "prompt":
+		return chooseByPrompt
+	}
+	return chooseByLoad
 }
 
 type pairSide struct {
@@ -226,6 +257,10 @@ func (c *pairChooser) choose(req *pd.Request, failed *pd.Pair) (pd.Pair, error) 
 				Prefill: pd.Worker{URL: p.w.URL, Slot: p.w.Slot, BootstrapPort: p.w.BootstrapPort()},
 				Decode:  pd.Worker{URL: d.w.URL, Slot: d.w.Slot},
 				Reason:  r + " decode-least-load",
+			}
+			c.by[chooseByOf(why)].Add(1)
+			if why == "kv" {
+				c.heldTokens.Add(uint64(p.held))
 			}
 			c.mu.Lock()
 			if c.taken == nil {

@@ -67,6 +67,7 @@ func TestPairChooserKVEvents(t *testing.T) {
 		pp.SetEngines(i, []kvindex.EngineID{ids[i]})
 	}
 	ctx := context.Background()
+	var tally [numChooseBy]uint64 // by the reasons seen
 	choose := func(req *pd.Request) pd.Pair {
 		t.Helper()
 		p, err := c.Choose(ctx, req, 0, nil)
@@ -74,6 +75,8 @@ func TestPairChooserKVEvents(t *testing.T) {
 			t.Fatal(err)
 		}
 		c.Release(p, false)
+		why := strings.TrimPrefix(strings.Fields(p.Reason)[0], "prefill-")
+		tally[chooseByOf(strings.TrimSuffix(why, "-spill"))]++
 		return p
 	}
 	// Both hold the shared start (a system prompt: 64 tokens); each
@@ -132,5 +135,19 @@ func TestPairChooserKVEvents(t *testing.T) {
 	// A text prompt: the prompt's group, as before.
 	if p := choose(keyed("", "text")); strings.Contains(p.Reason, "kv") {
 		t.Errorf("a text prompt placed by the cache: %s", p.Reason)
+	}
+	// tether_pd_prefill_choices_total counts each pair by what decided
+	// its prefill, as its route reason says; the held tokens are summed
+	// over the pairs the caches decided (each held more than the start).
+	for i, name := range chooseByNames {
+		if got := c.by[i].Load(); got != tally[i] {
+			t.Errorf("choices by %s: counted %d, the reasons say %d", name, got, tally[i])
+		}
+	}
+	if tally[chooseByKV] == 0 || tally[chooseByKey] == 0 || tally[chooseByPrompt] == 0 {
+		t.Errorf("reasons seen %v: want kv, key and prompt", tally)
+	}
+	if held := c.heldTokens.Load(); held <= 64*tally[chooseByKV] {
+		t.Errorf("held tokens %d over %d pairs decided by the caches: each held more than the 64-token start", held, tally[chooseByKV])
 	}
 }
