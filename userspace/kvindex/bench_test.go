@@ -68,6 +68,28 @@ func BenchmarkScanBody4096(b *testing.B) {
 	}
 }
 
+// BenchmarkScanBodyCold4096: a 4,096-token body that no engine holds
+// past its 1,024-token system prompt (a new prompt): the reading stops
+// at the first batch of 32 blocks past it.
+func BenchmarkScanBodyCold4096(b *testing.B) {
+	x, prompt := benchIndex(b)
+	rng := rand.New(rand.NewPCG(5, 5))
+	cold := append(append([]uint32(nil), prompt[:1024]...), toks(rng, 3072)...)
+	bb := body(cold, "")
+	b.SetBytes(int64(len(bb)))
+	var m Match
+	b.ReportAllocs()
+	b.ResetTimer()
+	cpu := threadCPU()
+	for i := 0; i < b.N; i++ {
+		x.Scan(bb, int64(len(bb)), &m)
+	}
+	b.ReportMetric(float64(threadCPU()-cpu)/float64(b.N), "cpu-ns/op")
+	if m.Matched(0) != 1024 || !m.Stopped {
+		b.Fatalf("matched %d, stopped %v", m.Matched(0), m.Stopped)
+	}
+}
+
 // TestMemoryPerBlock measures the index's heap per cached block per
 // engine: 8 engines × 32,000 blocks, half shared.
 func TestMemoryPerBlock(t *testing.T) {
