@@ -31,7 +31,9 @@ import (
 // clearly cheaper (cost × MoveMargin + MoveSlack × TokensPerRequest,
 // judged without the tokens in flight, its engine taken to hold its last
 // prompt where the scan cannot see: a move recomputes the session's
-// context), vetoed or not; a vetoed engine takes nothing new. A keyed
+// context), vetoed or not, and so does a keyless session's context (the
+// engine holding the most of a prompt, past a shared prefix); a vetoed
+// engine takes nothing new. A keyed
 // request never follows a credit (kvindex.Match.Strict): its key keeps
 // its session together. Right after a decision the chosen
 // engine is credited with the request's blocks (kvindex credits) so that
@@ -275,6 +277,15 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 			continue
 		}
 		c, r, h, vetoed := cost(w, 0)
+		// The engine that holds the most, vetoed or not: a keyless
+		// session's context stays there unless another is clearly
+		// cheaper, its KV penalty in its cost, as a key's does. When
+		// every cache is full (a fleet past its KV), a veto alone moved
+		// sessions from one full engine to another, each move a whole
+		// context recomputed.
+		if h > hheld || (h == hheld && hw != nil && c < hc) {
+			hw, hc, hrank, hheld = w, c, r, h
+		}
 		if vetoed {
 			if vw == nil || c < vc {
 				vw, vc, vrank, vheld = w, c, r, h
@@ -283,9 +294,6 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 		}
 		if bw == nil || c < bc {
 			bw, bc, brank, bheld = w, c, r, h
-		}
-		if h > hheld || (h == hheld && hw != nil && c < hc) {
-			hw, hc, hrank, hheld = w, c, r, h
 		}
 	}
 	if bw == nil {
@@ -319,7 +327,8 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 		hc <= bc*p.cfg.MoveMargin+p.cfg.MoveSlack*p.cfg.TokensPerRequest {
 		// Keyless, the engine that holds the most of the prompt (a
 		// session's earlier turns, a group whose events arrived) keeps
-		// it unless another is clearly cheaper, as a key's engine does.
+		// it unless another is clearly cheaper, vetoed or not, as a
+		// key's engine does.
 		// Not a shared prefix only (a system prompt two engines show, or
 		// one another prompt matched lately): that is no session's, and
 		// new sessions, or a GRPO wave's prompts and then their groups,

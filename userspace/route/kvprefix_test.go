@@ -433,3 +433,37 @@ func TestPrefixSharedPrefixNotInFlight(t *testing.T) {
 		})
 	}
 }
+
+// A keyless session's context stays on its engine when that engine is
+// vetoed for its KV cache, as a key does, unless another is clearly
+// cheaper: with every cache full (a fleet past its KV), a move
+// recomputes the whole context on an engine just as full. An engine
+// clearly emptier still takes it.
+func TestPrefixKeylessStaysOnVetoedEngine(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		otherKV       float64
+		otherVetoed   bool
+		holderRunning int
+		stay          bool
+	}{
+		{"all full", 0.95, true, 8, true},
+		{"the other clearly emptier", 0.5, false, 4, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rt, ws, x, ids := prefixRouter(t, 2)
+			ctx := tokenRun(1000, 1024)
+			storeOn(x, ids[0], ctx, 0)
+			setLoad(ws[0], tc.holderRunning, 0, 0.95, true)
+			setLoad(ws[1], 4, 0, tc.otherKV, tc.otherVetoed)
+			req, body := genReq(t, idsBody(append(append([]uint32{}, ctx...), tokenRun(50000, 100)...)))
+			d := rt.Route(req, body)
+			if d.Reason != ReasonKVPrefix {
+				t.Fatalf("reason %v", d.Reason)
+			}
+			if stayed := d.Worker == ws[0]; stayed != tc.stay {
+				t.Fatalf("placed on slot %d (held %d); want the holder: %v", d.Worker.Slot, d.Matched, tc.stay)
+			}
+		})
+	}
+}
