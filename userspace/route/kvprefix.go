@@ -296,7 +296,8 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 			bw, bc, brank, bheld = w, c, r, h
 		}
 	}
-	if bw == nil {
+	allVetoed := bw == nil
+	if allVetoed {
 		if vw == nil {
 			if ke != nil {
 				ke.mu.Unlock()
@@ -318,7 +319,8 @@ func (rt *Router) placeByPrefix(ws []*worker.Worker, req *httphead.Request, body
 		if cw, r, ok := workerOf(ws, engines, m.CreditEngine); ok && cw != bw && cw.State() == worker.Healthy && m.Siblings < DefaultGroupMax {
 			slack := p.cfg.MoveSlack * p.cfg.TokensPerRequest
 			own := float64(m.Siblings) * p.cfg.TokensPerRequest
-			if c, rr, h, vetoed := cost(cw, 0); !vetoed && rr == r && c-own <= bc+slack && c <= bc*p.cfg.MoveMargin+slack {
+			// Its engine vetoed: the next best, unless every engine is.
+			if c, rr, h, vetoed := cost(cw, 0); (!vetoed || allVetoed) && rr == r && c-own <= bc+slack && c <= bc*p.cfg.MoveMargin+slack {
 				bw, bc, brank, bheld = cw, c, r, h
 			}
 		}

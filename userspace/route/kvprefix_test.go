@@ -467,3 +467,37 @@ func TestPrefixKeylessStaysOnVetoedEngine(t *testing.T) {
 		})
 	}
 }
+
+// A GRPO group's sibling follows its group's engine within the margin
+// when every engine is vetoed too (the cheapest vetoed one is the
+// fallback then, and the group's own engine is as good a fallback); with
+// only its group's engine vetoed it goes to the next best.
+func TestPrefixGroupFollowsAllVetoed(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		otherVetoed bool
+		follow      bool
+	}{{"all vetoed", true, true}, {"only its engine vetoed", false, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			rt, ws, x, ids := prefixRouter(t, 2)
+			storeOn(x, ids[0], tokenRun(900000, 16), 0) // the block size
+			prompt := idsBody(append(tokenRun(1000, 1024), tokenRun(70000, 100)...))
+			req, body := genReq(t, prompt)
+			first := rt.Route(req, body)
+			if first.Reason != ReasonKVPrefix {
+				t.Fatalf("first sample: reason %v", first.Reason)
+			}
+			other := ws[1-first.Worker.Slot]
+			// Its engine costlier than the other by less than the follow slack:
+			// 25 requests there (1,600 tokens) against 4 and the 1,124-token
+			// prompt (1,444).
+			setLoad(first.Worker, 25, 0, 0, true)
+			setLoad(other, 4, 0, 0, tc.otherVetoed)
+			req, body = genReq(t, prompt)
+			d := rt.Route(req, body)
+			if followed := d.Worker == first.Worker; followed != tc.follow {
+				t.Fatalf("sibling on slot %d, its group on %d: followed %v, want %v", d.Worker.Slot, first.Worker.Slot, followed, tc.follow)
+			}
+		})
+	}
+}
