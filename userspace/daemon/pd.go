@@ -194,7 +194,7 @@ func (p *pdPlane) serverOf(proto string) *pd.Server {
 // healthGenerate asks one pair's engines their /health_generate: 200 when
 // both answer 2xx.
 func (p *pdPlane) healthGenerate(ctx context.Context, w pd.ResponseWriter, req *pd.Request) error {
-	pair, err := p.chooser.Choose(ctx, req, 0, nil)
+	pair, err := p.chooser.pick(ctx, req, nil, false) // a probe: not counted among the choices
 	if err != nil {
 		writePDStatus(w, http.StatusServiceUnavailable, "no healthy prefill/decode pair")
 		return err
@@ -319,7 +319,7 @@ func (p *pdPlane) registerChoices(reg *prometheus.Registry) {
 	for i, name := range chooseByNames {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name:        "tether_pd_prefill_choices_total",
-			Help:        "P/D: pairs chosen, by what decided the prefill (kv: what its cache holds, by the prefills' KV events; key; prompt: the prompt's group; load).",
+			Help:        "P/D: pairs chosen for requests, by what decided the prefill (kv: what its cache holds, by the prefills' KV events; key; prompt: the prompt's group; load; spill: the one named was at its bound, the next).",
 			ConstLabels: prometheus.Labels{"by": name},
 		}, func() float64 { return float64(c.by[i].Load()) }))
 	}

@@ -45,24 +45,34 @@ type pairChooser struct {
 	mu    sync.Mutex
 	taken map[pairSide]*worker.Worker // the worker objects counted, for Release
 
-	// by counts the pairs chosen by what decided the prefill (chooseBy);
-	// heldTokens sums the prompt tokens the prefill's cache held when
-	// its KV events decided (tether_pd_prefill_*).
+	// by counts the pairs Choose returned by what decided the prefill
+	// (chooseBy; not /health_generate's, nor a pair given back as a
+	// pause began); heldTokens sums the prompt tokens the prefill's
+	// cache held when its KV events decided (tether_pd_prefill_*).
 	by         [numChooseBy]atomic.Uint64
 	heldTokens atomic.Uint64
 }
 
 // What decided a pair's prefill: its cache (KV events), the request's
-// key, its prompt's group, or the least load.
+// key, its prompt's group, the least load, or a spill (the prefill the
+// cache or the affinity named was at its bounded load or refused: the
+// next one).
 const (
 	chooseByKV = iota
 	chooseByKey
 	chooseByPrompt
 	chooseByLoad
+	chooseBySpill
 	numChooseBy
 )
 
-var chooseByNames = [numChooseBy]string{"kv", "key", "prompt", "load"}
+var chooseByNames = [numChooseBy]string{"kv", "key", "prompt", "load", "spill"}
+
+// choice is what decided a pair's prefill, and the prompt tokens its
+// cache held where that was its KV events.
+type choice struct {
+	by, held int
+}
 
 func chooseByOf(why string) int {
 	switch why {
@@ -155,6 +165,12 @@ func (c *pairChooser) Holds() (uint64, bool) {
 // waits in the hold first; a pair taken as a pause began is given back
 // and the request waits, so no leg reaches an engine the pause saw quiet.
 func (c *pairChooser) Choose(ctx context.Context, req *pd.Request, attempt int, failed *pd.Pair) (pd.Pair, error) {
+	return c.pick(ctx, req, failed, true)
+}
+
+// pick is Choose; count false leaves the pair out of the choices'
+// counters (/health_generate's probe).
+func (c *pairChooser) pick(ctx context.Context, req *pd.Request, failed *pd.Pair, count bool) (pd.Pair, error) {
 	var until time.Time
 	for {
 		if c.holding() {
@@ -166,15 +182,22 @@ func (c *pairChooser) Choose(ctx context.Context, req *pd.Request, attempt int, 
 			}
 			continue
 		}
-		p, err := c.choose(req, failed)
-		if err != nil || !c.holding() {
+		p, ch, err := c.choose(req, failed)
+		if err != nil {
 			return p, err
+		}
+		if !c.holding() {
+			if count {
+				c.by[ch.by].Add(1)
+				c.heldTokens.Add(uint64(ch.held))
+			}
+			return p, nil
 		}
 		c.Release(p, false)
 	}
 }
 
-func (c *pairChooser) choose(req *pd.Request, failed *pd.Pair) (pd.Pair, error) {
+func (c *pairChooser) choose(req *pd.Request, failed *pd.Pair) (pd.Pair, choice, error) {
 	snap := c.table.Snapshot()
 	var ps, ds []scored
 	var load float64
@@ -195,7 +218,7 @@ func (c *pairChooser) choose(req *pd.Request, failed *pd.Pair) (pd.Pair, error) 
 		}
 	}
 	if len(ps) == 0 || len(ds) == 0 {
-		return pd.Pair{}, pd.ErrNoPair
+		return pd.Pair{}, choice{}, pd.ErrNoPair
 	}
 	if failed != nil {
 		ps = avoid(ps, failed.Prefill)
@@ -249,18 +272,17 @@ func (c *pairChooser) choose(req *pd.Request, failed *pd.Pair) (pd.Pair, error) 
 			d.w.Stats.Begin()
 			c.placed(p.w, route.ReasonPDPrefill)
 			c.placed(d.w, route.ReasonPDDecode)
-			r := reason
+			r, ch := reason, choice{by: chooseByOf(why)}
+			if ch.by == chooseByKV {
+				ch.held = p.held
+			}
 			if pi > 0 && why != "" {
-				r = "prefill-" + why + "-spill"
+				r, ch = "prefill-"+why+"-spill", choice{by: chooseBySpill}
 			}
 			pair := pd.Pair{
 				Prefill: pd.Worker{URL: p.w.URL, Slot: p.w.Slot, BootstrapPort: p.w.BootstrapPort()},
 				Decode:  pd.Worker{URL: d.w.URL, Slot: d.w.Slot},
 				Reason:  r + " decode-least-load",
-			}
-			c.by[chooseByOf(why)].Add(1)
-			if why == "kv" {
-				c.heldTokens.Add(uint64(p.held))
 			}
 			c.mu.Lock()
 			if c.taken == nil {
@@ -269,11 +291,11 @@ func (c *pairChooser) choose(req *pd.Request, failed *pd.Pair) (pd.Pair, error) 
 			c.taken[pairSide{p.w.Slot, p.w.URL}] = p.w
 			c.taken[pairSide{d.w.Slot, d.w.URL}] = d.w
 			c.mu.Unlock()
-			return pair, nil
+			return pair, ch, nil
 		}
 		p.w.Leave()
 	}
-	return pd.Pair{}, pd.ErrNoPair
+	return pd.Pair{}, choice{}, pd.ErrNoPair
 }
 
 // placed counts a side's decision, with the router's where there is one.

@@ -76,7 +76,11 @@ func TestPairChooserKVEvents(t *testing.T) {
 		}
 		c.Release(p, false)
 		why := strings.TrimPrefix(strings.Fields(p.Reason)[0], "prefill-")
-		tally[chooseByOf(strings.TrimSuffix(why, "-spill"))]++
+		if strings.HasSuffix(why, "-spill") {
+			tally[chooseBySpill]++
+		} else {
+			tally[chooseByOf(why)]++
+		}
 		return p
 	}
 	// Both hold the shared start (a system prompt: 64 tokens); each

@@ -134,6 +134,19 @@ func TestPairChooserHolds(t *testing.T) {
 	if err := <-got; err != nil {
 		t.Fatal(err)
 	}
+	// One pair returned: counted once; a probe's pair is not counted.
+	if p, err := c.pick(context.Background(), keyed("", "x"), nil, false); err != nil {
+		t.Fatal(err)
+	} else {
+		c.Release(p, false)
+	}
+	var sum uint64
+	for i := range c.by {
+		sum += c.by[i].Load()
+	}
+	if sum != 1 {
+		t.Fatalf("choices counted %d, want 1 (the probe's not counted)", sum)
+	}
 }
 
 // TestPairChooserSpreadsGroups: keyless prompts that share a long system
