@@ -71,10 +71,12 @@ type sessionBounds struct {
 	// prompt: the prompt tokens of all requests; 1 - prefill/prompt is
 	// the best prefix hit rate.
 	prompt int
-	// kvNeed: the tokens the sessions' contexts hold at their end (each
-	// engine's copy of the system prompt counted once); kvHave: the
-	// fleet's KV caches. Past 1, some contexts are recomputed whatever
-	// the placement, which the bounds above do not count.
+	// kvNeed: the tokens the sessions' contexts would hold if all were
+	// live at their ends (each engine's copy of the system prompt
+	// counted once); kvHave: the fleet's KV caches. Sessions that end
+	// early free theirs, so past 1 is a sign, not a proof, that contexts
+	// are recomputed whatever the placement; the bounds above do not
+	// count it.
 	kvNeed, kvHave int
 }
 
@@ -95,7 +97,8 @@ func boundsOf(c config, costs []sessionCost) sessionBounds {
 	}
 	b.prefill += sysTok * min(c.engines, len(costs))
 	b.kvNeed += c.sysTokens * min(c.engines, len(costs))
-	b.kvHave = c.engines * c.kvBlocks * 16
+	bt := max(c.blockToks, 1)
+	b.kvHave = c.engines * (c.kvBlocks * 16 / bt) * bt // main's engines' cache
 	b.blind = time.Duration(maxSteps)*d + time.Duration(b.prefill/c.engines)*p
 	sorted := append([]sessionCost(nil), costs...)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].steps > sorted[j].steps })
@@ -162,9 +165,9 @@ func printBounds(w io.Writer, wl string, b sessionBounds, modes []string, makesp
 	if b.kvHave > 0 {
 		over := ""
 		if b.kvNeed > b.kvHave {
-			over = ": past the fleet's KV, some contexts are recomputed whatever the placement (not in the bounds above)"
+			over = ": past the fleet's KV if all were live, contexts are likely recomputed whatever the placement (not in the bounds above)"
 		}
-		fmt.Fprintf(w, "  KV: the sessions' contexts at their end %d tokens, the fleet's caches %d (%.2f×%s)\n", b.kvNeed, b.kvHave, float64(b.kvNeed)/float64(b.kvHave), over)
+		fmt.Fprintf(w, "  KV: the sessions' contexts at their ends %d tokens, the fleet's caches %d (%.2f×%s)\n", b.kvNeed, b.kvHave, float64(b.kvNeed)/float64(b.kvHave), over)
 	}
 	fmt.Fprintln(w)
 }

@@ -28,7 +28,7 @@ func TestBoundsOf(t *testing.T) {
 	}
 	var out strings.Builder
 	printBounds(&out, "keyless", b, []string{"kv"}, []time.Duration{10 * time.Millisecond})
-	for _, want := range []string{"prefix hit at best 0.562", "at their end 12 tokens, the fleet's caches 16 (0.75×)"} {
+	for _, want := range []string{"prefix hit at best 0.562", "at their ends 12 tokens, the fleet's caches 16 (0.75×)"} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("printBounds: no %q in\n%s", want, out.String())
 		}
@@ -36,7 +36,7 @@ func TestBoundsOf(t *testing.T) {
 	b.kvHave = 8 // a fleet's KV smaller than the contexts
 	out.Reset()
 	printBounds(&out, "keyless", b, []string{"kv"}, []time.Duration{10 * time.Millisecond})
-	if !strings.Contains(out.String(), "(1.50×: past the fleet's KV") {
+	if !strings.Contains(out.String(), "(1.50×: past the fleet's KV if all were live") {
 		t.Fatalf("printBounds: no overflow note in\n%s", out.String())
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
@@ -67,7 +68,8 @@ func (c *client) request(base string, ids []int, maxNew int, rid string) (*http.
 		path = "/v1/completions"
 		b.WriteString(`{"model":"` + vllmModel + `","prompt":`)
 		writeIDs(&b, ids)
-		fmt.Fprintf(&b, `,"max_tokens":%d,"temperature":1.0}`, maxNew)
+		// vLLM answers choices[].token_ids only when asked to.
+		fmt.Fprintf(&b, `,"max_tokens":%d,"temperature":1.0,"return_token_ids":true}`, maxNew)
 	} else {
 		b.WriteString(`{"rid":"`)
 		b.WriteString(rid)
@@ -107,6 +109,10 @@ func (c *client) outputIDs(body []byte) ([]int, error) {
 	}
 	if len(out.Choices) != 1 {
 		return nil, fmt.Errorf("/v1/completions: %d choices, want 1", len(out.Choices))
+	}
+	if len(out.Choices[0].TokenIDs) == 0 {
+		// The next turn would miss this one's output.
+		return nil, errors.New("/v1/completions: no token_ids in the answer")
 	}
 	return out.Choices[0].TokenIDs, nil
 }
