@@ -9,6 +9,7 @@ import (
 	"github.com/tether-rl/tether/testenv"
 	"github.com/tether-rl/tether/testenv/fakeengine"
 	"github.com/tether-rl/tether/userspace/kvevents"
+	"github.com/tether-rl/tether/userspace/registry"
 )
 
 func TestParseWorkerKVEvents(t *testing.T) {
@@ -124,4 +125,44 @@ func TestWorkerKVEventsFlagTurnsPlacementOn(t *testing.T) {
 		t.Fatal("KV-event placement off")
 	}
 	testenv.WaitFor(t, "subscribed", func() bool { return es[0].KVEventsSubscribers() == 1 })
+}
+
+// FuzzParseWorkerKVEvents: whatever it accepts is a canonical worker URL
+// and endpoints the admin API would take, and written back in the flag's
+// form it parses to the same.
+func FuzzParseWorkerKVEvents(f *testing.F) {
+	for _, s := range []string{
+		"http://10.0.0.7:8001=tcp://10.0.0.7:5567,tcp://10.0.0.7:5568",
+		"HTTP://Engine-3.Example:8001/=tcp://engine-3.example:5567",
+		"http://10.0.0.7:8000?bootstrap_port=8998=tcp://10.0.0.7:5557",
+		"http://[::1]:8001=tcp://[::1]:5557",
+		"http://h:1=tcp://{host}:5557,tcp://{host}:5558",
+		"http://h:1=tcp://*:5557",
+		"=tcp://h:1,",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		u, ep, err := parseWorkerKVEvents(s)
+		if err != nil {
+			return
+		}
+		if canon, _, err := registry.ParseURL(u); err != nil || canon != u {
+			t.Fatalf("%q: URL %q not canonical (%q, %v)", s, u, canon, err)
+		}
+		if err := checkKVEndpoint("kv_events", ep[0]); err != nil {
+			t.Fatalf("%q: endpoint %q: %v", s, ep[0], err)
+		}
+		back := u + "=" + ep[0]
+		if ep[1] != "" {
+			if err := checkKVEndpoint("kv_events_replay", ep[1]); err != nil {
+				t.Fatalf("%q: replay %q: %v", s, ep[1], err)
+			}
+			back += "," + ep[1]
+		}
+		u2, ep2, err := parseWorkerKVEvents(back)
+		if err != nil || u2 != u || ep2 != ep {
+			t.Fatalf("%q -> %q: %q %q %v, want %q %q", s, back, u2, ep2, err, u, ep)
+		}
+	})
 }
