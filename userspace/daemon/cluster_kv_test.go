@@ -52,9 +52,7 @@ func TestClusterKVEvents(t *testing.T) {
 	if r := ctlDo(t, "GET", "http://"+b.AdminAddr()+"/workers", ""); r.status != 200 || !strings.Contains(string(r.body), `"endpoint":"`+ep(1)+`"`) {
 		t.Fatalf("B's GET /workers: %d %s", r.status, r.body)
 	}
-	if es[1].KVEventsSubscribers() != 2 {
-		t.Fatalf("engine 1 has %d subscribers, want A and B", es[1].KVEventsSubscribers())
-	}
+	testenv.WaitFor(t, "engine 1's publisher counts A and B", func() bool { return es[1].KVEventsSubscribers() == 2 })
 
 	// A re-add through B with no replay: the entry changes everywhere.
 	if r := ctlDo(t, "POST", "http://"+b.AdminAddr()+"/workers", fmt.Sprintf(`{"url":%q,"kv_events":%q}`, urls[1], ep(1))); r.status != 200 {
