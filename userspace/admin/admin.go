@@ -290,7 +290,11 @@ func (s *Server) add(w http.ResponseWriter, r *http.Request) (registry.Info, boo
 			return registry.Info{}, false
 		}
 		if err := s.cfg.SetKVEvents(spec.URL, spec.KVEvents, spec.KVEventsReplay); err != nil {
-			writeError(w, http.StatusBadRequest, err.Error())
+			if errors.Is(err, registry.ErrUnavailable) { // --cluster: etcd unreachable
+				s.fail(w, err)
+			} else {
+				writeError(w, http.StatusBadRequest, err.Error())
+			}
 			return registry.Info{}, false
 		}
 	}

@@ -53,6 +53,11 @@ type Replica struct {
 	desired map[int]Spec
 	rev     int64
 	pending map[string]uint64 // max_in_flight asked before the worker's add
+	// KV-event endpoints (kvevents.go): asked before the worker's add,
+	// applied (handed to kvHook) by URL.
+	pendingKV map[string]KVEndpoints
+	kvApplied map[string]KVEndpoints
+	kvHook    func(url, endpoint, replay string)
 
 	up        atomic.Bool
 	lastErr   atomic.Pointer[string]
@@ -94,6 +99,7 @@ const DefaultLinkWait = 10 * time.Second
 // (metrics, hooks) exists.
 func NewReplica(store *Store, reg Registry, log *slog.Logger) *Replica {
 	r := &Replica{store: store, reg: reg, log: log, desired: map[int]Spec{}, pending: map[string]uint64{},
+		pendingKV: map[string]KVEndpoints{}, kvApplied: map[string]KVEndpoints{},
 		kick: make(chan struct{}, 1), synced: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{})}
 	r.linkWait.Store(int64(DefaultLinkWait))
 	return r
@@ -301,6 +307,7 @@ func (r *Replica) apply() {
 		desired[k] = v
 	}
 	r.mu.Unlock()
+	r.applyKV(desired) // before the adds: a new worker's subscriber is there as it takes its slot
 	have := map[int]registry.Info{}
 	for _, in := range r.reg.List() {
 		if in.State == registry.StateRemoved || in.State == registry.StatePending || in.Origin != registry.OriginCluster {
@@ -404,10 +411,11 @@ func (r *Replica) Add(ctx context.Context, rawURL string, origin registry.Origin
 		return registry.Info{}, fmt.Errorf("%w: %s: %v", registry.ErrUnavailable, canon, err)
 	}
 	r.mu.Lock()
-	capacity := r.pending[canon]
+	capacity, kv := r.pending[canon], r.pendingKV[canon]
 	delete(r.pending, canon)
+	delete(r.pendingKV, canon)
 	r.mu.Unlock()
-	spec := Spec{URL: canon, MaxInFlight: capacity}
+	spec := Spec{URL: canon, MaxInFlight: capacity, KVEvents: kv.Endpoint, KVEventsReplay: kv.Replay}
 	if rr, ok := r.reg.(roleRegistry); ok {
 		if rs, ok := rr.RoleOf(canon); ok && rs.Role != worker.Regular {
 			spec.Role, spec.BootstrapPort = rs.Role.String(), rs.BootstrapPort

@@ -5,7 +5,8 @@
 //
 // Keys, under /tether/<name>/:
 //
-//	workers/<slot, 4 digits>   {"url":..., "draining":bool, "max_in_flight":n, "role":r, "bootstrap_port":p}
+//	workers/<slot, 4 digits>   {"url":..., "draining":bool, "max_in_flight":n, "role":r, "bootstrap_port":p,
+//	                            "kv_events":"tcp://host:port", "kv_events_replay":"tcp://host:port"}
 //	urls/<canonical url, path-escaped>   the slot, decimal
 //
 // Both keys of a worker are written and deleted in one transaction; a
@@ -38,6 +39,12 @@ type Spec struct {
 	// port (0: unknown).
 	Role          string `json:"role,omitempty"`
 	BootstrapPort int    `json:"bootstrap_port,omitempty"`
+	// KVEvents: the worker's own KV-event publisher (tcp://host:port;
+	// "": the replica's --kv-events template or --worker-kv-events) and
+	// its replay endpoint, as the admin API's "kv_events" and
+	// "kv_events_replay": every replica subscribes to it.
+	KVEvents       string `json:"kv_events,omitempty"`
+	KVEventsReplay string `json:"kv_events_replay,omitempty"`
 	// Lease is set (by the reader) when the entry lives on a lease: a
 	// self-registered worker.
 	Lease int64 `json:"-"`

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/tether-rl/tether/userspace/cluster"
@@ -36,8 +37,13 @@ func (d *Daemon) startCluster(opts Options, workers []string) error {
 	if err != nil {
 		return err
 	}
+	kvEndpoints, err := opts.Routing.KVEvents.workerEndpoints() // --worker-kv-events
+	if err != nil {
+		return err
+	}
 	d.ctl.store = store
 	d.ctl.replica = cluster.NewReplica(store, d.Registry, d.log)
+	d.ctl.replica.SetKVEventsHook(d.tableKVEvents())
 	d.log.Info("cluster mode: the worker table is in etcd", "endpoints", eps, "name", name)
 	if len(workers) > 0 {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -45,15 +51,47 @@ func (d *Daemon) startCluster(opts Options, workers []string) error {
 		d.ctl.claims.Add(1)
 		go func() {
 			defer d.ctl.claims.Done()
-			d.claimStartup(ctx, store, workers)
+			d.claimStartup(ctx, store, workers, kvEndpoints)
 		}()
 	}
 	return nil
 }
 
+// tableKVEvents is the replica's hook for the KV-event endpoints the
+// table names (cluster.Spec.KVEvents): each is checked as the admin API's
+// "kv_events" and set as the worker's own (endpoint "": dropped, back to
+// --worker-kv-events or the template). A replica with KV-event placement
+// off says so once, the first time an entry names an endpoint.
+func (d *Daemon) tableKVEvents() func(url, endpoint, replay string) {
+	var off sync.Once
+	return func(url, endpoint, replay string) {
+		if d.kv == nil {
+			if endpoint != "" {
+				off.Do(func() {
+					d.log.Warn("cluster: the table names workers' own KV-event publishers (kv_events), but KV-event placement is off on this replica: not subscribing; start it with --kv-events, --kv-events-workers or --worker-kv-events as the other replicas",
+						"url", url, "kv_events", endpoint)
+				})
+			}
+			return
+		}
+		if endpoint != "" {
+			err := checkKVEndpoint("kv_events", endpoint)
+			if err == nil && replay != "" {
+				err = checkKVEndpoint("kv_events_replay", replay)
+			}
+			if err != nil {
+				d.log.Warn("cluster: a worker's kv_events in the table ignored", "url", url, "err", err)
+				endpoint, replay = "", ""
+			}
+		}
+		d.kv.set(url, endpoint, replay)
+	}
+}
+
 // claimStartup claims each start-up worker's slot (one already claimed by
-// another replica is kept), retrying while etcd is unreachable.
-func (d *Daemon) claimStartup(ctx context.Context, store *cluster.Store, workers []string) {
+// another replica is kept), retrying while etcd is unreachable; a worker
+// named by --worker-kv-events (kvEndpoints) claims it with its endpoints.
+func (d *Daemon) claimStartup(ctx context.Context, store *cluster.Store, workers []string, kvEndpoints map[string][2]string) {
 	left := append([]string(nil), workers...)
 	for len(left) > 0 && ctx.Err() == nil {
 		canon, _, err := registry.ParseURL(left[0])
@@ -61,6 +99,9 @@ func (d *Daemon) claimStartup(ctx context.Context, store *cluster.Store, workers
 			spec := cluster.Spec{URL: canon}
 			if rs, ok := d.Registry.RoleOf(canon); ok && rs.Role != worker.Regular {
 				spec.Role, spec.BootstrapPort = rs.Role.String(), rs.BootstrapPort
+			}
+			if e, ok := kvEndpoints[canon]; ok {
+				spec.KVEvents, spec.KVEventsReplay = e[0], e[1]
 			}
 			_, err = store.Claim(ctx, spec, 0)
 		}

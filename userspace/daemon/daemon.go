@@ -175,7 +175,7 @@ func (o *Options) checkRanges() error {
 		return err
 	}
 	for _, v := range []interface{ Validate() error }{&o.Proxy, o.Health, o.Registry, o.Spawn, o.Fleet, o.Engine,
-		o.Routing.Keys, o.Routing.Learn, o.Routing.Engine} {
+		o.Routing.Keys, o.Routing.Learn, o.Routing.Engine, o.Routing.KVEvents} {
 		if err := v.Validate(); err != nil {
 			return err
 		}
@@ -264,7 +264,7 @@ func New(opts Options) (*Daemon, error) {
 		return nil, err
 	}
 	d.OnReload(d.routing.reload)
-	if kv := opts.Routing.KVEvents; kv.Template != "" || kv.On {
+	if kv := opts.Routing.KVEvents; kv.enabled() {
 		if d.kv, err = startKVEvents(kv, d.Router, d.Table); err != nil {
 			return nil, err
 		}

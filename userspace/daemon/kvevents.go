@@ -18,9 +18,11 @@ import (
 
 // KV-cache events: a subscriber per worker with events (and per
 // data-parallel rank), feeding one kvindex.Index that route's prefix
-// placement reads. The endpoint of a worker is its own (SetWorkerKVEvents:
-// the admin API's "kv_events") or the --kv-events template with the
-// worker's host filled in. A reconcile every kvReconcile starts and stops
+// placement reads. The endpoint of a worker is its own, set at run time
+// (SetWorkerKVEvents: the admin API's "kv_events", or the --cluster
+// table's, cluster.go), else named on the command line
+// (--worker-kv-events), else the --kv-events template with the worker's
+// host filled in. A reconcile every kvReconcile starts and stops
 // subscribers as workers come and go, and clears a worker's entries when
 // it turns unhealthy, draining or fenced (counted as health clears).
 
@@ -40,7 +42,14 @@ type KVEventsOptions struct {
 	MaxEntries int
 	// TokensPerRequest: route.PrefixConfig's.
 	TokensPerRequest float64
+	// Workers: --worker-kv-events, each URL=ENDPOINT[,REPLAY]: a worker's
+	// own publisher (parseWorkerKVEvents); any turns placement on.
+	Workers []string
 }
+
+// enabled says whether KV-event placement runs: a template, a worker's
+// own endpoint on the command line, or --kv-events-workers.
+func (o KVEventsOptions) enabled() bool { return o.Template != "" || o.On || len(o.Workers) > 0 }
 
 const kvReconcile = 100 * time.Millisecond
 
@@ -51,7 +60,8 @@ type kvWiring struct {
 	table *worker.Table
 
 	mu        sync.Mutex
-	overrides map[string][2]string // worker URL -> endpoint, replay
+	static    map[string][2]string // worker URL -> endpoint, replay: --worker-kv-events
+	overrides map[string][2]string // likewise, set at run time (admin API, cluster table): over static
 	subs      map[string]*kvSub    // worker URL + "#" + rank
 	healthClr uint64
 	stop      chan struct{}
@@ -76,15 +86,18 @@ type kvHandler struct {
 func (h kvHandler) Apply(b *kvevents.Batch)    { h.x.Apply(h.id, b.Events) }
 func (h kvHandler) Clear(kvevents.ClearReason) { h.x.Clear(h.id) }
 
-// checkKVEndpoint validates a tcp://host:port endpoint or template.
+// checkKVEndpoint validates a tcp://host:port endpoint or template: a
+// host to connect to ({host}, a name or an address; not an engine's bind
+// form tcp://*:port) and a port 1..65535.
 func checkKVEndpoint(what, s string) error {
 	a, ok := strings.CutPrefix(s, "tcp://")
 	if !ok {
 		return fmt.Errorf("%s %q: want tcp://host:port", what, s)
 	}
 	a = strings.ReplaceAll(a, "{host}", "h")
-	if _, p, err := net.SplitHostPort(a); err != nil || p == "" {
-		return fmt.Errorf("%s %q: want tcp://host:port", what, s)
+	h, p, err := net.SplitHostPort(a)
+	if n, perr := strconv.Atoi(p); err != nil || perr != nil || n < 1 || n > 65535 || h == "" || h == "*" || strings.ContainsAny(h, "/,@ ") {
+		return fmt.Errorf("%s %q: want tcp://host:port (the engine's host, a port 1..65535)", what, s)
 	}
 	return nil
 }
@@ -103,20 +116,26 @@ func startKVEvents(o KVEventsOptions, rt *route.Router, t *worker.Table) (*kvWir
 			return nil, err
 		}
 	}
+	static, err := o.workerEndpoints()
+	if err != nil {
+		return nil, err
+	}
 	x := kvindex.New(kvindex.Config{MaxEntries: o.MaxEntries})
 	p, err := route.NewPrefixPlacement(route.PrefixConfig{Index: x, TokensPerRequest: o.TokensPerRequest})
 	if err != nil {
 		return nil, err
 	}
 	rt.SetPrefixPlacement(p)
-	k := &kvWiring{opts: o, x: x, place: p, table: t, overrides: map[string][2]string{},
+	k := &kvWiring{opts: o, x: x, place: p, table: t, static: static, overrides: map[string][2]string{},
 		subs: map[string]*kvSub{}, stop: make(chan struct{}), done: make(chan struct{})}
 	go k.run()
 	return k, nil
 }
 
 // SetWorkerKVEvents sets the KV-events endpoint of the worker at url
-// (tcp://host:port; "" back to the template) and its replay endpoint.
+// (tcp://host:port; "" back to --worker-kv-events or the template) and
+// its replay endpoint. With --cluster it goes through the table (an entry
+// not there yet gets it with its add), so that every replica subscribes.
 func (d *Daemon) SetWorkerKVEvents(url, endpoint, replay string) error {
 	if endpoint != "" {
 		if err := checkKVEndpoint("kv_events", endpoint); err != nil {
@@ -131,14 +150,27 @@ func (d *Daemon) SetWorkerKVEvents(url, endpoint, replay string) error {
 	if d.kv == nil {
 		return errors.New("kv_events: KV-event placement is off")
 	}
-	d.kv.mu.Lock()
-	defer d.kv.mu.Unlock()
-	if endpoint == "" {
-		delete(d.kv.overrides, url)
-	} else {
-		d.kv.overrides[url] = [2]string{endpoint, replay}
+	canon, _, err := registry.ParseURL(url)
+	if err != nil {
+		return err
 	}
+	if d.ctl.replica != nil {
+		_, err := d.ctl.replica.SetKVEvents(canon, endpoint, replay)
+		return err
+	}
+	d.kv.set(canon, endpoint, replay)
 	return nil
+}
+
+// set sets or ("" endpoint) drops the run-time endpoint of a worker.
+func (k *kvWiring) set(url, endpoint, replay string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if endpoint == "" {
+		delete(k.overrides, url)
+	} else {
+		k.overrides[url] = [2]string{endpoint, replay}
+	}
 }
 
 func (k *kvWiring) run() {
@@ -201,6 +233,9 @@ func (k *kvWiring) reconcile() {
 			host = w.Addr
 		}
 		ep, rp := k.opts.Template, k.opts.ReplayTemplate
+		if o, ok := k.static[w.URL]; ok {
+			ep, rp = o[0], o[1]
+		}
 		if o, ok := k.overrides[w.URL]; ok {
 			ep, rp = o[0], o[1]
 		}
