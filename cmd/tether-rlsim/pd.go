@@ -409,14 +409,7 @@ func (c *pdClient) body(ids []int, maxNew int, rid string) (string, []byte) {
 	} else {
 		b.WriteString(`{"model":"m","prompt":`)
 	}
-	b.WriteByte('[')
-	for i, t := range ids {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.Itoa(t))
-	}
-	b.WriteByte(']')
+	writeIDs(&b, ids)
 	if c.proto == "sglang" {
 		fmt.Fprintf(&b, `,"sampling_params":{"max_new_tokens":%d,"temperature":1.0}}`, maxNew)
 		return "/generate", b.Bytes()
